@@ -1,0 +1,163 @@
+"""Buffered analytics writes, kept off the request path.
+
+Requests append a plain tuple-like sample to an in-memory buffer (no I/O, no await); a task
+on the router's loop flushes the buffer in one transaction every second. A failed flush puts
+the rows back; the buffer is bounded so a dead database cannot grow memory without limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from channels.db import database_sync_to_async
+
+from proxy.runtimes import LoadEvent
+
+logger = logging.getLogger(__name__)
+
+FLUSH_INTERVAL_SECS = 1.0
+MAX_BUFFERED_ROWS = 10_000
+
+
+@dataclass(slots=True)
+class RequestSample:
+    node_id: str
+    model_id: str
+    config_filename: str
+    lane: str
+    path: str
+    status: int
+    success: bool
+    stream: bool
+    prompt_bytes: int
+    prompt_tokens: int
+    output_tokens: int
+    image_width: int
+    image_height: int
+    image_steps: int
+    image_count: int
+    duration_ms: float
+    started_at: float
+    finished_at: float
+    borrowed: bool = False
+
+
+class Recorder:
+    def __init__(self, *, node_id: str, enabled: bool = True) -> None:
+        self.node_id = node_id
+        self.enabled = enabled
+        self._requests: list[RequestSample] = []
+        self._loads: list[LoadEvent] = []
+        self.dropped = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def add_request(self, sample: RequestSample) -> None:
+        if not self.enabled:
+            return
+        if len(self._requests) >= MAX_BUFFERED_ROWS:
+            self._requests.pop(0)
+            self.dropped += 1
+        self._requests.append(sample)
+
+    def add_load(self, event: LoadEvent) -> None:
+        if not self.enabled:
+            return
+        if len(self._loads) >= MAX_BUFFERED_ROWS:
+            self._loads.pop(0)
+            self.dropped += 1
+        self._loads.append(event)
+
+    def pending(self) -> int:
+        return len(self._requests) + len(self._loads)
+
+    def start(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(FLUSH_INTERVAL_SECS)
+            await self.flush()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        await self.flush()
+
+    async def flush(self) -> int:
+        requests, self._requests = self._requests, []
+        loads, self._loads = self._loads, []
+        if not requests and not loads:
+            return 0
+        try:
+            await database_sync_to_async(_write)(self.node_id, requests, loads)
+        except Exception:
+            logger.exception("analytics flush failed; keeping %d rows", len(requests) + len(loads))
+            self._requests[:0] = requests[-MAX_BUFFERED_ROWS:]
+            self._loads[:0] = loads[-MAX_BUFFERED_ROWS:]
+            return 0
+        return len(requests) + len(loads)
+
+
+def _ts(seconds: float) -> datetime:
+    return datetime.fromtimestamp(seconds, tz=UTC)
+
+
+def _write(node_id: str, requests: list[RequestSample], loads: list[LoadEvent]) -> None:
+    from django.db import transaction
+
+    from analytics.models import LoadRecord, RequestRecord
+
+    with transaction.atomic():
+        RequestRecord.objects.bulk_create(
+            [
+                RequestRecord(
+                    node_id=s.node_id,
+                    model_id=s.model_id,
+                    config_filename=s.config_filename,
+                    lane=s.lane,
+                    path=s.path,
+                    status=s.status,
+                    success=s.success,
+                    borrowed=s.borrowed,
+                    stream=s.stream,
+                    prompt_bytes=s.prompt_bytes,
+                    prompt_tokens=s.prompt_tokens,
+                    output_tokens=s.output_tokens,
+                    image_width=s.image_width,
+                    image_height=s.image_height,
+                    image_steps=s.image_steps,
+                    image_count=s.image_count,
+                    duration_ms=s.duration_ms,
+                    started_at=_ts(s.started_at),
+                    finished_at=_ts(s.finished_at),
+                )
+                for s in requests
+            ],
+            batch_size=500,
+        )
+        LoadRecord.objects.bulk_create(
+            [
+                LoadRecord(
+                    node_id=node_id,
+                    model_id=e.model_id,
+                    config_filename=e.config_filename,
+                    lane=e.lane,
+                    reason=e.reason,
+                    success=e.success,
+                    error=e.error,
+                    duration_ms=e.duration_ms,
+                    finished_at=_ts(e.finished_at),
+                )
+                for e in loads
+            ],
+            batch_size=500,
+        )

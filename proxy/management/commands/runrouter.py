@@ -1,0 +1,214 @@
+"""Run this node: migrate, serve the ASGI app with Daphne, and run the django-q2 workers.
+
+Scope: one router process (this one: Daphne on `server.bind`, the inference proxy, runtimes and
+their backend children) plus one django-q2 worker cluster as a child process. Backends start
+lazily. SIGTERM or SIGINT stops accepting connections, lets requests in flight finish (up to
+`server.shutdown_grace`), stops every backend and the workers, and exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandParser
+
+logger = logging.getLogger("router")
+
+DRAIN_POLL_SECS = 0.05
+WORKER_STOP_SECS = 5.0
+
+
+def _reactor_loop() -> asyncio.AbstractEventLoop:
+    # Daphne's listen callbacks fire before it makes the reactor's loop the current one, so
+    # asyncio.get_event_loop() there would hand back a loop that never runs.
+    from twisted.internet import reactor
+
+    loop: asyncio.AbstractEventLoop = reactor._asyncioEventloop  # type: ignore[attr-defined]
+    return loop
+
+
+class Command(BaseCommand):
+    help = __doc__
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--config", help="Node config file (YAML).")
+        parser.add_argument(
+            "--no-workers", action="store_true", help="Do not start the django-q2 workers."
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        config = settings.ROUTER
+        call_command("migrate", interactive=False, verbosity=0)
+        call_command("setup_schedules", stdout=io.StringIO())
+        runner = NodeRunner(config=config, workers=not options["no_workers"])
+        code = runner.run()
+        if code:
+            sys.exit(code)
+
+
+class NodeRunner:
+    def __init__(self, *, config: Any, workers: bool) -> None:
+        self.config = config
+        self.want_workers = workers
+        self.exit_code = 0
+        self.workers: asyncio.subprocess.Process | None = None
+        self.stopping = False
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def run(self) -> int:
+        from daphne.endpoints import build_endpoint_description_strings
+        from daphne.server import Server
+
+        from proxy.node import build_node, set_node
+        from routerproject.asgi import application
+
+        runner = self
+        self.node = build_node(self.config)
+        set_node(self.node)
+        listening: list[Any] = []
+
+        class RouterServer(Server):  # type: ignore[misc]
+            def listen_success(self, port: Any) -> None:
+                super().listen_success(port)
+                listening.append(port)
+                # The loop holds tasks weakly: keep a reference or startup can vanish mid-await.
+                runner.tasks.add(_reactor_loop().create_task(runner.startup()))
+
+            def listen_error(self, failure: Any) -> None:
+                print(
+                    f"router: cannot listen on {runner.config.server.bind}: "
+                    f"{failure.getErrorMessage()}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                runner.exit_code = 1
+                super().listen_error(failure)
+
+        self.listening = listening
+        endpoints = build_endpoint_description_strings(
+            host=self.config.server.host, port=self.config.server.port
+        )
+        self.server = RouterServer(
+            application=application,
+            endpoints=endpoints,
+            signal_handlers=False,
+            # A client that vanished should free its place quickly; our proxy also watches for
+            # disconnects itself, this is the backstop.
+            application_close_timeout=2,
+            ready_callable=self._install_signals,
+            verbosity=0,
+        )
+        self.server.run()
+        return self.exit_code
+
+    def _install_signals(self) -> None:
+        loop = _reactor_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, lambda: self.tasks.add(loop.create_task(self.shutdown())))
+
+    async def startup(self) -> None:
+        try:
+            await self._startup()
+        except Exception as exc:
+            logger.exception("router startup failed")
+            print(f"router: startup failed: {exc}", file=sys.stderr, flush=True)
+            self.exit_code = 1
+            await self.shutdown()
+
+    async def _startup(self) -> None:
+        from registry import services
+
+        node = self.node
+        node.recorder.start()
+        if self.want_workers:
+            await self._start_workers()
+        startup_model = self.config.models.startup_model
+        if startup_model:
+            try:
+                await services.model_load(node=node, model_id=startup_model)
+            except Exception as exc:
+                print(f"router: startup model {startup_model!r} failed to load: {exc}",
+                      file=sys.stderr, flush=True)
+                self.exit_code = 1
+                await self.shutdown()
+                return
+        for err in node.catalog.errors:
+            print(f"router: skipped model config {err}", file=sys.stderr, flush=True)
+        cfg = self.config
+        print(
+            f"router ready: http://{cfg.server.bind} node={cfg.cluster.node_id} "
+            f"role={cfg.cluster.role} models={len(node.catalog.configs)} pid={os.getpid()}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    async def _start_workers(self) -> None:
+        from proxy.runtimes import _set_pdeathsig
+
+        log_dir = Path(self.config.cluster.store_dir) / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        if self.config.source_path is not None:
+            env["ROUTER_CONFIG"] = str(self.config.source_path)
+        manage = Path(settings.BASE_DIR) / "manage.py"
+        with open(log_dir / "workers.log", "ab") as log:
+            self.workers = await asyncio.create_subprocess_exec(
+                sys.executable,
+                str(manage),
+                "qcluster",
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_set_pdeathsig,
+            )
+
+    async def shutdown(self) -> None:
+        if self.stopping:
+            return
+        self.stopping = True
+        from twisted.internet import reactor
+
+        from proxy.httpclient import close_session
+
+        for port in self.listening:
+            with contextlib.suppress(Exception):
+                port.stopListening()
+        node = self.node
+        deadline = time.monotonic() + self.config.server.shutdown_grace
+        while (
+            node.runtimes.active_requests() + node.runtimes.waiting_requests() > 0
+            and time.monotonic() < deadline
+        ):
+            await asyncio.sleep(DRAIN_POLL_SECS)
+        await node.runtimes.close()
+        await node.recorder.stop()
+        await self._stop_workers()
+        await close_session()
+        print("router stopped", file=sys.stderr, flush=True)
+        reactor.stop()  # type: ignore[attr-defined]
+
+    async def _stop_workers(self) -> None:
+        workers, self.workers = self.workers, None
+        if workers is None or workers.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(workers.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(workers.wait(), WORKER_STOP_SECS)
+        except asyncio.TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(workers.pid, signal.SIGKILL)
+            await workers.wait()

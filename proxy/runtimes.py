@@ -1,0 +1,448 @@
+"""Backend runtimes: the processes a node runs, which model each holds, and switching between them.
+
+A node has one text-side and one image-side runtime (plus a whisper runtime in split mode). A
+request asks its runtime for a config with `acquire()`. If that config is loaded and nobody is
+waiting for another, it goes straight through. Otherwise it joins a FIFO of waiters: the runtime
+lets the requests already running on the current model finish, stops that process, starts the
+new one, waits for readiness, and then admits every waiter at the head that wanted it. Waiters
+for a model being loaded therefore wait for the load instead of failing, and a stream of
+requests for the loaded model cannot starve a request for another one.
+
+This state belongs to the router process's event loop only (never the django-q2 workers); it
+is rebuilt empty on restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import socket
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from proxy.backends import Lane, Launch, LaunchError, build_launch, runtime_lane
+from proxy.httpclient import get_session
+from proxy.readiness import is_ready, probe_path
+from registry.kcpps import ModelConfig
+from routerproject.config import RouterConfig
+
+logger = logging.getLogger(__name__)
+
+READY_POLL_SECS = 0.02
+PROBE_TIMEOUT_SECS = 2.0
+STOP_GRACE_SECS = 5.0
+LOG_TAIL_BYTES = 2000
+PR_SET_PDEATHSIG = 1
+
+
+class BackendError(Exception):
+    """The backend could not serve: it failed to load, died, or is not reachable."""
+
+
+@dataclass(frozen=True)
+class LoadEvent:
+    """What analytics records for every load attempt."""
+
+    lane: str
+    model_id: str
+    config_filename: str
+    duration_ms: float
+    success: bool
+    reason: str
+    error: str
+    finished_at: float
+
+
+LoadListener = Callable[[LoadEvent], None]
+
+
+def _set_pdeathsig() -> None:
+    # If the router dies without cleaning up (SIGKILL), the kernel still stops its backends.
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass
+class _Waiter:
+    cfg: ModelConfig
+    future: asyncio.Future[None]
+    reason: str
+
+
+class Runtime:
+    """One backend slot of the node (text, image or whisper side)."""
+
+    def __init__(
+        self,
+        lane: Lane,
+        *,
+        config: RouterConfig,
+        log_dir: Path,
+        on_load: LoadListener,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.lane = lane
+        self._config = config
+        self._log_dir = log_dir
+        self._on_load = on_load
+        self._clock = clock
+        self.current: ModelConfig | None = None
+        self.launch: Launch | None = None
+        self.process: asyncio.subprocess.Process | None = None
+        self.state = "empty"  # empty | loading | ready | failed | stopped
+        self.active = 0
+        self.loading: ModelConfig | None = None
+        self.last_error = ""
+        self.generation = 0
+        self._waiters: deque[_Waiter] = deque()
+        self._switch_task: asyncio.Task[None] | None = None
+        self._exit_task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    # -- admission --------------------------------------------------------------------------
+
+    def _alive(self) -> bool:
+        return self.process is None or self.process.returncode is None
+
+    def _serves(self, cfg: ModelConfig) -> bool:
+        cur = self.current
+        return (
+            self.state == "ready"
+            and cur is not None
+            and cur.filename == cfg.filename
+            and cur.config_hash == cfg.config_hash
+            and self._alive()
+        )
+
+    async def acquire(self, cfg: ModelConfig, *, reason: str = "own") -> Launch:
+        """Wait until `cfg` is loaded here and hold one use of it; pair with `release()`."""
+        if self._closed:
+            raise BackendError("the router is shutting down")
+        if not self._waiters and self._serves(cfg):
+            self.active += 1
+            assert self.launch is not None
+            return self.launch
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(_Waiter(cfg, future, reason))
+        self._pump()
+        try:
+            await future
+        except asyncio.CancelledError:
+            # A client that went away while waiting gives its place back; if the slot had just
+            # been granted, the use is returned too so the next waiter can go.
+            if future.done() and not future.cancelled() and future.exception() is None:
+                self.release()
+            else:
+                future.cancel()
+                self._pump()
+            raise
+        assert self.launch is not None
+        return self.launch
+
+    def release(self) -> None:
+        self.active -= 1
+        if self.active <= 0:
+            self.active = 0
+            self._pump()
+
+    def _pump(self) -> None:
+        while self._waiters:
+            head = self._waiters[0]
+            if head.future.done():
+                self._waiters.popleft()
+                continue
+            if self._serves(head.cfg):
+                self._waiters.popleft()
+                self.active += 1
+                head.future.set_result(None)
+                continue
+            if self.state == "loading" or self.active > 0 or self._closed:
+                return
+            self._switch_task = asyncio.ensure_future(self._switch(head.cfg, head.reason))
+            return
+
+    def _fail_waiters_for(self, cfg: ModelConfig, error: BackendError) -> None:
+        keep: deque[_Waiter] = deque()
+        for waiter in self._waiters:
+            if waiter.future.done():
+                continue
+            if waiter.cfg.filename == cfg.filename:
+                waiter.future.set_exception(error)
+            else:
+                keep.append(waiter)
+        self._waiters = keep
+
+    # -- loading ----------------------------------------------------------------------------
+
+    async def _switch(self, cfg: ModelConfig, reason: str) -> None:
+        self.state = "loading"
+        self.loading = cfg
+        started = self._clock()
+        error = ""
+        started_process = False
+        try:
+            await self._stop_process()
+            self.current = None
+            port = free_port(self._config.backend.host)
+            try:
+                launch = build_launch(cfg, self.lane, config=self._config, port=port)
+            except LaunchError as exc:
+                raise BackendError(str(exc)) from exc
+            if cfg.missing_files and launch.argv is not None:
+                raise BackendError(
+                    f"model {cfg.local_id!r} references missing files: "
+                    + ", ".join(cfg.missing_files)
+                )
+            if launch.argv is not None:
+                started_process = True
+                await self._start_process(launch)
+            await self._wait_ready(launch, cfg)
+            self.launch = launch
+            self.current = cfg
+            self.generation += 1
+            self.state = "ready"
+            self.last_error = ""
+        except BackendError as exc:
+            error = str(exc)
+        except Exception as exc:  # the loop must survive any launch failure
+            logger.exception("loading %s on the %s runtime failed", cfg.local_id, self.lane)
+            error = f"{type(exc).__name__}: {exc}"
+        finally:
+            self.loading = None
+        duration_ms = (self._clock() - started) * 1000.0
+        if error:
+            await self._stop_process()
+            self.state = "failed"
+            self.current = None
+            self.last_error = error
+            logger.warning("load of %s failed after %.0f ms: %s", cfg.local_id, duration_ms, error)
+            self._fail_waiters_for(cfg, BackendError(error))
+        else:
+            logger.info("loaded %s on the %s runtime in %.0f ms", cfg.local_id, self.lane, duration_ms)
+        if not started_process and not error:
+            # Nothing was loaded (an already-running server): no load cost to learn from.
+            self._pump()
+            return
+        self._on_load(
+            LoadEvent(
+                lane=self.lane,
+                model_id=cfg.local_id,
+                config_filename=cfg.filename,
+                duration_ms=duration_ms,
+                success=not error,
+                reason=reason,
+                error=error,
+                finished_at=time.time(),
+            )
+        )
+        self._pump()
+
+    async def _start_process(self, launch: Launch) -> None:
+        assert launch.argv is not None
+        self._log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self._log_path()
+        with open(log_path, "ab") as log:
+            log.write(f"\n--- {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(launch.argv)}\n".encode())
+            log.flush()
+            try:
+                self.process = await asyncio.create_subprocess_exec(
+                    *launch.argv,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                    start_new_session=True,
+                    preexec_fn=_set_pdeathsig,
+                    cwd=str(Path(__file__).resolve().parent.parent),
+                )
+            except OSError as exc:
+                raise BackendError(f"cannot start {launch.argv[0]}: {exc.strerror or exc}") from exc
+        self._exit_task = asyncio.ensure_future(self._watch_exit(self.process))
+
+    def _log_path(self) -> Path:
+        return self._log_dir / f"{self.lane}-backend.log"
+
+    def _log_tail(self) -> str:
+        try:
+            with open(self._log_path(), "rb") as log:
+                log.seek(0, os.SEEK_END)
+                size = log.tell()
+                log.seek(max(0, size - LOG_TAIL_BYTES))
+                tail = log.read().decode("utf-8", "replace").strip().splitlines()
+        except OSError:
+            return ""
+        return " | ".join(tail[-3:])
+
+    async def _watch_exit(self, process: asyncio.subprocess.Process) -> None:
+        code = await process.wait()
+        if process is self.process and self.state == "ready":
+            # Nothing restarts it now: the next request that needs it reloads it.
+            self.state = "failed"
+            self.last_error = f"backend exited with code {code}"
+            logger.warning("%s backend for %s exited with code %s", self.lane, self.current, code)
+            self._pump()
+
+    async def _wait_ready(self, launch: Launch, cfg: ModelConfig) -> None:
+        deadline = self._clock() + self._config.backend.load_timeout
+        session = get_session()
+        url = launch.base_url + probe_path(launch.probe)
+        timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_SECS)
+        while True:
+            if self.process is not None and self.process.returncode is not None:
+                tail = self._log_tail()
+                raise BackendError(
+                    f"backend for {cfg.local_id!r} exited with code {self.process.returncode}"
+                    + (f": {tail}" if tail else "")
+                )
+            try:
+                async with session.get(url, timeout=timeout) as resp:
+                    body = await resp.read()
+                    if is_ready(launch.probe, resp.status, body, flag=launch.flag):
+                        return
+            except (aiohttp.ClientError, asyncio.TimeoutError):
+                pass
+            if self._clock() >= deadline:
+                raise BackendError(
+                    f"backend for {cfg.local_id!r} was not ready within "
+                    f"{self._config.backend.load_timeout:g}s"
+                )
+            await asyncio.sleep(READY_POLL_SECS)
+
+    async def _stop_process(self) -> None:
+        process, self.process = self.process, None
+        if process is None or process.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(process.wait(), STOP_GRACE_SECS)
+        except asyncio.TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            await process.wait()
+
+    # -- explicit control -------------------------------------------------------------------
+
+    async def load(self, cfg: ModelConfig, *, reason: str = "explicit") -> None:
+        await self.acquire(cfg, reason=reason)
+        self.release()
+
+    async def unload(self) -> bool:
+        """Stop the backend once its running requests finish. False if nothing was loaded."""
+        if self.current is None and self.process is None:
+            return False
+        while self.active > 0 or self.state == "loading":
+            # Requests hold the runtime for as long as a generation takes; unloading waits for
+            # them rather than cutting answers off.
+            await asyncio.sleep(READY_POLL_SECS)
+        await self._stop_process()
+        self.current = None
+        self.launch = None
+        self.state = "empty"
+        self._pump()
+        return True
+
+    async def close(self) -> None:
+        self._closed = True
+        for waiter in self._waiters:
+            if not waiter.future.done():
+                waiter.future.set_exception(BackendError("the router is shutting down"))
+        self._waiters.clear()
+        if self._switch_task is not None and not self._switch_task.done():
+            self._switch_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._switch_task
+        await self._stop_process()
+        self.state = "stopped"
+
+    def waiting(self) -> int:
+        return sum(1 for w in self._waiters if not w.future.done())
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "lane": self.lane,
+            "state": self.state,
+            "model_id": self.current.local_id if self.current else None,
+            "config_filename": self.current.filename if self.current else None,
+            "loading": self.loading.local_id if self.loading else None,
+            "family": self.launch.family if self.launch else None,
+            "active": self.active,
+            "waiting": self.waiting(),
+            "generation": self.generation,
+            "pid": self.process.pid if self.process else None,
+            "last_error": self.last_error,
+        }
+
+
+class RuntimeManager:
+    """Every runtime of this node; the one place that maps (config, lane) to a runtime."""
+
+    def __init__(
+        self,
+        *,
+        config: RouterConfig,
+        log_dir: Path,
+        on_load: LoadListener,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.runtimes: dict[Lane, Runtime] = {
+            lane: Runtime(lane, config=config, log_dir=log_dir, on_load=on_load, clock=clock)
+            for lane in ("text", "image", "whisper")
+        }
+        self._upstreams: dict[str, Runtime] = {}
+        self._on_load = on_load
+        self._log_dir = log_dir
+        self._clock = clock
+
+    def runtime_for(self, cfg: ModelConfig, lane: Lane) -> Runtime:
+        if cfg.backend_mode == "upstream":
+            # An upstream server is already running and serves concurrently: it gets a runtime
+            # of its own so it never evicts, or waits behind, the node's local processes.
+            runtime = self._upstreams.get(cfg.filename)
+            if runtime is None:
+                runtime = Runtime(
+                    "text",
+                    config=self.config,
+                    log_dir=self._log_dir,
+                    on_load=self._on_load,
+                    clock=self._clock,
+                )
+                self._upstreams[cfg.filename] = runtime
+            return runtime
+        return self.runtimes[runtime_lane(cfg, lane)]
+
+    def all(self) -> list[Runtime]:
+        return [*self.runtimes.values(), *self._upstreams.values()]
+
+    def loaded(self) -> list[tuple[Runtime, ModelConfig]]:
+        return [(r, r.current) for r in self.all() if r.current is not None]
+
+    def is_loaded(self, cfg: ModelConfig) -> bool:
+        return any(c.filename == cfg.filename for _, c in self.loaded())
+
+    def active_requests(self) -> int:
+        return sum(r.active for r in self.all())
+
+    def waiting_requests(self) -> int:
+        return sum(r.waiting() for r in self.all())
+
+    async def close(self) -> None:
+        await asyncio.gather(*(r.close() for r in self.all()), return_exceptions=True)

@@ -1,0 +1,737 @@
+"""The simulated inference backend (contract §3).
+
+A real HTTP server in its own process, started with llama-server's command line, whose
+load time and per-request times follow the weights JSON exactly. The router's tests
+and demos run against it so that every timing they see is known in advance.
+
+Start-up must stay fast: stdlib, aiohttp, orjson and the two pure project modules only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import collections
+import contextlib
+import hashlib
+import itertools
+import math
+import signal
+import struct
+import sys
+import time
+import zlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from guardians.detect import body_has_image
+from proxy.work import (
+    image_work,
+    multipart_field,
+    output_tokens,
+    prompt_tokens_for_bytes,
+    requested_output_tokens,
+    wav_duration_seconds,
+)
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_TRANSCRIBE_MS_PER_AUDIO_SECOND = 50.0
+DEFAULT_EMBEDDING_DIM = 8
+STATS_HISTORY_LEN = 100
+# SIGTERM should end the process promptly; in-flight simulated work is worthless.
+SHUTDOWN_TIMEOUT_SECS = 0.25
+# Client uploads (audio, base64 images) can be large; llama-server has no small limit either.
+MAX_REQUEST_BYTES = 512 * 1024 * 1024
+EXIT_BAD_USAGE = 2
+EXIT_CANNOT_BIND = 1
+
+# Each word is one token, so a reply of N tokens is exactly N of these.
+_WORDS = (
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "a",
+    "lazy",
+    "dog",
+    "while",
+    "simulated",
+    "tokens",
+    "arrive",
+    "on",
+    "time",
+)
+
+_NUMBER_KEYS = (
+    "load_ms",
+    "base_ms",
+    "prompt_ms_per_token",
+    "output_ms_per_token",
+    "image_ms_per_megapixel_step",
+    "transcribe_ms_per_audio_second",
+)
+
+# Value options we understand, with the llama-server / sd-server / whisper-server
+# spellings that mean the same thing. Everything else on the command line is ignored.
+_VALUE_OPTIONS: dict[str, str] = {
+    "-m": "model",
+    "--model": "model",
+    "--diffusion-model": "model",
+    "--host": "host",
+    "--listen-ip": "host",
+    "--port": "port",
+    "--listen-port": "port",
+    "-c": "ctx_size",
+    "--ctx-size": "ctx_size",
+    "--mmproj": "mmproj",
+    "-np": "parallel",
+    "--parallel": "parallel",
+    "-a": "alias",
+    "--alias": "alias",
+}
+_FLAG_OPTIONS = ("--embeddings", "--embedding")
+
+
+class WeightsError(Exception):
+    """The weights JSON is missing or invalid."""
+
+
+@dataclass(frozen=True)
+class SimWeights:
+    load_ms: float = 0.0
+    base_ms: float = 0.0
+    prompt_ms_per_token: float = 0.0
+    output_ms_per_token: float = 0.0
+    image_ms_per_megapixel_step: float = 0.0
+    transcribe_ms_per_audio_second: float = DEFAULT_TRANSCRIBE_MS_PER_AUDIO_SECOND
+    embedding_dim: int = DEFAULT_EMBEDDING_DIM
+    vision: bool = False
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    weights_path: str
+    host: str
+    port: int
+    alias: str
+    mmproj: str | None = None
+    ctx_size: int | None = None
+    parallel: int | None = None
+    embeddings: bool = False
+
+
+def load_weights(path: str) -> SimWeights:
+    """Read and validate a `*.sim.json` weights file; WeightsError says what is wrong."""
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise WeightsError(f"cannot read weights file {path}: {exc.strerror or exc}") from exc
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise WeightsError(f"weights file {path} is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise WeightsError(f"weights file {path} must hold a JSON object")
+    values: dict[str, Any] = {}
+    for key in _NUMBER_KEYS:
+        if key not in data:
+            continue
+        value = data[key]
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise WeightsError(f"weights file {path}: {key} must be a number")
+        if not math.isfinite(value) or value < 0:
+            raise WeightsError(f"weights file {path}: {key} must be a finite number >= 0")
+        values[key] = float(value)
+    if "embedding_dim" in data:
+        dim = data["embedding_dim"]
+        if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0:
+            raise WeightsError(f"weights file {path}: embedding_dim must be a positive integer")
+        values["embedding_dim"] = dim
+    if "vision" in data:
+        if not isinstance(data["vision"], bool):
+            raise WeightsError(f"weights file {path}: vision must be true or false")
+        values["vision"] = data["vision"]
+    return SimWeights(**values)
+
+
+def _known_args(argv: Sequence[str]) -> list[str]:
+    """Keep only our options and their values.
+
+    argparse alone would read llama-server's `-mg 0` as `-m g` (short options take
+    glued values), so the real server's other flags are dropped before parsing.
+    """
+    kept: list[str] = []
+    index = 0
+    while index < len(argv):
+        token = argv[index]
+        name, eq, _ = token.partition("=")
+        if token in _VALUE_OPTIONS:
+            kept.extend(argv[index : index + 2])
+            index += 2
+            continue
+        if (eq and name.startswith("--") and name in _VALUE_OPTIONS) or token in _FLAG_OPTIONS:
+            kept.append(token)
+        index += 1
+    return kept
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return value
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError("must be a port number 0-65535")
+    return value
+
+
+def parse_args(argv: Sequence[str]) -> SimConfig:
+    """Parse a llama-server style command line; exits 2 (argparse) when it is unusable."""
+    parser = argparse.ArgumentParser(
+        prog="python -m proxy.sim",
+        description="Simulated llama-server / sd-server / whisper-server.",
+        allow_abbrev=False,
+    )
+    for option, dest in _VALUE_OPTIONS.items():
+        if dest == "model":
+            continue
+        kind: Callable[[str], Any] = str
+        if dest == "port":
+            kind = _port
+        elif dest in ("ctx_size", "parallel"):
+            kind = _non_negative_int
+        parser.add_argument(option, dest=dest, type=kind)
+    parser.add_argument("-m", "--model", "--diffusion-model", dest="model", required=True)
+    parser.add_argument(*_FLAG_OPTIONS, dest="embeddings", action="store_true")
+    args = parser.parse_args(_known_args(argv))
+    if args.port is None:
+        parser.error("--port is required")
+    stem = Path(args.model).name
+    for suffix in (".sim.json", ".json"):
+        if stem.endswith(suffix) and len(stem) > len(suffix):
+            stem = stem[: -len(suffix)]
+            break
+    return SimConfig(
+        weights_path=args.model,
+        host=args.host or DEFAULT_HOST,
+        port=args.port,
+        alias=args.alias or stem,
+        mmproj=args.mmproj,
+        ctx_size=args.ctx_size,
+        parallel=args.parallel,
+        embeddings=args.embeddings,
+    )
+
+
+def _png_1x1() -> bytes:
+    def chunk(kind: bytes, payload: bytes) -> bytes:
+        crc = zlib.crc32(kind + payload) & 0xFFFFFFFF
+        return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", crc)
+
+    header = struct.pack(">IIBBBBB", 1, 1, 8, 2, 0, 0, 0)  # 1x1, 8-bit RGB
+    pixels = zlib.compress(b"\x00\x80\x80\x80")  # filter byte + one grey pixel
+    chunks = chunk(b"IHDR", header) + chunk(b"IDAT", pixels) + chunk(b"IEND", b"")
+    return b"\x89PNG\r\n\x1a\n" + chunks
+
+
+TINY_PNG_B64 = base64.b64encode(_png_1x1()).decode("ascii")
+
+
+def _words(count: int) -> list[str]:
+    return list(itertools.islice(itertools.cycle(_WORDS), count))
+
+
+def embedding_vector(text: str, dim: int) -> list[float]:
+    """A unit vector of `dim` floats that depends only on `text`."""
+    seed = text.encode("utf-8")
+    raw = bytearray()
+    block = 0
+    while len(raw) < dim * 4:
+        raw += hashlib.sha256(seed + block.to_bytes(4, "little")).digest()
+        block += 1
+    values = [(v / 0xFFFFFFFF) * 2.0 - 1.0 for v in struct.unpack_from(f"<{dim}I", raw)]
+    norm = math.sqrt(sum(v * v for v in values)) or 1.0
+    return [v / norm for v in values]
+
+
+def _error(status: int, message: str, kind: str) -> web.Response:
+    body = {"error": {"message": message, "type": kind, "code": status}}
+    return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
+
+
+def _bad_request(message: str) -> web.Response:
+    return _error(400, message, "invalid_request_error")
+
+
+def _json(data: Any) -> web.Response:
+    return web.Response(body=orjson.dumps(data), content_type="application/json")
+
+
+def _loading() -> web.Response:
+    return _error(503, "Loading model", "unavailable_error")
+
+
+@dataclass
+class SimState:
+    config: SimConfig
+    weights: SimWeights
+    started_at: float
+    created: int = field(default_factory=lambda: int(time.time()))
+    completed: int = 0
+    cancelled: int = 0
+    active: int = 0
+    waiting: int = 0
+    # asyncio.Lock wakes waiters in arrival order, which is the one-slot queue we want.
+    slot_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    history: collections.deque[dict[str, Any]] = field(
+        default_factory=lambda: collections.deque(maxlen=STATS_HISTORY_LEN)
+    )
+    _ids: itertools.count[int] = field(default_factory=itertools.count)
+
+    @property
+    def vision(self) -> bool:
+        # llama-server becomes multimodal when given a projector; the weights may say so too.
+        return self.config.mmproj is not None or self.weights.vision
+
+    @property
+    def loaded(self) -> bool:
+        return (time.monotonic() - self.started_at) * 1000.0 >= self.weights.load_ms
+
+    def next_id(self, prefix: str) -> str:
+        return f"{prefix}-sim{next(self._ids)}"
+
+    @contextlib.asynccontextmanager
+    async def slot(self, path: str, duration_ms: float) -> AsyncIterator[None]:
+        """Hold the single slot; a disconnect (cancellation) at any point counts as cancelled."""
+        self.waiting += 1
+        try:
+            await self.slot_lock.acquire()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        finally:
+            self.waiting -= 1
+        self.active += 1
+        try:
+            yield
+        except (asyncio.CancelledError, ConnectionResetError):
+            self.cancelled += 1
+            raise
+        else:
+            self.completed += 1
+            self.history.append({"path": path, "duration_ms": duration_ms})
+        finally:
+            self.active -= 1
+            self.slot_lock.release()
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "completed": self.completed,
+            "cancelled": self.cancelled,
+            "active": self.active,
+            "waiting": self.waiting,
+            "loaded": self.loaded,
+            "requests": list(self.history),
+        }
+
+
+STATE_KEY = web.AppKey("sim_state", SimState)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _state(request: web.Request) -> SimState:
+    return request.app[STATE_KEY]
+
+
+async def _read_json(request: web.Request) -> tuple[bytes, dict[str, Any] | web.Response]:
+    raw = await request.read()
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return raw, _bad_request("request body must be JSON")
+    if not isinstance(body, dict):
+        return raw, _bad_request("request body must be a JSON object")
+    return raw, body
+
+
+def _model_name(state: SimState, body: dict[str, Any]) -> str:
+    model = body.get("model")
+    return model if isinstance(model, str) and model else state.config.alias
+
+
+# Readiness ---------------------------------------------------------------------------
+
+
+async def handle_models(request: web.Request) -> web.Response:
+    state = _state(request)
+    if not state.loaded:
+        return _loading()
+    entry = {
+        "id": state.config.alias,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "sim",
+    }
+    return _json({"object": "list", "data": [entry]})
+
+
+async def handle_health(request: web.Request) -> web.Response:
+    if not _state(request).loaded:
+        return _loading()
+    return _json({"status": "ok"})
+
+
+async def handle_sd_models(request: web.Request) -> web.Response:
+    state = _state(request)
+    if not state.loaded:
+        return _loading()
+    alias = state.config.alias
+    return _json([{"title": alias, "model_name": alias, "filename": state.config.weights_path}])
+
+
+async def handle_stats(request: web.Request) -> web.Response:
+    return _json(_state(request).stats())
+
+
+# Text --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _TextReply:
+    """Everything about one text reply that is fixed before the work starts."""
+
+    chat: bool
+    reply_id: str
+    created: int
+    model: str
+    words: list[str]
+    finish_reason: str
+    usage: dict[str, int]
+
+    def _envelope(self, kind: str, choice: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "id": self.reply_id,
+            "object": kind,
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+        }
+
+    def whole(self) -> dict[str, Any]:
+        text = " ".join(self.words)
+        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": self.finish_reason}
+        if self.chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        data = self._envelope("chat.completion" if self.chat else "text_completion", choice)
+        data["usage"] = self.usage
+        return data
+
+    def chunk(self, index: int) -> bytes:
+        """SSE event for output token `index`; the words joined by spaces make the text."""
+        piece = self.words[index] if index == 0 else " " + self.words[index]
+        choice: dict[str, Any] = {"index": 0, "finish_reason": None}
+        if self.chat:
+            # OpenAI announces the role in the first delta only.
+            choice["delta"] = (
+                {"role": "assistant", "content": piece} if index == 0 else {"content": piece}
+            )
+        else:
+            choice["text"] = piece
+            choice["logprobs"] = None
+        return self._event(choice)
+
+    def final_chunk(self) -> bytes:
+        choice: dict[str, Any] = {"index": 0, "finish_reason": self.finish_reason}
+        if self.chat:
+            choice["delta"] = {}
+        else:
+            choice["text"] = ""
+            choice["logprobs"] = None
+        return self._event(choice, self.usage)
+
+    def _event(self, choice: dict[str, Any], usage: dict[str, int] | None = None) -> bytes:
+        data = self._envelope("chat.completion.chunk" if self.chat else "text_completion", choice)
+        if usage is not None:
+            data["usage"] = usage
+        return b"data: " + orjson.dumps(data) + b"\n\n"
+
+
+async def _stream_text(
+    request: web.Request, state: SimState, reply: _TextReply, prefill_ms: float, duration_ms: float
+) -> web.StreamResponse:
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    per_token_secs = state.weights.output_ms_per_token / 1000.0
+    try:
+        async with state.slot(request.path, duration_ms):
+            await response.prepare(request)
+            await asyncio.sleep(prefill_ms / 1000.0)
+            for index in range(len(reply.words)):
+                await asyncio.sleep(per_token_secs)
+                await response.write(reply.chunk(index))
+            await response.write(reply.final_chunk())
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+    except ConnectionResetError:
+        # The client went away between chunks; the slot has already counted it.
+        pass
+    return response
+
+
+async def _handle_text(request: web.Request, chat: bool) -> web.StreamResponse:
+    state = _state(request)
+    if not state.loaded:
+        return _loading()
+    raw, parsed = await _read_json(request)
+    if isinstance(parsed, web.Response):
+        return parsed
+    body = parsed
+    if not state.vision and body_has_image(body):
+        return _bad_request("image input is not supported by this model")
+    weights = state.weights
+    n_prompt = prompt_tokens_for_bytes(len(raw))
+    n_output = output_tokens(body)
+    prefill_ms = weights.base_ms + weights.prompt_ms_per_token * n_prompt
+    duration_ms = prefill_ms + weights.output_ms_per_token * n_output
+    reply = _TextReply(
+        chat=chat,
+        reply_id=state.next_id("chatcmpl" if chat else "cmpl"),
+        created=int(time.time()),
+        model=_model_name(state, body),
+        words=_words(n_output),
+        # Every reply runs to its token budget, so it ends by length whenever one was set.
+        finish_reason="length" if requested_output_tokens(body) is not None else "stop",
+        usage={
+            "prompt_tokens": n_prompt,
+            "completion_tokens": n_output,
+            "total_tokens": n_prompt + n_output,
+        },
+    )
+    if body.get("stream") is True:
+        return await _stream_text(request, state, reply, prefill_ms, duration_ms)
+    async with state.slot(request.path, duration_ms):
+        await asyncio.sleep(duration_ms / 1000.0)
+    return _json(reply.whole())
+
+
+async def handle_chat(request: web.Request) -> web.StreamResponse:
+    return await _handle_text(request, chat=True)
+
+
+async def handle_completions(request: web.Request) -> web.StreamResponse:
+    return await _handle_text(request, chat=False)
+
+
+# Embeddings --------------------------------------------------------------------------
+
+
+def _embedding_inputs(value: Any) -> list[str] | None:
+    """Texts to embed: a string, a list of strings, a token list or a list of token lists."""
+
+    def is_tokens(item: Any) -> bool:
+        return isinstance(item, list) and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in item
+        )
+
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list) or not value:
+        return None
+    if is_tokens(value):
+        return [orjson.dumps(value).decode()]
+    texts: list[str] = []
+    for item in value:
+        if isinstance(item, str):
+            texts.append(item)
+        elif is_tokens(item):
+            texts.append(orjson.dumps(item).decode())
+        else:
+            return None
+    return texts
+
+
+async def handle_embeddings(request: web.Request) -> web.Response:
+    state = _state(request)
+    if not state.loaded:
+        return _loading()
+    raw, parsed = await _read_json(request)
+    if isinstance(parsed, web.Response):
+        return parsed
+    texts = _embedding_inputs(parsed.get("input", parsed.get("content")))
+    if texts is None:
+        return _bad_request("input must be a string, a list of strings or token lists")
+    weights = state.weights
+    n_prompt = prompt_tokens_for_bytes(len(raw))
+    duration_ms = weights.base_ms + weights.prompt_ms_per_token * n_prompt
+    async with state.slot(request.path, duration_ms):
+        await asyncio.sleep(duration_ms / 1000.0)
+    data = [
+        {"object": "embedding", "index": i, "embedding": embedding_vector(t, weights.embedding_dim)}
+        for i, t in enumerate(texts)
+    ]
+    return _json(
+        {
+            "object": "list",
+            "data": data,
+            "model": _model_name(state, parsed),
+            "usage": {"prompt_tokens": n_prompt, "total_tokens": n_prompt},
+        }
+    )
+
+
+# Images ------------------------------------------------------------------------------
+
+
+async def _generate_images(request: web.Request) -> tuple[int, web.Response | None]:
+    """Run an image job; returns the image count, or an error response."""
+    state = _state(request)
+    if not state.loaded:
+        return 0, _loading()
+    _, parsed = await _read_json(request)
+    if isinstance(parsed, web.Response):
+        return 0, parsed
+    try:
+        work = image_work(parsed)
+    except ValueError as exc:
+        return 0, _bad_request(str(exc))
+    weights = state.weights
+    megapixel_steps = work.width * work.height / 1e6 * work.steps * work.n
+    duration_ms = weights.base_ms + weights.image_ms_per_megapixel_step * megapixel_steps
+    async with state.slot(request.path, duration_ms):
+        await asyncio.sleep(duration_ms / 1000.0)
+    return work.n, None
+
+
+async def handle_image_generations(request: web.Request) -> web.Response:
+    n, error = await _generate_images(request)
+    if error is not None:
+        return error
+    return _json({"created": int(time.time()), "data": [{"b64_json": TINY_PNG_B64}] * n})
+
+
+async def handle_txt2img(request: web.Request) -> web.Response:
+    n, error = await _generate_images(request)
+    if error is not None:
+        return error
+    return _json({"images": [TINY_PNG_B64] * n, "parameters": {}, "info": "{}"})
+
+
+# Transcription -----------------------------------------------------------------------
+
+
+async def handle_transcription(request: web.Request) -> web.Response:
+    state = _state(request)
+    if not state.loaded:
+        return _loading()
+    raw = await request.read()
+    content_type = request.headers.get("Content-Type", "")
+    audio = raw
+    if content_type.lower().lstrip().startswith("multipart/"):
+        field_value = multipart_field(raw, content_type, "file")
+        if field_value is None:
+            return _bad_request("multipart body has no file field")
+        audio = field_value
+    try:
+        seconds = wav_duration_seconds(audio)
+    except ValueError as exc:
+        return _bad_request(str(exc))
+    weights = state.weights
+    duration_ms = weights.base_ms + weights.transcribe_ms_per_audio_second * seconds
+    async with state.slot(request.path, duration_ms):
+        await asyncio.sleep(duration_ms / 1000.0)
+    # About two words a second of speech, at least one.
+    return _json({"text": " ".join(_words(max(1, math.ceil(seconds * 2))))})
+
+
+# Application -------------------------------------------------------------------------
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Routing failures answer in the same JSON envelope as everything else."""
+    try:
+        return await handler(request)
+    except web.HTTPNotFound:
+        message = f"no such endpoint: {request.method} {request.path}"
+        return _error(404, message, "not_found_error")
+    except web.HTTPMethodNotAllowed:
+        message = f"method {request.method} is not allowed on {request.path}"
+        return _error(405, message, "invalid_request_error")
+
+
+def build_app(config: SimConfig, weights: SimWeights, started_at: float) -> web.Application:
+    app = web.Application(middlewares=[json_errors], client_max_size=MAX_REQUEST_BYTES)
+    app[STATE_KEY] = SimState(config=config, weights=weights, started_at=started_at)
+    app.router.add_get("/v1/models", handle_models)
+    app.router.add_get("/health", handle_health)
+    app.router.add_get("/sdapi/v1/sd-models", handle_sd_models)
+    app.router.add_get("/sim/stats", handle_stats)
+    app.router.add_post("/v1/chat/completions", handle_chat)
+    app.router.add_post("/v1/completions", handle_completions)
+    app.router.add_post("/v1/embeddings", handle_embeddings)
+    app.router.add_post("/v1/images/generations", handle_image_generations)
+    app.router.add_post("/sdapi/v1/txt2img", handle_txt2img)
+    app.router.add_post("/v1/audio/transcriptions", handle_transcription)
+    app.router.add_post("/inference", handle_transcription)
+    return app
+
+
+async def serve(config: SimConfig, weights: SimWeights, started_at: float) -> int:
+    """Serve until SIGTERM/SIGINT; returns the process exit code."""
+    app = build_app(config, weights, started_at)
+    # handler_cancellation: a client that hangs up cancels its handler, so the slot
+    # frees at once instead of after the simulated work would have finished.
+    runner = web.AppRunner(
+        app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_SECS
+    )
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, config.host, config.port)
+        try:
+            await site.start()
+        except OSError as exc:
+            print(f"sim: cannot listen on {config.host}:{config.port}: {exc}", file=sys.stderr)
+            return EXIT_CANNOT_BIND
+        print(
+            f"sim: listening on http://{config.host}:{config.port} "
+            f"model={config.alias} load_ms={weights.load_ms:g}",
+            file=sys.stderr,
+            flush=True,
+        )
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        await stop.wait()
+        return 0
+    finally:
+        await runner.cleanup()
+
+
+def main(argv: Sequence[str] | None = None, started_at: float | None = None) -> int:
+    """Run the sim; `started_at` (time.monotonic()) is when loading began, default now."""
+    if started_at is None:
+        started_at = time.monotonic()
+    config = parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        weights = load_weights(config.weights_path)
+    except WeightsError as exc:
+        print(f"sim: {exc}", file=sys.stderr)
+        return EXIT_BAD_USAGE
+    return asyncio.run(serve(config, weights, started_at))

@@ -1,0 +1,572 @@
+"""Translate Ollama and Kobold requests to OpenAI and the OpenAI answers back.
+
+Backends speak only the OpenAI API, so the router converts the client's dialect
+on the way in and the backend's answer on the way out. Everything here is pure:
+callers pass parsed bodies, bytes and clock readings, and get the same back.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+import orjson
+
+from proxy.rewrite import LineBuffer, split_lines
+
+CHAT_COMPLETIONS_PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"
+
+# Ollama streams unless the client says otherwise; Kobold's generate never does.
+OLLAMA_STREAM_DEFAULT = True
+# Ollama sends bare base64; the OpenAI image_url part wants a data URL.
+# Backends decode the bytes themselves, so the declared type is only nominal.
+IMAGE_DATA_URL_PREFIX = "data:image/png;base64,"
+# A single SSE delta is tiny; a line this long is garbage and is skipped rather
+# than buffered without bound.
+STREAM_MAX_LINE_BYTES = 16 * 1024 * 1024
+EMPTY_ERROR_MESSAGE = "backend returned an empty error"
+
+NS_PER_SEC = 1_000_000_000
+NS_PER_MS = 1_000_000
+
+_DATA_PREFIX = b"data:"
+_DONE_PAYLOAD = b"[DONE]"
+
+# (client key, OpenAI key, expected type) for the plain one-to-one sampling options.
+_OLLAMA_OPTION_MAP: tuple[tuple[str, str, type], ...] = (
+    ("temperature", "temperature", float),
+    ("top_p", "top_p", float),
+    ("top_k", "top_k", int),
+    ("repeat_penalty", "repeat_penalty", float),
+    ("presence_penalty", "presence_penalty", float),
+    ("frequency_penalty", "frequency_penalty", float),
+)
+_KOBOLD_OPTION_MAP: tuple[tuple[str, str, type], ...] = (
+    ("temperature", "temperature", float),
+    ("top_p", "top_p", float),
+    ("top_k", "top_k", int),
+    ("rep_pen", "repeat_penalty", float),
+)
+
+JSONDict = dict[str, Any]
+
+
+class TranslationError(ValueError):
+    """A client body the router must refuse with 400; ``param`` names the field."""
+
+    def __init__(self, message: str, param: str | None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+# --------------------------------------------------------------------- validation
+
+
+def _require_object(body: Any) -> JSONDict:
+    if not isinstance(body, dict):
+        raise TranslationError("request body must be a JSON object", None)
+    return body
+
+
+def _optional_str(body: JSONDict, key: str, param: str | None = None) -> str | None:
+    value = body.get(key)
+    if value is None or isinstance(value, str):
+        return value
+    raise TranslationError(f"{param or key} must be a string", param or key)
+
+
+def _optional_bool(body: JSONDict, key: str) -> bool | None:
+    value = body.get(key)
+    if value is None or isinstance(value, bool):
+        return value
+    raise TranslationError(f"{key} must be a boolean", key)
+
+
+def _number(value: Any, expected: type, param: str) -> int | float:
+    # bool is an int subclass in Python but never a valid sampling value.
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TranslationError(f"{param} must be a number", param)
+    if expected is int:
+        if isinstance(value, float):
+            if not value.is_integer():
+                raise TranslationError(f"{param} must be an integer", param)
+            return int(value)
+        return value
+    return value
+
+
+def _stop_list(value: Any, param: str) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and all(isinstance(item, str) for item in value):
+        return list(value)
+    raise TranslationError(f"{param} must be a string or a list of strings", param)
+
+
+def _copy_options(
+    source: JSONDict, out: JSONDict, table: tuple[tuple[str, str, type], ...], prefix: str
+) -> None:
+    for source_key, target_key, expected in table:
+        value = source.get(source_key)
+        if value is not None:
+            out[target_key] = _number(value, expected, prefix + source_key)
+
+
+def _positive_int(source: JSONDict, key: str, param: str) -> int | None:
+    """An integer option where zero or a negative value means "no limit/random"."""
+    value = source.get(key)
+    if value is None:
+        return None
+    number = _number(value, int, param)
+    return int(number) if number > 0 else None
+
+
+def _non_negative_int(source: JSONDict, key: str, param: str) -> int | None:
+    value = source.get(key)
+    if value is None:
+        return None
+    number = _number(value, int, param)
+    return int(number) if number >= 0 else None
+
+
+# ------------------------------------------------------------------ Ollama request
+
+
+def _apply_ollama_options(body: JSONDict, out: JSONDict) -> None:
+    options = body.get("options")
+    if options is None:
+        return
+    if not isinstance(options, dict):
+        raise TranslationError("options must be an object", "options")
+    _copy_options(options, out, _OLLAMA_OPTION_MAP, "options.")
+    # Ollama's seed -1 and num_predict <= 0 mean "random" and "unlimited":
+    # leaving them out gives the backend's own default, which means the same.
+    seed = _non_negative_int(options, "seed", "options.seed")
+    if seed is not None:
+        out["seed"] = seed
+    max_tokens = _positive_int(options, "num_predict", "options.num_predict")
+    if max_tokens is not None:
+        out["max_tokens"] = max_tokens
+    stop = options.get("stop")
+    if stop is not None:
+        out["stop"] = _stop_list(stop, "options.stop")
+
+
+def _apply_ollama_format(body: JSONDict, out: JSONDict) -> None:
+    fmt = body.get("format")
+    if fmt is None or fmt == "":
+        return
+    if fmt == "json":
+        out["response_format"] = {"type": "json_object"}
+    elif isinstance(fmt, dict):
+        # Ollama's structured outputs: `format` is the JSON schema itself.
+        out["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": "response", "schema": fmt},
+        }
+    else:
+        raise TranslationError('format must be "json" or a JSON schema object', "format")
+
+
+def _images(value: Any, param: str) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise TranslationError(f"{param} must be a list of base64 strings", param)
+    for index, image in enumerate(value):
+        if not isinstance(image, str):
+            raise TranslationError(f"{param}[{index}] must be a base64 string", f"{param}[{index}]")
+    return value
+
+
+def _content_with_images(text: str, images: list[str]) -> str | list[JSONDict]:
+    if not images:
+        return text
+    parts: list[JSONDict] = [{"type": "text", "text": text}]
+    for image in images:
+        url = image if image.startswith("data:") else IMAGE_DATA_URL_PREFIX + image
+        parts.append({"type": "image_url", "image_url": {"url": url}})
+    return parts
+
+
+def _ollama_messages(value: Any) -> list[JSONDict]:
+    # An absent list is Ollama's "just load the model" request; the router decides
+    # what to do with it, so it is translated rather than refused here.
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise TranslationError("messages must be a list", "messages")
+    messages: list[JSONDict] = []
+    for index, message in enumerate(value):
+        param = f"messages[{index}]"
+        if not isinstance(message, dict):
+            raise TranslationError(f"{param} must be an object", param)
+        role = message.get("role")
+        if not isinstance(role, str):
+            raise TranslationError(f"{param}.role must be a string", f"{param}.role")
+        content = _optional_str(message, "content", f"{param}.content") or ""
+        images = _images(message.get("images"), f"{param}.images")
+        messages.append({"role": role, "content": _content_with_images(content, images)})
+    return messages
+
+
+def _ollama_common(body: JSONDict) -> tuple[JSONDict, bool]:
+    out: JSONDict = {}
+    model = _optional_str(body, "model")
+    if model is not None:
+        out["model"] = model
+    stream = _optional_bool(body, "stream")
+    return out, OLLAMA_STREAM_DEFAULT if stream is None else stream
+
+
+def _finish_ollama_body(body: JSONDict, out: JSONDict, stream: bool) -> None:
+    out["stream"] = stream
+    if stream:
+        # Without this the final Ollama record could not report token counts.
+        out["stream_options"] = {"include_usage": True}
+    _apply_ollama_options(body, out)
+    _apply_ollama_format(body, out)
+
+
+def ollama_chat_request(body: dict[str, Any]) -> tuple[str, dict[str, Any], bool]:
+    """``/api/chat`` → ``/v1/chat/completions``."""
+    body = _require_object(body)
+    out, stream = _ollama_common(body)
+    out["messages"] = _ollama_messages(body.get("messages"))
+    _finish_ollama_body(body, out, stream)
+    return CHAT_COMPLETIONS_PATH, out, stream
+
+
+def ollama_generate_request(body: dict[str, Any]) -> tuple[str, dict[str, Any], bool]:
+    """``/api/generate`` → ``/v1/completions``, or chat when images are attached."""
+    body = _require_object(body)
+    out, stream = _ollama_common(body)
+    prompt = _optional_str(body, "prompt") or ""
+    system = _optional_str(body, "system") or ""
+    images = _images(body.get("images"), "images")
+    if images:
+        # The completions API has no place for images; only chat can carry them.
+        messages: list[JSONDict] = []
+        if system:
+            messages.append({"role": "system", "content": system})
+        messages.append({"role": "user", "content": _content_with_images(prompt, images)})
+        out["messages"] = messages
+        path = CHAT_COMPLETIONS_PATH
+    else:
+        out["prompt"] = f"{system}\n\n{prompt}" if system else prompt
+        path = COMPLETIONS_PATH
+    _finish_ollama_body(body, out, stream)
+    return path, out, stream
+
+
+# ------------------------------------------------------------------ Kobold request
+
+
+def kobold_generate_request(body: dict[str, Any]) -> tuple[str, dict[str, Any], bool]:
+    """``/api/v1/generate`` → ``/v1/completions`` (never streaming)."""
+    body = _require_object(body)
+    out: JSONDict = {}
+    model = _optional_str(body, "model")
+    if model is not None:
+        out["model"] = model
+    out["prompt"] = _optional_str(body, "prompt") or ""
+    out["stream"] = False
+    _copy_options(body, out, _KOBOLD_OPTION_MAP, "")
+    max_tokens = _positive_int(body, "max_length", "max_length")
+    if max_tokens is not None:
+        out["max_tokens"] = max_tokens
+    # Kobold's seed -1 means "random", which is also what omitting it means.
+    seed = _non_negative_int(body, "sampler_seed", "sampler_seed")
+    if seed is not None:
+        out["seed"] = seed
+    stop = body.get("stop_sequence")
+    if stop is not None:
+        out["stop"] = _stop_list(stop, "stop_sequence")
+    return COMPLETIONS_PATH, out, False
+
+
+# ----------------------------------------------------------------------- responses
+
+
+def rfc3339_utc(now_ns: int) -> str:
+    """Nanosecond RFC 3339 timestamp in UTC, as Ollama writes ``created_at``."""
+    seconds, fraction_ns = divmod(now_ns, NS_PER_SEC)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{fraction_ns:09d}Z"
+
+
+def _first_choice(resp: Any) -> JSONDict:
+    if isinstance(resp, dict):
+        choices = resp.get("choices")
+        if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+            return choices[0]
+    return {}
+
+
+def _str_field(obj: Any, key: str) -> str:
+    value = obj.get(key) if isinstance(obj, dict) else None
+    return value if isinstance(value, str) else ""
+
+
+def _choice_text(choice: JSONDict) -> str:
+    """Text of a completions choice, a chat choice or a chat stream delta."""
+    text = choice.get("text")
+    if isinstance(text, str):
+        return text
+    for key in ("message", "delta"):
+        content = _str_field(choice.get(key), "content")
+        if content:
+            return content
+    return ""
+
+
+def _choice_thinking(choice: JSONDict) -> str:
+    for key in ("message", "delta"):
+        reasoning = _str_field(choice.get(key), "reasoning_content")
+        if reasoning:
+            return reasoning
+    return ""
+
+
+def _done_reason(finish_reason: Any) -> str:
+    return "length" if finish_reason == "length" else "stop"
+
+
+def _token_count(usage: Any, key: str) -> int:
+    value = usage.get(key) if isinstance(usage, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _duration_ns(timings: Any, key: str) -> int:
+    # llama-server reports per-phase timings; Ollama clients divide by these
+    # durations to show tokens/s, so a real value beats a constant zero.
+    value = timings.get(key) if isinstance(timings, dict) else None
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        return int(value * NS_PER_MS)
+    return 0
+
+
+def _ollama_done_fields(
+    *, finish_reason: Any, usage: Any, timings: Any, started_ns: int, now_ns: int
+) -> JSONDict:
+    return {
+        "done": True,
+        "done_reason": _done_reason(finish_reason),
+        "total_duration": max(0, now_ns - started_ns),
+        "load_duration": 0,
+        "prompt_eval_count": _token_count(usage, "prompt_tokens"),
+        "prompt_eval_duration": _duration_ns(timings, "prompt_ms"),
+        "eval_count": _token_count(usage, "completion_tokens"),
+        "eval_duration": _duration_ns(timings, "predicted_ms"),
+    }
+
+
+def _response_fields(resp: Any) -> tuple[Any, Any]:
+    if isinstance(resp, dict):
+        return resp.get("usage"), resp.get("timings")
+    return None, None
+
+
+def openai_to_ollama_chat(
+    resp: dict[str, Any], *, model: str, started_ns: int, now_ns: int
+) -> dict[str, Any]:
+    choice = _first_choice(resp)
+    message: JSONDict = {"role": "assistant", "content": _choice_text(choice)}
+    thinking = _choice_thinking(choice)
+    if thinking:
+        message["thinking"] = thinking
+    usage, timings = _response_fields(resp)
+    return {
+        "model": model,
+        "created_at": rfc3339_utc(now_ns),
+        "message": message,
+        **_ollama_done_fields(
+            finish_reason=choice.get("finish_reason"),
+            usage=usage,
+            timings=timings,
+            started_ns=started_ns,
+            now_ns=now_ns,
+        ),
+    }
+
+
+def openai_to_ollama_generate(
+    resp: dict[str, Any], *, model: str, started_ns: int, now_ns: int
+) -> dict[str, Any]:
+    choice = _first_choice(resp)
+    out: JSONDict = {
+        "model": model,
+        "created_at": rfc3339_utc(now_ns),
+        "response": _choice_text(choice),
+    }
+    thinking = _choice_thinking(choice)
+    if thinking:
+        out["thinking"] = thinking
+    usage, timings = _response_fields(resp)
+    out.update(
+        _ollama_done_fields(
+            finish_reason=choice.get("finish_reason"),
+            usage=usage,
+            timings=timings,
+            started_ns=started_ns,
+            now_ns=now_ns,
+        )
+    )
+    out["context"] = []
+    return out
+
+
+def openai_to_kobold(resp: dict[str, Any]) -> dict[str, Any]:
+    choice = _first_choice(resp)
+    finish_reason = _done_reason(choice.get("finish_reason"))
+    return {"results": [{"text": _choice_text(choice), "finish_reason": finish_reason}]}
+
+
+def _error_message(obj: Any) -> str | None:
+    """The message of an OpenAI error envelope or one of its common variants."""
+    if not isinstance(obj, dict):
+        return None
+    error = obj.get("error")
+    if isinstance(error, dict):
+        message = error.get("message")
+        if isinstance(message, str):
+            return message
+    elif isinstance(error, str):
+        return error
+    # vLLM's older `{"object": "error", "message": ...}` and FastAPI's `{"detail": ...}`.
+    for key in ("message", "detail"):
+        value = obj.get(key)
+        if isinstance(value, str):
+            return value
+    return None
+
+
+def openai_error_to_ollama(body: bytes) -> bytes:
+    """``{"error": "<message>"}`` from an OpenAI error body (or its raw text)."""
+    try:
+        message = _error_message(orjson.loads(body))
+    except orjson.JSONDecodeError:
+        message = None
+    if message is None:
+        message = body.decode("utf-8", "replace").strip() or EMPTY_ERROR_MESSAGE
+    return orjson.dumps({"error": message})
+
+
+def _stream_error(obj: JSONDict) -> str | None:
+    error = obj.get("error")
+    if error is None and obj.get("object") != "error":
+        return None
+    message = _error_message(obj)
+    if message is not None:
+        return message
+    return EMPTY_ERROR_MESSAGE if error is None else orjson.dumps(error).decode()
+
+
+class OllamaStreamTranslator:
+    """Turn an OpenAI SSE stream into Ollama NDJSON records.
+
+    One record per non-empty content delta; ``finish`` writes the closing
+    ``done`` record from the usage and finish reason seen on the way. After a
+    backend error the error record is the last thing the client gets, since
+    Ollama clients treat ``{"error": ...}`` as the end of the stream.
+    """
+
+    def __init__(
+        self,
+        *,
+        kind: Literal["chat", "generate"],
+        model: str,
+        started_ns: int,
+        max_line_bytes: int = STREAM_MAX_LINE_BYTES,
+    ) -> None:
+        self._kind = kind
+        self._model = model
+        self._started_ns = started_ns
+        self._max_line_bytes = max_line_bytes
+        self._lines = LineBuffer()
+        self._skipping = False
+        self._usage: Any = None
+        self._timings: Any = None
+        self._finish_reason: Any = None
+        self.errored = False
+
+    def feed(self, sse_chunk: bytes, now_ns: int) -> bytes:
+        if not sse_chunk or self.errored:
+            return b""
+        if self._skipping:
+            end = sse_chunk.find(b"\n") + 1
+            if end == 0:
+                return b""
+            self._skipping = False
+            sse_chunk = sse_chunk[end:]
+        region = self._lines.take(sse_chunk)
+        if self._lines.pending_len > self._max_line_bytes:
+            self._lines.drain()
+            self._skipping = True
+        if not region:
+            return b""
+        return b"".join(self._translate_line(line, now_ns) for line in split_lines(region))
+
+    def finish(self, now_ns: int) -> bytes:
+        rest = self._lines.drain()
+        out = b"" if self._skipping or not rest else self._translate_line(rest, now_ns)
+        if self.errored:
+            return out
+        record = self._record(now_ns, "", "")
+        record.update(
+            _ollama_done_fields(
+                finish_reason=self._finish_reason,
+                usage=self._usage,
+                timings=self._timings,
+                started_ns=self._started_ns,
+                now_ns=now_ns,
+            )
+        )
+        if self._kind == "generate":
+            record["context"] = []
+        return out + orjson.dumps(record) + b"\n"
+
+    def _record(self, now_ns: int, text: str, thinking: str) -> JSONDict:
+        record: JSONDict = {"model": self._model, "created_at": rfc3339_utc(now_ns)}
+        if self._kind == "chat":
+            message: JSONDict = {"role": "assistant", "content": text}
+            if thinking:
+                message["thinking"] = thinking
+            record["message"] = message
+        else:
+            record["response"] = text
+            if thinking:
+                record["thinking"] = thinking
+        return record
+
+    def _translate_line(self, line: bytes, now_ns: int) -> bytes:
+        if self.errored or not line.startswith(_DATA_PREFIX):
+            return b""
+        payload = line[len(_DATA_PREFIX) :].strip()
+        if not payload or payload == _DONE_PAYLOAD:
+            return b""
+        try:
+            obj = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return b""
+        if not isinstance(obj, dict):
+            return b""
+        error = _stream_error(obj)
+        if error is not None:
+            self.errored = True
+            return orjson.dumps({"error": error}) + b"\n"
+        if isinstance(obj.get("usage"), dict):
+            self._usage = obj["usage"]
+        if isinstance(obj.get("timings"), dict):
+            self._timings = obj["timings"]
+        choice = _first_choice(obj)
+        if choice.get("finish_reason") is not None:
+            self._finish_reason = choice["finish_reason"]
+        text = _choice_text(choice)
+        thinking = _choice_thinking(choice)
+        if not text and not thinking:
+            return b""
+        record = self._record(now_ns, text, thinking)
+        record["done"] = False
+        return orjson.dumps(record) + b"\n"

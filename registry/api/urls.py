@@ -1,0 +1,15 @@
+from __future__ import annotations
+
+from django.urls import path
+
+from analytics.api import views as analytics_views
+from registry.api import views
+
+urlpatterns = [
+    path("models", views.models_list, name="router-models"),
+    path("load", views.load, name="router-load"),
+    path("unload", views.unload, name="router-unload"),
+    path("version", views.version, name="router-version"),
+    path("site/nodes/state", views.nodes_state, name="site-nodes-state"),
+    path("site/analytics", analytics_views.analytics, name="site-analytics"),
+]

@@ -1,0 +1,544 @@
+"""Model configs (`.kcpps` JSON files): parsing, validation, capabilities and ModelRecords.
+
+One file per model config in ``models.config_dir``; the file stem is the local model id
+(contract §3). This module only reads files and hashes weights: it never starts a backend,
+so a config whose weights are missing still loads here and merely records what is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from registry.hashing import (
+    LIST_PATH_FIELDS,
+    PATH_FIELDS,
+    PORTABLE_HASH_SUFFIX,
+    FileHasher,
+    config_hash,
+    is_sha256_hex,
+    looks_like_path,
+    model_hash,
+    path_base_name,
+    resolve_model_path,
+)
+
+BACKEND_MODES = ("kobold", "llama_sdcpp", "vllm", "sim", "upstream")
+CONFIG_SUFFIX = ".kcpps"
+# Backends that serve /v1/embeddings from the text model itself (llama-server does, and the
+# sim imitates it; an upstream OpenAI-compatible server is assumed to).
+EMBEDDINGS_FROM_TEXT_BACKENDS = frozenset({"llama_sdcpp", "sim", "upstream"})
+# At least one of these must be set, otherwise the config runs nothing.
+PRIMARY_MODEL_FIELDS = ("model_param", "sdmodel", "whispermodel", "embeddingsmodel")
+PORTABLE_FILENAME_SUFFIX = "_filename"
+PORTABLE_HF_SUFFIX = "_hf"
+PORTABLE_FILENAME_MAX_CHARS = 255
+
+REASON_NOT_TEXT = "does not run as a text model"
+REASON_NO_CONTEXT = "does not report a context window"
+REASON_CONCURRENT = "serves requests concurrently"
+
+# Credentials that a koboldcpp config may carry; they are dropped from the `options` that
+# travel to other nodes and to the WebUI.
+SECRET_OPTION_KEYS = frozenset({"password", "hordekey", "api_key", "apikey", "token"})
+SECRET_OPTION_SUFFIXES = ("_password", "_api_key", "_apikey", "_token", "_secret")
+
+_LOCAL_ID_RE = re.compile(r"[A-Za-z0-9._-]+")
+_URL_SCHEME_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+_UNSAFE_FILENAME_CHARS_RE = re.compile(r'[\\/:"<>|?*\x00-\x1f\x7f]')
+_WINDOWS_DEVICE_NAMES = frozenset(
+    {"CON", "PRN", "AUX", "NUL"}
+    | {f"COM{i}" for i in range(1, 10)}
+    | {f"LPT{i}" for i in range(1, 10)}
+)
+
+
+class ModelConfigError(Exception):
+    """A .kcpps that cannot be used; ``key`` names the offending setting when there is one."""
+
+    def __init__(self, path: Path, key: str | None, message: str) -> None:
+        self.path = path
+        self.key = key
+        self.message = message
+        prefix = f"{path.name}: {key}: " if key is not None else f"{path.name}: "
+        super().__init__(prefix + message)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    local_id: str
+    filename: str
+    path: Path
+    # Parsed JSON; shared, so treat as read-only. Excluded from hash() because dicts are not.
+    raw: Mapping[str, Any] = field(hash=False)
+    backend_mode: str
+    text_model: Path | None
+    image_model: Path | None
+    whisper_model: Path | None
+    mmproj: Path | None
+    embeddings_model: Path | None
+    context_size: int | None
+    parallel: int | None
+    upstream_url: str | None
+    config_hash: str
+    model_hash: str
+    created: int
+    size: int
+    # Absolute paths of referenced weight files that do not exist; the router refuses to
+    # load such a config rather than let the backend fail half-way.
+    missing_files: tuple[str, ...] = ()
+    # Path fields given only in portable form (`<field>_hash`) that no local path resolves
+    # yet (reference-cluster §7.2); loading must wait for asset resolution.
+    unresolved_fields: tuple[str, ...] = ()
+
+    @property
+    def has_llm(self) -> bool:
+        return (
+            self.text_model is not None
+            or "model_param" in self.unresolved_fields
+            or self.backend_mode == "upstream"
+        )
+
+    @property
+    def has_image(self) -> bool:
+        return self.image_model is not None or "sdmodel" in self.unresolved_fields
+
+    @property
+    def has_voice(self) -> bool:
+        return self.whisper_model is not None or "whispermodel" in self.unresolved_fields
+
+    @property
+    def has_multimodal(self) -> bool:
+        return self.has_llm and (self.mmproj is not None or "mmproj" in self.unresolved_fields)
+
+    @property
+    def has_embeddings(self) -> bool:
+        if self.embeddings_model is not None or "embeddingsmodel" in self.unresolved_fields:
+            return True
+        if self.raw.get("embeddings") is True:
+            return True
+        return self.has_llm and self.backend_mode in EMBEDDINGS_FROM_TEXT_BACKENDS
+
+    @property
+    def image_id(self) -> str | None:
+        name = _field_file_name(self.raw, "sdmodel")
+        if name is None:
+            return None
+        return f"{self.local_id}-{_weights_stem(name)}"
+
+    @property
+    def text_eligible_reason(self) -> str | None:
+        """Why this config cannot be linked as a text model for lending (None: it can)."""
+        if not self.has_llm:
+            return REASON_NOT_TEXT
+        if self.context_size is None or self.context_size <= 0:
+            return REASON_NO_CONTEXT
+        if self.parallel is not None and self.parallel >= 2:
+            return REASON_CONCURRENT
+        return None
+
+    def capabilities(self) -> dict[str, Any]:
+        caps: dict[str, Any] = {"llm": self.has_llm}
+        if self.has_image:
+            image: dict[str, Any] = {"model": _field_file_name(self.raw, "sdmodel")}
+            vae = _field_file_name(self.raw, "sdvae")
+            if vae is not None:
+                image["vae"] = vae
+            loras = _field_file_names(self.raw, "sdlora")
+            if loras:
+                image["lora"] = loras
+            caps["image"] = image
+        if self.has_embeddings:
+            separate = self.embeddings_model is not None or "embeddingsmodel" in (
+                self.unresolved_fields
+            )
+            model = (
+                _field_file_name(self.raw, "embeddingsmodel")
+                or _field_file_name(self.raw, "model_param")
+                or self.local_id
+            )
+            caps["embeddings"] = {"model": model, "separate": separate}
+        if self.has_multimodal:
+            caps["multimodal"] = {"projector": _field_file_name(self.raw, "mmproj")}
+        if self.has_voice:
+            voice: dict[str, Any] = {"whisper_model": _field_file_name(self.raw, "whispermodel")}
+            tts = _field_file_name(self.raw, "ttsmodel")
+            if tts is not None:
+                voice["tts_model"] = tts
+            caps["voice"] = voice
+        if self.context_size is not None:
+            caps["context"] = self.context_size
+        return caps
+
+    def to_record(
+        self, *, node_id: str, node_url: str, source: str, available: bool, loaded: bool
+    ) -> dict[str, Any]:
+        """The ModelRecord JSON (reference-cluster §2.4), before public-id suffixing."""
+        record: dict[str, Any] = {
+            "public_id": self.local_id,
+            "local_id": self.local_id,
+        }
+        image_id = self.image_id
+        if image_id is not None:
+            record["image_id"] = image_id
+            record["public_image_id"] = image_id
+        record.update(
+            {
+                "filename": self.filename,
+                "created": self.created,
+                "size": self.size,
+                "has_llm": self.has_llm,
+                "has_image": self.has_image,
+                "has_embeddings": self.has_embeddings,
+                "has_multimodal": self.has_multimodal,
+                "has_voice": self.has_voice,
+                "has_music": False,
+                "model_hash": self.model_hash,
+                "config_hash": self.config_hash,
+                "capabilities": self.capabilities(),
+                "options": sanitise_options(self.raw),
+                "backend_mode": self.backend_mode,
+                "source": source,
+                "node_id": node_id,
+                "node_url": node_url,
+                "available": available,
+                "loaded": loaded,
+            }
+        )
+        if self.unresolved_fields:
+            record["unresolved_fields"] = list(self.unresolved_fields)
+        return record
+
+
+def _weights_stem(name: str) -> str:
+    # "image-sd.sim.json" names the same model as "image-sd.safetensors" would.
+    stem = Path(name).stem
+    return stem.removesuffix(".sim")
+
+
+def _field_file_name(raw: Mapping[str, Any], name: str) -> str | None:
+    """Base name of a single-file field, from the path or else from its portable filename."""
+    value = raw.get(name)
+    if isinstance(value, str) and value != "":
+        return path_base_name(value)
+    if isinstance(value, list):
+        names = _field_file_names(raw, name)
+        return names[0] if names else None
+    portable = raw.get(name + PORTABLE_FILENAME_SUFFIX)
+    if isinstance(portable, str) and portable != "":
+        return portable
+    return None
+
+
+def _field_file_names(raw: Mapping[str, Any], name: str) -> list[str]:
+    value = raw.get(name)
+    if isinstance(value, str) and value != "":
+        return [path_base_name(value)]
+    if isinstance(value, list):
+        return [path_base_name(item) for item in value if isinstance(item, str) and item != ""]
+    portable = raw.get(name + PORTABLE_FILENAME_SUFFIX)
+    if isinstance(portable, str) and portable != "":
+        return [portable]
+    if isinstance(portable, list):
+        return [item for item in portable if isinstance(item, str) and item != ""]
+    return []
+
+
+def _is_secret_key(key: str) -> bool:
+    lowered = key.lower()
+    return lowered in SECRET_OPTION_KEYS or lowered.endswith(SECRET_OPTION_SUFFIXES)
+
+
+def _sanitise_url(value: str) -> str:
+    # Userinfo, query and fragment are where URLs carry credentials.
+    parts = urlsplit(value)
+    netloc = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def _sanitise_value(value: Any, *, path_field: bool) -> Any:
+    if isinstance(value, Mapping):
+        return sanitise_options(value)
+    if isinstance(value, list | tuple):
+        return [_sanitise_value(item, path_field=path_field) for item in value]
+    if isinstance(value, str) and value != "":
+        if _URL_SCHEME_RE.match(value) and not path_field:
+            return _sanitise_url(value)
+        if path_field or looks_like_path(value):
+            return path_base_name(value)
+    return value
+
+
+def sanitise_options(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The config as shown to other nodes: file names instead of paths, and no credentials."""
+    return {
+        str(key): _sanitise_value(value, path_field=str(key) in PATH_FIELDS)
+        for key, value in raw.items()
+        if not _is_secret_key(str(key))
+    }
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_safe_filename(value: str) -> bool:
+    if value in ("", ".", "..") or len(value) > PORTABLE_FILENAME_MAX_CHARS:
+        return False
+    if _UNSAFE_FILENAME_CHARS_RE.search(value) or value[-1] in ". ":
+        return False
+    return value.split(".", 1)[0].upper() not in _WINDOWS_DEVICE_NAMES
+
+
+def _validate_positive_int(
+    path: Path, raw: Mapping[str, Any], key: str, label: str, minimum: int
+) -> int | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if not _is_int(value) or value < minimum:
+        raise ModelConfigError(path, label, f"must be an integer >= {minimum}, got {value!r}")
+    assert isinstance(value, int)
+    return value
+
+
+def _validate_upstream_url(path: Path, value: object) -> str:
+    if not isinstance(value, str) or value == "":
+        raise ModelConfigError(path, "upstream_url", "is required with backend_mode upstream")
+    try:
+        parts = urlsplit(value)
+        hostname = parts.hostname
+    except ValueError as exc:
+        raise ModelConfigError(path, "upstream_url", f"is not a valid URL: {exc}") from None
+    if parts.scheme.lower() not in ("http", "https") or not hostname:
+        raise ModelConfigError(
+            path, "upstream_url", f"must be an absolute http(s) URL, got {value!r}"
+        )
+    return value
+
+
+def _validate_portable(path: Path, raw: Mapping[str, Any], name: str) -> None:
+    """Portable keys (reference-cluster §7.2) must be well-formed and never mix with a path."""
+    listed = name in LIST_PATH_FIELDS
+    hash_key = name + PORTABLE_HASH_SUFFIX
+    filename_key = name + PORTABLE_FILENAME_SUFFIX
+    hf_key = name + PORTABLE_HF_SUFFIX
+    portable_keys = [key for key in (hash_key, filename_key, hf_key) if raw.get(key) is not None]
+    if not portable_keys:
+        return
+    value = raw.get(name)
+    if value not in (None, "", []):
+        raise ModelConfigError(
+            path, name, f"holds both a path and portable keys ({', '.join(portable_keys)})"
+        )
+
+    def items(key: str) -> list[object]:
+        current = raw.get(key)
+        if current is None:
+            return []
+        if listed and isinstance(current, list):
+            return list(current)
+        if isinstance(current, str):
+            return [current]
+        raise ModelConfigError(path, key, "must be a string" + (" or a list" if listed else ""))
+
+    for digest in items(hash_key):
+        if not is_sha256_hex(digest):
+            raise ModelConfigError(path, hash_key, "must be 64 lower-case hex characters")
+    for name_value in items(filename_key):
+        if not isinstance(name_value, str) or not _is_safe_filename(name_value):
+            raise ModelConfigError(path, filename_key, f"is not a safe file name: {name_value!r}")
+    for origin in items(hf_key):
+        if not isinstance(origin, str) or not origin.startswith("hf://"):
+            raise ModelConfigError(path, hf_key, "must be an hf:// reference")
+
+
+def _validate_path_fields(path: Path, raw: Mapping[str, Any]) -> None:
+    for name in sorted(PATH_FIELDS):
+        value = raw.get(name)
+        if value is None or isinstance(value, str):
+            pass
+        elif name in LIST_PATH_FIELDS and isinstance(value, list):
+            if not all(isinstance(item, str) for item in value):
+                raise ModelConfigError(path, name, "must be a list of strings")
+        else:
+            expected = "a string or a list of strings" if name in LIST_PATH_FIELDS else "a string"
+            raise ModelConfigError(path, name, f"must be {expected}")
+        _validate_portable(path, raw, name)
+
+
+def _references_model(raw: Mapping[str, Any], name: str) -> bool:
+    value = raw.get(name)
+    if isinstance(value, str) and value != "":
+        return True
+    return raw.get(name + PORTABLE_HASH_SUFFIX) is not None
+
+
+def _optional_path(raw: Mapping[str, Any], name: str, base_dir: Path) -> Path | None:
+    value = raw.get(name)
+    if isinstance(value, str) and value != "":
+        return resolve_model_path(value, base_dir=base_dir)
+    return None
+
+
+def _referenced_files(raw: Mapping[str, Any], base_dir: Path) -> list[Path]:
+    """Every weight file a path field names, each once, in field order."""
+    seen: dict[Path, None] = {}
+    for name in sorted(PATH_FIELDS):
+        value = raw.get(name)
+        values = value if isinstance(value, list) else [value]
+        for item in values:
+            if isinstance(item, str) and item != "":
+                seen.setdefault(resolve_model_path(item, base_dir=base_dir), None)
+    return list(seen)
+
+
+def _vllm_settings(path: Path, raw: Mapping[str, Any]) -> Mapping[str, Any]:
+    vllm = raw.get("vllm")
+    if vllm is None:
+        return {}
+    if not isinstance(vllm, Mapping):
+        raise ModelConfigError(path, "vllm", "must be an object")
+    settings = vllm.get("settings")
+    if settings is None:
+        return {}
+    if not isinstance(settings, Mapping):
+        raise ModelConfigError(path, "vllm.settings", "must be an object")
+    return settings
+
+
+def load_model_config(path: Path, *, default_backend_mode: str, hasher: FileHasher) -> ModelConfig:
+    """Parse and validate one .kcpps; raises ModelConfigError naming the offending key."""
+    if default_backend_mode not in BACKEND_MODES:
+        raise ValueError(f"unknown default backend mode {default_backend_mode!r}")
+    path = Path(os.path.abspath(path))
+    local_id = path.stem
+    if not _LOCAL_ID_RE.fullmatch(local_id):
+        raise ModelConfigError(
+            path, None, "the file name must consist of letters, digits, '.', '_' or '-'"
+        )
+    try:
+        data = path.read_bytes()
+        created = int(path.stat().st_mtime)
+    except OSError as exc:
+        raise ModelConfigError(path, None, f"cannot be read: {exc.strerror or exc}") from None
+    try:
+        raw = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ModelConfigError(path, None, f"is not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ModelConfigError(path, None, "must be a JSON object")
+
+    backend_mode = raw.get("backend_mode")
+    if backend_mode is None:
+        backend_mode = default_backend_mode
+    elif backend_mode not in BACKEND_MODES:
+        raise ModelConfigError(
+            path, "backend_mode", f"must be one of {', '.join(BACKEND_MODES)}, got {backend_mode!r}"
+        )
+
+    upstream_url: str | None = None
+    if backend_mode == "upstream":
+        upstream_url = _validate_upstream_url(path, raw.get("upstream_url"))
+    elif raw.get("upstream_url") not in (None, ""):
+        raise ModelConfigError(path, "upstream_url", "is only allowed with backend_mode upstream")
+
+    context_size = _validate_positive_int(path, raw, "contextsize", "contextsize", 1)
+    parallel = _validate_positive_int(path, raw, "parallel", "parallel", 1)
+    settings = _vllm_settings(path, raw)
+    vllm_context = _validate_positive_int(
+        path, settings, "max_model_length", "vllm.settings.max_model_length", 1
+    )
+    vllm_parallel = _validate_positive_int(
+        path, settings, "max_number_sequences", "vllm.settings.max_number_sequences", 1
+    )
+    # koboldcpp writes contextsize into every config, but a vllm backend ignores it and runs
+    # with its own settings, so those win when the config actually runs on vllm.
+    if backend_mode == "vllm":
+        context_size = vllm_context if vllm_context is not None else context_size
+        parallel = vllm_parallel if vllm_parallel is not None else parallel
+    else:
+        context_size = context_size if context_size is not None else vllm_context
+        parallel = parallel if parallel is not None else vllm_parallel
+
+    _validate_path_fields(path, raw)
+    if backend_mode != "upstream" and not any(
+        _references_model(raw, name) for name in PRIMARY_MODEL_FIELDS
+    ):
+        raise ModelConfigError(
+            path,
+            "model_param",
+            "no model weights: set model_param, sdmodel, whispermodel or embeddingsmodel",
+        )
+
+    base_dir = path.parent
+    files = _referenced_files(raw, base_dir)
+    existing = [file for file in files if file.is_file()]
+    missing = tuple(str(file) for file in files if not file.is_file())
+    unresolved = tuple(
+        name
+        for name in sorted(PATH_FIELDS)
+        if raw.get(name) in (None, "", []) and raw.get(name + PORTABLE_HASH_SUFFIX) is not None
+    )
+    size = 0
+    for file in existing:
+        try:
+            size += file.stat().st_size
+        except OSError:
+            continue
+
+    return ModelConfig(
+        local_id=local_id,
+        filename=path.name,
+        path=path,
+        raw=raw,
+        backend_mode=backend_mode,
+        text_model=_optional_path(raw, "model_param", base_dir),
+        image_model=_optional_path(raw, "sdmodel", base_dir),
+        whisper_model=_optional_path(raw, "whispermodel", base_dir),
+        mmproj=_optional_path(raw, "mmproj", base_dir),
+        embeddings_model=_optional_path(raw, "embeddingsmodel", base_dir),
+        context_size=context_size,
+        parallel=parallel,
+        upstream_url=upstream_url,
+        config_hash=config_hash(raw),
+        model_hash=model_hash(raw, base_dir=base_dir, hasher=hasher),
+        created=created,
+        size=size,
+        missing_files=missing,
+        unresolved_fields=unresolved,
+    )
+
+
+def scan_config_dir(
+    config_dir: Path, *, default_backend_mode: str, hasher: FileHasher
+) -> tuple[list[ModelConfig], list[ModelConfigError]]:
+    """Load every *.kcpps directly in ``config_dir``; one bad file never hides the others."""
+    if default_backend_mode not in BACKEND_MODES:
+        raise ValueError(f"unknown default backend mode {default_backend_mode!r}")
+    configs: list[ModelConfig] = []
+    errors: list[ModelConfigError] = []
+    try:
+        candidates = sorted(
+            entry for entry in config_dir.iterdir() if entry.suffix == CONFIG_SUFFIX
+        )
+    except OSError as exc:
+        errors.append(ModelConfigError(config_dir, None, f"cannot be listed: {exc.strerror}"))
+        return configs, errors
+    for candidate in candidates:
+        try:
+            configs.append(
+                load_model_config(
+                    candidate, default_backend_mode=default_backend_mode, hasher=hasher
+                )
+            )
+        except ModelConfigError as exc:
+            errors.append(exc)
+    configs.sort(key=lambda config: config.local_id)
+    return configs, errors

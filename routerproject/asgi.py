@@ -1,0 +1,16 @@
+"""ASGI entry point: the inference proxy in front of Django, under Channels' protocol router."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "routerproject.settings")
+
+from channels.routing import ProtocolTypeRouter  # noqa: E402
+from django.core.asgi import get_asgi_application  # noqa: E402
+
+django_app = get_asgi_application()
+
+from proxy.app import ProxyApp  # noqa: E402  (needs the app registry ready)
+
+application = ProtocolTypeRouter({"http": ProxyApp(django_app)})

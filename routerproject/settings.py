@@ -1,0 +1,149 @@
+"""Django settings, built from the node's YAML config (see routerproject/config.py).
+
+The config file is chosen by `--config` (manage.py copies it into ROUTER_CONFIG before Django
+starts), then ROUTER_CONFIG, then ./config.yaml, then the built-in standalone default.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import dj_database_url
+
+from routerproject.config import load_config, resolve_config_path
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+ROUTER = load_config(resolve_config_path(None))
+"""The validated node config. Everything node-specific is read from here, never from YAML again."""
+
+ROUTER_VERSION = "0.1.0"
+
+STORE_DIR = Path(ROUTER.cluster.store_dir)
+STORE_DIR.mkdir(parents=True, exist_ok=True)
+
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY") or (
+    # A node needs no cross-process secret for sessions it does not share; deriving it from the
+    # store keeps admin logins valid across restarts without another file to manage.
+    "router-" + str(STORE_DIR.resolve())
+)
+DEBUG = os.environ.get("ROUTER_DEBUG") == "1"
+ALLOWED_HOSTS = ["*"]
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "rest_framework",
+    "django_q",
+    "registry",
+    "proxy",
+    "lending",
+    "guardians",
+    "analytics",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "routerproject.urls"
+ASGI_APPLICATION = "routerproject.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+
+def _database(url: str) -> dict[str, Any]:
+    db: dict[str, Any] = dict(dj_database_url.parse(url, conn_max_age=0))
+    if db["ENGINE"] == "django.db.backends.sqlite3":
+        # The router process and the django-q2 workers share one SQLite file: WAL lets readers
+        # run beside the writer, and the busy timeout turns a short lock into a wait instead of
+        # "database is locked". IMMEDIATE transactions take the write lock up front, which is
+        # what stops two writers deadlocking on a lock upgrade.
+        db["OPTIONS"] = {
+            "timeout": 20,
+            "transaction_mode": "IMMEDIATE",
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        }
+        db["TEST"] = {"NAME": str(STORE_DIR / "test_router.sqlite3")}
+    return db
+
+
+DATABASES = {"default": _database(ROUTER.database_url(os.environ))}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = STORE_DIR / "static"
+
+CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [],
+    "DEFAULT_PERMISSION_CLASSES": [],
+    "UNAUTHENTICATED_USER": None,
+    "EXCEPTION_HANDLER": "routerproject.errors.drf_exception_handler",
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+}
+
+Q_CLUSTER = {
+    "name": "router",
+    "orm": "default",
+    # Two cores per machine: one worker keeps the router's event loop responsive.
+    "workers": 1,
+    "recycle": 500,
+    "timeout": 120,
+    "retry": 180,
+    "catch_up": False,
+    "max_attempts": 1,
+    "ack_failures": True,
+    "save_limit": 200,
+    "poll": 0.5,
+    "guard_cycle": 0.5,
+    "label": "Tasks",
+    "sync": os.environ.get("ROUTER_Q_SYNC") == "1",
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("ROUTER_LOG_LEVEL", "INFO")},
+    "loggers": {
+        "django.channels.server": {"level": "WARNING"},
+        "daphne": {"level": "WARNING"},
+        "django_q": {"level": "WARNING"},
+    },
+}

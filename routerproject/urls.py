@@ -1,0 +1,14 @@
+from __future__ import annotations
+
+from django.contrib import admin
+from django.urls import include, path
+
+from routerproject import views
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("router/v1/", include("registry.api.urls")),
+    path("", views.index, name="index"),
+]
+
+handler404 = "routerproject.views.not_found"

@@ -1,0 +1,231 @@
+"""Start real router nodes (`manage.py runrouter` subprocesses) for integration tests.
+
+Each node gets its own store directory, config file, simulated model configs and database:
+SQLite in its store by default, or a fresh PostgreSQL database when the suite runs with a
+PostgreSQL DATABASE_URL. Readiness is the node's own "router ready" log line, never a sleep.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+READY_MARK = "router ready:"
+START_TIMEOUT_SECS = 60.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def sim_weights(**costs: Any) -> dict[str, Any]:
+    """Costs for a simulated model; defaults are small so tests stay fast."""
+    base = {"load_ms": 50, "base_ms": 5, "prompt_ms_per_token": 0, "output_ms_per_token": 1}
+    base.update(costs)
+    return base
+
+
+@dataclass
+class ModelSpec:
+    """A simulated model config: `kcpps` keys plus the sim weights for each weights field."""
+
+    name: str
+    kcpps: dict[str, Any] = field(default_factory=dict)
+    weights: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def text_model(name: str, **costs: Any) -> ModelSpec:
+    return ModelSpec(
+        name,
+        {"contextsize": 4096, "parallel": 1},
+        {"model_param": sim_weights(**costs)},
+    )
+
+
+class _PgDatabase:
+    """A throwaway PostgreSQL database for one node, when the suite runs on PostgreSQL."""
+
+    def __init__(self, admin_url: str) -> None:
+        import psycopg
+
+        self.admin_url = admin_url
+        self.name = f"router_it_{uuid.uuid4().hex[:12]}"
+        with psycopg.connect(admin_url, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{self.name}"')
+        scheme, rest = admin_url.split("://", 1)
+        base = rest.rsplit("/", 1)[0]
+        self.url = f"{scheme}://{base}/{self.name}"
+
+    def drop(self) -> None:
+        import psycopg
+
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+
+
+@dataclass
+class RouterNode:
+    proc: subprocess.Popen[str]
+    port: int
+    store: Path
+    config_path: Path
+    lines: list[str]
+    db: _PgDatabase | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def client(self, **kwargs: Any) -> httpx.Client:
+        return httpx.Client(base_url=self.base_url, timeout=kwargs.pop("timeout", 60.0), **kwargs)
+
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+    def cleanup(self) -> None:
+        if self.proc.poll() is None:
+            self.kill()
+        if self.db is not None:
+            with contextlib.suppress(Exception):
+                self.db.drop()
+
+
+def write_models(config_dir: Path, weights_dir: Path, models: list[ModelSpec]) -> None:
+    config_dir.mkdir(parents=True, exist_ok=True)
+    weights_dir.mkdir(parents=True, exist_ok=True)
+    for spec in models:
+        raw = {"backend_mode": "sim", **spec.kcpps}
+        for key, costs in spec.weights.items():
+            wpath = weights_dir / f"{spec.name}-{key}.sim.json"
+            wpath.write_text(json.dumps(costs))
+            raw[key] = str(wpath)
+        (config_dir / f"{spec.name}.kcpps").write_text(json.dumps(raw))
+
+
+def node_config(store: Path, port: int, **sections: dict[str, Any]) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "server": {"bind": f"127.0.0.1:{port}"},
+        "cluster": {"store_dir": str(store), "node_id": "node-a"},
+        "models": {"config_dir": str(store / "kcpps")},
+        "backend": {"mode": "sim", "load_timeout": "30s"},
+    }
+    for name, values in sections.items():
+        config.setdefault(name, {}).update(values)
+    return config
+
+
+def start_node(
+    root: Path,
+    models: list[ModelSpec],
+    *,
+    workers: bool = False,
+    extra_env: dict[str, str] | None = None,
+    wait: bool = True,
+    **sections: dict[str, Any],
+) -> RouterNode:
+    store = root / "store"
+    store.mkdir(parents=True, exist_ok=True)
+    write_models(store / "kcpps", root / "weights", models)
+    port = free_port()
+    config = node_config(store, port, **sections)
+    config_path = root / "config.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    env = dict(os.environ)
+    env.pop("ROUTER_CONFIG", None)
+    db: _PgDatabase | None = None
+    suite_db = os.environ.get("DATABASE_URL", "")
+    if suite_db.startswith(("postgres://", "postgresql://")):
+        db = _PgDatabase(suite_db)
+        env["DATABASE_URL"] = db.url
+    else:
+        env.pop("DATABASE_URL", None)
+    env.update(extra_env or {})
+    argv = [sys.executable, str(REPO / "manage.py"), "runrouter", "--config", str(config_path)]
+    if not workers:
+        argv.append("--no-workers")
+    proc = subprocess.Popen(
+        argv,
+        cwd=str(REPO),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    lines: list[str] = []
+    ready: queue.Queue[bool] = queue.Queue()
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+            if READY_MARK in line:
+                ready.put(True)
+        ready.put(False)
+
+    threading.Thread(target=pump, daemon=True).start()
+    node = RouterNode(proc, port, store, config_path, lines, db)
+    if wait:
+        try:
+            ok = ready.get(timeout=START_TIMEOUT_SECS)
+        except queue.Empty:
+            ok = False
+        if not ok:
+            node.cleanup()
+            raise RuntimeError("router did not become ready:\n" + node.output())
+    return node
+
+
+def wait_for(predicate: Any, *, timeout: float = 20.0, interval: float = 0.02) -> Any:
+    """Poll a condition (not a fixed sleep): returns its first truthy value or fails."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(interval)
+
+
+@contextlib.contextmanager
+def running_node(root: Path, models: list[ModelSpec], **kwargs: Any) -> Iterator[RouterNode]:
+    node = start_node(root, models, **kwargs)
+    try:
+        yield node
+    finally:
+        node.cleanup()
