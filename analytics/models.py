@@ -1,7 +1,7 @@
 """What the node measured: one row per request and per model load.
 
 These rows feed the cost fits (lending), so they are recorded exactly: the work a request did
-(tokens, image pixels × steps × n), how long it took, and whether it succeeded.
+(tokens, image pixels * steps * n), how long it took, and whether it succeeded.
 """
 
 from __future__ import annotations

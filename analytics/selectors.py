@@ -7,13 +7,38 @@ from typing import Any
 from analytics.models import LoadRecord, RequestRecord
 
 REQUEST_FIELDS = (
-    "id", "node_id", "model_id", "config_filename", "lane", "path", "status", "success",
-    "borrowed", "stream", "prompt_bytes", "prompt_tokens", "output_tokens", "image_width",
-    "image_height", "image_steps", "image_count", "duration_ms", "started_at", "finished_at",
+    "id",
+    "node_id",
+    "model_id",
+    "config_filename",
+    "lane",
+    "path",
+    "status",
+    "success",
+    "borrowed",
+    "stream",
+    "prompt_bytes",
+    "prompt_tokens",
+    "output_tokens",
+    "image_width",
+    "image_height",
+    "image_steps",
+    "image_count",
+    "duration_ms",
+    "started_at",
+    "finished_at",
 )
 LOAD_FIELDS = (
-    "id", "node_id", "model_id", "config_filename", "lane", "reason", "success", "error",
-    "duration_ms", "finished_at",
+    "id",
+    "node_id",
+    "model_id",
+    "config_filename",
+    "lane",
+    "reason",
+    "success",
+    "error",
+    "duration_ms",
+    "finished_at",
 )
 
 

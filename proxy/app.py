@@ -211,7 +211,7 @@ async def forward(ctx: Ctx, node: Node, job: Job, shape: Shaper) -> None:
             session = get_session()
             async with session.post(url, data=job.body, headers=_backend_headers(job)) as resp:
                 await shape(ctx, job, resp)
-        except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as exc:
+        except (TimeoutError, aiohttp.ClientError, ConnectionError) as exc:
             raise RouterError(
                 502,
                 f"backend for model {job.public_id!r} failed: {type(exc).__name__}: {exc}",
@@ -238,7 +238,11 @@ async def shape_openai(ctx: Ctx, job: Job, resp: aiohttp.ClientResponse) -> None
     if ctype.startswith(SSE):
         await ctx.start(
             resp.status,
-            [(b"content-type", ctype), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")],
+            [
+                (b"content-type", ctype),
+                (b"cache-control", b"no-cache"),
+                (b"x-accel-buffering", b"no"),
+            ],
         )
         rewriter = SSERewriter(job.public_id) if rewrite else None
         tracker = UsageTracker()
@@ -254,7 +258,9 @@ async def shape_openai(ctx: Ctx, job: Job, resp: aiohttp.ClientResponse) -> None
             try:
                 data = rewrite_json_model(data, job.public_id)
             except InvalidBackendJSON as exc:
-                raise RouterError(502, "backend returned invalid json", type="backend_error") from exc
+                raise RouterError(
+                    502, "backend returned invalid json", type="backend_error"
+                ) from exc
         if resp.status < 300:
             job.usage = usage_from_json(data)
     await ctx.respond(resp.status, data, ctype)
@@ -288,9 +294,13 @@ def _ollama_shaper(kind: str) -> Shaper:
             raise RouterError(502, "backend returned invalid json", type="backend_error") from exc
         job.usage = doc.get("usage") if isinstance(doc, dict) else None
         convert = (
-            translate.openai_to_ollama_chat if kind == "chat" else translate.openai_to_ollama_generate
+            translate.openai_to_ollama_chat
+            if kind == "chat"
+            else translate.openai_to_ollama_generate
         )
-        out = convert(doc, model=job.public_id, started_ns=int(ctx.wall0 * 1e9), now_ns=time.time_ns())
+        out = convert(
+            doc, model=job.public_id, started_ns=int(ctx.wall0 * 1e9), now_ns=time.time_ns()
+        )
         await ctx.json(200, out)
 
     return shape
@@ -318,7 +328,11 @@ async def handle_ping(ctx: Ctx, node: Node) -> None:
 
 def _text_target(node: Node, model: str, *, embeddings: bool = False) -> ModelConfig:
     cfg = node.catalog.text_model(model)
-    if cfg is None or (embeddings and not cfg.has_embeddings) or (not embeddings and not cfg.has_llm):
+    if (
+        cfg is None
+        or (embeddings and not cfg.has_embeddings)
+        or (not embeddings and not cfg.has_llm)
+    ):
         raise not_found(model)
     return cfg
 
@@ -629,8 +643,8 @@ ROUTES: dict[str, tuple[frozenset[str], Handler, bool]] = {
 class ProxyApp:
     """Claims the inference paths; hands every other request to `fallback` (Django)."""
 
-    def __init__(self, fallback: ASGIApp, *, node_getter: Callable[[], Node] = get_node) -> None:
-        self.fallback = fallback
+    def __init__(self, fallback: Any, *, node_getter: Callable[[], Node] = get_node) -> None:
+        self.fallback: ASGIApp = fallback
         self.node_getter = node_getter
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -663,11 +677,11 @@ class ProxyApp:
                 raise
         except Exception:
             logger.exception("unhandled error on %s", ctx.path)
-            err = RouterError(500, "internal router error", type="server_error")
+            internal = RouterError(500, "internal router error", type="server_error")
             if not ctx.started:
-                await ctx.error(err)
+                await ctx.error(internal)
             else:
-                await self._abort_stream(ctx, err)
+                await self._abort_stream(ctx, internal)
 
     async def _run(self, ctx: Ctx, node: Node, handler: Handler) -> None:
         task = asyncio.current_task()

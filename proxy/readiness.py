@@ -61,7 +61,8 @@ def sd_models_ready(status: int, body: bytes) -> bool:
     if not isinstance(entries, list):
         return False
     return any(
-        isinstance(e, dict) and any(_active(e.get(k)) for k in ("model_name", "title", "model", "id"))
+        isinstance(e, dict)
+        and any(_active(e.get(k)) for k in ("model_name", "title", "model", "id"))
         for e in entries
     )
 

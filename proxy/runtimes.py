@@ -43,6 +43,8 @@ PROBE_TIMEOUT_SECS = 2.0
 STOP_GRACE_SECS = 5.0
 LOG_TAIL_BYTES = 2000
 PR_SET_PDEATHSIG = 1
+# Backends start in the project directory so `python -m proxy.sim` resolves.
+REPO_DIR = str(Path(__file__).resolve().parent.parent)
 
 
 class BackendError(Exception):
@@ -116,6 +118,7 @@ class Runtime:
         self._switch_task: asyncio.Task[None] | None = None
         self._exit_task: asyncio.Task[None] | None = None
         self._closed = False
+        self._idle_waiters: list[asyncio.Future[None]] = []
 
     # -- admission --------------------------------------------------------------------------
 
@@ -162,6 +165,24 @@ class Runtime:
         if self.active <= 0:
             self.active = 0
             self._pump()
+            self._notify_idle()
+
+    def is_idle(self) -> bool:
+        return self.active == 0 and self.state != "loading" and self.waiting() == 0
+
+    def _notify_idle(self) -> None:
+        if self._idle_waiters and self.is_idle():
+            waiters, self._idle_waiters = self._idle_waiters, []
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(None)
+
+    async def wait_idle(self) -> None:
+        """Return once nothing runs, loads or waits on this runtime."""
+        while not self.is_idle():
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._idle_waiters.append(fut)
+            await fut
 
     def _pump(self) -> None:
         while self._waiters:
@@ -236,10 +257,13 @@ class Runtime:
             logger.warning("load of %s failed after %.0f ms: %s", cfg.local_id, duration_ms, error)
             self._fail_waiters_for(cfg, BackendError(error))
         else:
-            logger.info("loaded %s on the %s runtime in %.0f ms", cfg.local_id, self.lane, duration_ms)
+            logger.info(
+                "loaded %s on the %s runtime in %.0f ms", cfg.local_id, self.lane, duration_ms
+            )
         if not started_process and not error:
             # Nothing was loaded (an already-running server): no load cost to learn from.
             self._pump()
+            self._notify_idle()
             return
         self._on_load(
             LoadEvent(
@@ -254,13 +278,17 @@ class Runtime:
             )
         )
         self._pump()
+        self._notify_idle()
 
     async def _start_process(self, launch: Launch) -> None:
         assert launch.argv is not None
         self._log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self._log_path()
-        with open(log_path, "ab") as log:
-            log.write(f"\n--- {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(launch.argv)}\n".encode())
+        # A local append-only log: opening it takes microseconds, not worth a thread hop.
+        with open(log_path, "ab") as log:  # noqa: ASYNC230
+            log.write(
+                f"\n--- {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(launch.argv)}\n".encode()
+            )
             log.flush()
             try:
                 self.process = await asyncio.create_subprocess_exec(
@@ -270,7 +298,7 @@ class Runtime:
                     stderr=log,
                     start_new_session=True,
                     preexec_fn=_set_pdeathsig,
-                    cwd=str(Path(__file__).resolve().parent.parent),
+                    cwd=REPO_DIR,
                 )
             except OSError as exc:
                 raise BackendError(f"cannot start {launch.argv[0]}: {exc.strerror or exc}") from exc
@@ -280,6 +308,7 @@ class Runtime:
         return self._log_dir / f"{self.lane}-backend.log"
 
     def _log_tail(self) -> str:
+        # Called only after a failed load, when a few milliseconds of file I/O do not matter.
         try:
             with open(self._log_path(), "rb") as log:
                 log.seek(0, os.SEEK_END)
@@ -316,7 +345,7 @@ class Runtime:
                     body = await resp.read()
                     if is_ready(launch.probe, resp.status, body, flag=launch.flag):
                         return
-            except (aiohttp.ClientError, asyncio.TimeoutError):
+            except (TimeoutError, aiohttp.ClientError):
                 pass
             if self._clock() >= deadline:
                 raise BackendError(
@@ -333,7 +362,7 @@ class Runtime:
             os.killpg(process.pid, signal.SIGTERM)
         try:
             await asyncio.wait_for(process.wait(), STOP_GRACE_SECS)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
             await process.wait()
@@ -348,10 +377,9 @@ class Runtime:
         """Stop the backend once its running requests finish. False if nothing was loaded."""
         if self.current is None and self.process is None:
             return False
-        while self.active > 0 or self.state == "loading":
-            # Requests hold the runtime for as long as a generation takes; unloading waits for
-            # them rather than cutting answers off.
-            await asyncio.sleep(READY_POLL_SECS)
+        # Requests hold the runtime for as long as a generation takes; unloading waits for them
+        # rather than cutting answers off.
+        await self.wait_idle()
         await self._stop_process()
         self.current = None
         self.launch = None
@@ -443,6 +471,9 @@ class RuntimeManager:
 
     def waiting_requests(self) -> int:
         return sum(r.waiting() for r in self.all())
+
+    async def wait_idle(self) -> None:
+        await asyncio.gather(*(r.wait_idle() for r in self.all()))
 
     async def close(self) -> None:
         await asyncio.gather(*(r.close() for r in self.all()), return_exceptions=True)

@@ -6,8 +6,8 @@ import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "routerproject.settings")
 
-from channels.routing import ProtocolTypeRouter  # noqa: E402
-from django.core.asgi import get_asgi_application  # noqa: E402
+from channels.routing import ProtocolTypeRouter
+from django.core.asgi import get_asgi_application
 
 django_app = get_asgi_application()
 

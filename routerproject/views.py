@@ -6,7 +6,9 @@ from routerproject.errors import error_envelope
 
 
 def index(request: HttpRequest) -> HttpResponse:
-    return JsonResponse({"service": "cluster router", "endpoints": ["/v1/models", "/router/v1/models"]})
+    return JsonResponse(
+        {"service": "cluster router", "endpoints": ["/v1/models", "/router/v1/models"]}
+    )
 
 
 def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:

@@ -30,7 +30,9 @@ def _models() -> list[ModelSpec]:
             {"contextsize": 4096, "parallel": 1},
             {"model_param": sim_weights(vision=True), "mmproj": sim_weights(vision=True)},
         ),
-        ModelSpec("painter", {}, {"sdmodel": sim_weights(base_ms=5, image_ms_per_megapixel_step=1)}),
+        ModelSpec(
+            "painter", {}, {"sdmodel": sim_weights(base_ms=5, image_ms_per_megapixel_step=1)}
+        ),
         ModelSpec("ears", {}, {"whispermodel": sim_weights(base_ms=5)}),
         ModelSpec("broken", {"contextsize": 4096}, {"model_param": {"load_ms": -1}}),
     ]
@@ -109,7 +111,9 @@ def test_it_switches_models_and_requests_during_a_load_wait_for_it(client: httpx
 
 
 def test_it_streams_chunks_as_they_arrive(client: httpx.Client) -> None:
-    with client.stream("POST", "/v1/chat/completions", json=chat("alpha", stream=True, max_tokens=5)) as r:
+    with client.stream(
+        "POST", "/v1/chat/completions", json=chat("alpha", stream=True, max_tokens=5)
+    ) as r:
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
         chunks = [c for c in r.iter_lines() if c.startswith("data: ")]
@@ -125,7 +129,9 @@ def test_a_client_that_disconnects_frees_the_backend_at_once(client: httpx.Clien
     stats_url = backend["base_url"] + "/sim/stats"
     before = httpx.get(stats_url).json()["cancelled"]
     # 200 tokens at 100 ms each: 20 s of work that the client abandons after its first chunk.
-    with client.stream("POST", "/v1/chat/completions", json=chat("slow", stream=True, max_tokens=200)) as r:
+    with client.stream(
+        "POST", "/v1/chat/completions", json=chat("slow", stream=True, max_tokens=200)
+    ) as r:
         next(r.iter_raw())
     wait_for(lambda: httpx.get(stats_url).json()["cancelled"] > before)
     stats = httpx.get(stats_url).json()
@@ -150,7 +156,9 @@ def test_a_client_that_disconnects_frees_the_backend_at_once(client: httpx.Clien
 def test_bad_requests_get_an_openai_error(
     client: httpx.Client, body: bytes, status: int, param: str | None
 ) -> None:
-    resp = client.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+    resp = client.post(
+        "/v1/chat/completions", content=body, headers={"content-type": "application/json"}
+    )
     assert resp.status_code == status
     err = resp.json()["error"]
     assert err["message"] and err["type"]
@@ -199,7 +207,10 @@ def test_a_backend_that_dies_is_restarted_by_the_next_request(client: httpx.Clie
 
 
 def test_ollama_chat_and_generate_are_translated(client: httpx.Client) -> None:
-    resp = client.post("/api/chat", json={"model": "alpha", "messages": [{"role": "user", "content": "hi"}], "stream": False})
+    resp = client.post(
+        "/api/chat",
+        json={"model": "alpha", "messages": [{"role": "user", "content": "hi"}], "stream": False},
+    )
     doc = resp.json()
     assert resp.status_code == 200 and doc["done"] is True and doc["model"] == "alpha"
     assert doc["message"]["role"] == "assistant" and doc["message"]["content"]
@@ -217,19 +228,36 @@ def test_kobold_generate_is_translated(client: httpx.Client) -> None:
 
 
 def test_an_image_to_a_text_only_model_is_refused_before_any_backend(client: httpx.Client) -> None:
-    content = [{"type": "text", "text": "what"}, {"type": "image_url", "image_url": {"url": "data:x"}}]
-    resp = client.post("/v1/chat/completions", json={"model": "alpha", "messages": [{"role": "user", "content": content}]})
+    content = [
+        {"type": "text", "text": "what"},
+        {"type": "image_url", "image_url": {"url": "data:x"}},
+    ]
+    resp = client.post(
+        "/v1/chat/completions",
+        json={"model": "alpha", "messages": [{"role": "user", "content": content}]},
+    )
     assert resp.status_code == 400 and "not supported" in resp.json()["error"]["message"]
-    resp = client.post("/v1/chat/completions", json={"model": "seer", "messages": [{"role": "user", "content": content}]})
+    resp = client.post(
+        "/v1/chat/completions",
+        json={"model": "seer", "messages": [{"role": "user", "content": content}]},
+    )
     assert resp.status_code == 200
 
 
 def test_images_are_generated_and_their_work_recorded(client: httpx.Client) -> None:
-    resp = client.post("/v1/images/generations", json={"model": "painter", "prompt": "cat", "size": "256x128", "n": 2, "steps": 3})
+    resp = client.post(
+        "/v1/images/generations",
+        json={"model": "painter", "prompt": "cat", "size": "256x128", "n": 2, "steps": 3},
+    )
     assert resp.status_code == 200, resp.text
     assert len(resp.json()["data"]) == 2
     row = next(r for r in _analytics(client, "requests") if r["lane"] == "image")
-    assert (row["image_width"], row["image_height"], row["image_steps"], row["image_count"]) == (256, 128, 3, 2)
+    assert (row["image_width"], row["image_height"], row["image_steps"], row["image_count"]) == (
+        256,
+        128,
+        3,
+        2,
+    )
 
 
 def _wav(seconds: float) -> bytes:

@@ -7,7 +7,7 @@ on the event loop; Django runs async views on that same loop under ASGI.
 from __future__ import annotations
 
 import hmac
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from functools import wraps
 from typing import Any
 
@@ -21,7 +21,7 @@ from proxy.runtimes import BackendError
 from registry import services
 from routerproject.errors import RouterError, error_envelope
 
-View = Callable[..., Awaitable[HttpResponse]]
+View = Callable[..., Coroutine[Any, Any, HttpResponse]]
 PROTOCOL_VERSION = 2
 
 
@@ -37,7 +37,9 @@ def admin_api(methods: tuple[str, ...]) -> Callable[[View], View]:
         @wraps(view)
         async def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
             if request.method not in methods:
-                return JsonResponse(error_envelope("endpoint not found", type="not_found"), status=404)
+                return JsonResponse(
+                    error_envelope("endpoint not found", type="not_found"), status=404
+                )
             keys = settings.ROUTER.auth.admin_keys
             if keys:
                 header = request.headers.get("Authorization", "")
@@ -46,7 +48,9 @@ def admin_api(methods: tuple[str, ...]) -> Callable[[View], View]:
                 for key in keys:
                     ok |= hmac.compare_digest(token.encode(), key.encode())
                 if not ok:
-                    return _error(RouterError(401, "a valid admin key is required", type="unauthorized"))
+                    return _error(
+                        RouterError(401, "a valid admin key is required", type="unauthorized")
+                    )
             try:
                 return await view(request, *args, **kwargs)
             except RouterError as err:

@@ -296,7 +296,7 @@ def test_it_rejects_a_file_name_that_is_not_a_valid_model_id(tmp_path: Path) -> 
 
 
 def test_it_accepts_null_and_empty_optional_settings_as_unset(tmp_path: Path) -> None:
-    raw = {
+    raw: dict[str, object] = {
         "model_param": "a.gguf",
         "sdmodel": "",
         "mmproj": None,

@@ -130,7 +130,7 @@ def test_the_demo_standalone_config_loads(monkeypatch: pytest.MonkeyPatch, tmp_p
 def test_the_model_is_frozen(tmp_path: Path) -> None:
     cfg = load(tmp_path, "")
     with pytest.raises(ValidationError):
-        cfg.cluster.role = "master"  # type: ignore[misc]
+        cfg.cluster.role = "master"
 
 
 # ------------------------------------------------------------------ file handling
@@ -958,7 +958,11 @@ def test_secrets_do_not_appear_in_the_model_repr(tmp_path: Path) -> None:
 
 
 def test_python_callers_may_give_durations_in_seconds() -> None:
-    cluster = ClusterConfig(health_interval=0.5, sync_interval="2m", store_dir="/tmp/store")
+    cluster = ClusterConfig(
+        health_interval=0.5,
+        sync_interval="2m",  # type: ignore[arg-type]
+        store_dir="/tmp/store",  # type: ignore[arg-type]
+    )
     assert (cluster.health_interval, cluster.sync_interval) == (0.5, 120.0)
 
 
