@@ -18,8 +18,23 @@ def _config_from_argv(argv: list[str]) -> str | None:
     return None
 
 
+def _use_uvloop() -> None:
+    # Daphne installs Twisted's asyncio reactor when Django loads its app, on a loop made by
+    # the current policy; choosing uvloop's policy first makes the router's loop uvloop, which
+    # measured markedly lower proxy latency here. It is optional: without it, stock asyncio.
+    try:
+        import uvloop
+    except ImportError:
+        return
+    import asyncio
+
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
 def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "routerproject.settings")
+    if len(sys.argv) > 1 and sys.argv[1] == "runrouter":
+        _use_uvloop()
     explicit = _config_from_argv(sys.argv)
     if explicit:
         os.environ["ROUTER_CONFIG"] = explicit

@@ -1,0 +1,220 @@
+"""Router overhead: added latency and throughput for an unlinked model.
+
+Starts a zero-cost simulated backend (the upstream) and a real router node (`runrouter`, with
+its workers) whose one model is `upstream` mode pointing at it, then:
+
+1. latency: N requests straight to the upstream and N through the router, interleaved one by
+   one so both see the same machine state; reports p50/p99 of each and of the difference;
+2. throughput: requests/s through the router (and, for scale, straight to the upstream) with
+   C concurrent clients.
+
+Prints a table and, last, one JSON line. Run: `.venv/bin/python bench/overhead.py [--n 1000]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+BODY = json.dumps(
+    {"model": "bench", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+).encode()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+async def wait_http(url: str, limit_secs: float = 60.0) -> None:
+    deadline = time.monotonic() + limit_secs
+    async with aiohttp.ClientSession() as session:
+        while True:
+            try:
+                async with session.get(url) as resp:
+                    if resp.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{url} did not come up")
+            await asyncio.sleep(0.05)
+
+
+async def one(session: aiohttp.ClientSession, url: str) -> float:
+    t0 = time.perf_counter()
+    async with session.post(url, data=BODY, headers={"Content-Type": "application/json"}) as resp:
+        await resp.read()
+        if resp.status != 200:
+            raise RuntimeError(f"{url}: HTTP {resp.status}")
+    return (time.perf_counter() - t0) * 1000.0
+
+
+async def latency(direct: str, routed: str, n: int) -> tuple[list[float], list[float]]:
+    d: list[float] = []
+    r: list[float] = []
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        for _ in range(50):  # warm both paths and their connection pools
+            await one(session, direct)
+            await one(session, routed)
+        for i in range(n):
+            # Alternate which goes first so neither side systematically gets the warmer cache.
+            if i % 2:
+                d.append(await one(session, direct))
+                r.append(await one(session, routed))
+            else:
+                r.append(await one(session, routed))
+                d.append(await one(session, direct))
+    return d, r
+
+
+async def throughput(url: str, clients: int, total: int) -> float:
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        remaining = total
+        lock = asyncio.Lock()
+
+        async def worker() -> None:
+            nonlocal remaining
+            while True:
+                async with lock:
+                    if remaining <= 0:
+                        return
+                    remaining -= 1
+                await one(session, url)
+
+        await asyncio.gather(*(worker() for _ in range(clients // 4)))  # warm-up pass
+        remaining = total
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(clients)))
+        return total / (time.perf_counter() - t0)
+
+
+def start(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            argv,
+            cwd=str(REPO),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--n", type=int, default=1000, help="latency requests each way")
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--total", type=int, default=4000, help="requests in the throughput run")
+    args = parser.parse_args()
+
+    root = Path(tempfile.mkdtemp(prefix="bench-overhead-"))
+    weights = root / "zero.sim.json"
+    weights.write_text(json.dumps({"load_ms": 0, "base_ms": 0, "output_ms_per_token": 0}))
+    up_port, router_port = free_port(), free_port()
+    kcpps = root / "kcpps"
+    kcpps.mkdir()
+    (kcpps / "bench.kcpps").write_text(
+        json.dumps({"backend_mode": "upstream", "upstream_url": f"http://127.0.0.1:{up_port}"})
+    )
+    config = {
+        "server": {"bind": f"127.0.0.1:{router_port}"},
+        "cluster": {"store_dir": str(root / "store")},
+        "models": {"config_dir": str(kcpps)},
+        "backend": {"mode": "sim"},
+    }
+    (root / "config.yaml").write_text(yaml.safe_dump(config))
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "ROUTER_CONFIG")}
+    upstream = start(
+        [sys.executable, "-m", "proxy.sim", "-m", str(weights), "--port", str(up_port)],
+        root / "upstream.log",
+    )
+    router = start(
+        [sys.executable, "manage.py", "runrouter", "--config", str(root / "config.yaml")],
+        root / "router.log",
+        env,
+    )
+    direct = f"http://127.0.0.1:{up_port}/v1/chat/completions"
+    routed = f"http://127.0.0.1:{router_port}/v1/chat/completions"
+    try:
+        asyncio.run(wait_http(f"http://127.0.0.1:{up_port}/health"))
+        asyncio.run(wait_http(f"http://127.0.0.1:{router_port}/ping"))
+        d, r = asyncio.run(latency(direct, routed, args.n))
+        added = [b - a for a, b in zip(d, r, strict=True)]
+        rps_router = asyncio.run(throughput(routed, args.clients, args.total))
+        rps_direct = asyncio.run(throughput(direct, args.clients, args.total))
+    finally:
+        stop(router)
+        stop(upstream)
+
+    result: dict[str, Any] = {
+        "bench": "overhead",
+        "requests_each_way": args.n,
+        "direct_p50_ms": round(percentile(d, 50), 3),
+        "direct_p99_ms": round(percentile(d, 99), 3),
+        "router_p50_ms": round(percentile(r, 50), 3),
+        "router_p99_ms": round(percentile(r, 99), 3),
+        "added_p50_ms": round(percentile(r, 50) - percentile(d, 50), 3),
+        "added_p99_ms": round(percentile(r, 99) - percentile(d, 99), 3),
+        "added_paired_median_ms": round(statistics.median(added), 3),
+        "clients": args.clients,
+        "router_rps": round(rps_router, 1),
+        "direct_rps": round(rps_direct, 1),
+        "targets": {"added_p50_ms": 3.0, "added_p99_ms": 10.0, "router_rps": 250},
+    }
+    result["pass"] = (
+        result["added_p50_ms"] <= 3.0 and result["added_p99_ms"] <= 10.0 and rps_router >= 250
+    )
+    print(f"{'measure':<28}{'direct':>10}{'router':>10}{'added':>10}")
+    print(
+        f"{'p50 latency (ms)':<28}{result['direct_p50_ms']:>10}{result['router_p50_ms']:>10}"
+        f"{result['added_p50_ms']:>10}"
+    )
+    print(
+        f"{'p99 latency (ms)':<28}{result['direct_p99_ms']:>10}{result['router_p99_ms']:>10}"
+        f"{result['added_p99_ms']:>10}"
+    )
+    print(
+        f"{f'req/s at {args.clients} clients':<28}{result['direct_rps']:>10}"
+        f"{result['router_rps']:>10}{'':>10}"
+    )
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
