@@ -1,4 +1,4 @@
-"""The router process's node state: catalog, runtimes and the analytics recorder.
+"""The router process's node state: catalog, runtimes, cluster registry, analytics recorder.
 
 One instance per router process, created lazily from settings on first use (Daphne has no
 startup hook), and replaced by `reset_for_tests()`. The django-q2 workers never touch it.
@@ -7,14 +7,19 @@ startup hook), and replaced by `reset_for_tests()`. The django-q2 workers never 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 
 from analytics.recorder import Recorder
 from proxy.runtimes import RuntimeManager
 from registry.catalog import LocalCatalog
+from registry.cluster import MINIMUM_PROTOCOL_VERSION, PROTOCOL_VERSION, ClusterState
+from registry.identity import Assignment, IdentityKey
+from registry.nodeclient import AllowList, NodeClient
 from routerproject.config import RouterConfig
 
 
@@ -24,14 +29,50 @@ class Node:
     catalog: LocalCatalog
     runtimes: RuntimeManager
     recorder: Recorder
+    cluster: ClusterState = field(init=False)
+    client: NodeClient | None = None
     started_at: float = field(default_factory=time.time)
+    busy: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+    """In-flight requests per (node_id, local_id, lane), local and forwarded, for replica choice."""
 
     @property
     def node_id(self) -> str:
         return self.config.cluster.node_id
 
+    @property
+    def role(self) -> str:
+        return self.config.cluster.role
+
+    def source(self) -> str:
+        return "master" if self.role == "master" else "local"
+
+    def local_records(self) -> list[dict[str, Any]]:
+        return [
+            cfg.to_record(
+                node_id=self.node_id,
+                node_url=self.config.cluster.public_url,
+                source=self.source(),
+                available=True,
+                loaded=self.runtimes.is_loaded(cfg),
+            )
+            for cfg in sorted(self.catalog.configs.values(), key=lambda c: c.local_id)
+        ]
+
+    def snapshot(self) -> dict[str, Any]:
+        """What this node tells a master about itself (register body and node/models answer)."""
+        return {
+            "node_id": self.node_id,
+            "node_url": self.config.cluster.public_url,
+            "role": self.role,
+            "models": self.local_records(),
+            "protocol_version": PROTOCOL_VERSION,
+            "minimum_protocol_version": MINIMUM_PROTOCOL_VERSION,
+            "build_version": settings.ROUTER_VERSION,
+        }
+
     def rescan(self) -> None:
         self.catalog = _scan(self.config)
+        self.cluster.rebuild()
 
 
 def _scan(config: RouterConfig) -> LocalCatalog:
@@ -42,14 +83,36 @@ def _scan(config: RouterConfig) -> LocalCatalog:
     )
 
 
-def build_node(config: RouterConfig) -> Node:
+def build_node(
+    config: RouterConfig,
+    *,
+    assignments: dict[IdentityKey, Assignment] | None = None,
+    on_assignments: Any = None,
+) -> Node:
     recorder = Recorder(node_id=config.cluster.node_id, enabled=config.analytics.enabled)
     runtimes = RuntimeManager(
         config=config,
         log_dir=Path(config.cluster.store_dir) / "logs",
         on_load=recorder.add_load,
     )
-    return Node(config=config, catalog=_scan(config), runtimes=runtimes, recorder=recorder)
+    node = Node(config=config, catalog=_scan(config), runtimes=runtimes, recorder=recorder)
+    c = config.cluster
+    node.cluster = ClusterState(
+        role=c.role,
+        node_id=c.node_id,
+        public_url=c.public_url,
+        slave_urls=c.slave_urls if c.role == "master" else [],
+        local_records=node.local_records,
+        local_configs=lambda: node.catalog.configs,
+        assignments=assignments,
+        on_assignments=on_assignments,
+    )
+    if c.role != "standalone":
+        urls = [u for u in (c.public_url, c.master_url, *c.slave_urls) if u]
+        node.client = NodeClient(
+            token=c.token, allow=AllowList(urls), control_timeout=c.control_timeout
+        )
+    return node
 
 
 _node: Node | None = None
@@ -63,7 +126,7 @@ def get_node() -> Node:
 
 
 def set_node(node: Node | None) -> None:
-    """Install a node built elsewhere (tests, or runrouter with its own config)."""
+    """Install a node built elsewhere (tests, or runrouter with its persisted state)."""
     global _node
     _node = node
 

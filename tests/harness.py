@@ -91,6 +91,7 @@ class RouterNode:
     config_path: Path
     lines: list[str]
     db: _PgDatabase | None = None
+    keep_db: bool = False
 
     @property
     def base_url(self) -> str:
@@ -116,10 +117,10 @@ class RouterNode:
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(10)
 
-    def cleanup(self) -> None:
+    def cleanup(self, *, drop_db: bool = True) -> None:
         if self.proc.poll() is None:
             self.kill()
-        if self.db is not None:
+        if self.db is not None and drop_db:
             with contextlib.suppress(Exception):
                 self.db.drop()
 
@@ -139,7 +140,7 @@ def write_models(config_dir: Path, weights_dir: Path, models: list[ModelSpec]) -
 def node_config(store: Path, port: int, **sections: dict[str, Any]) -> dict[str, Any]:
     config: dict[str, Any] = {
         "server": {"bind": f"127.0.0.1:{port}"},
-        "cluster": {"store_dir": str(store), "node_id": "node-a"},
+        "cluster": {"store_dir": str(store)},
         "models": {"config_dir": str(store / "kcpps")},
         "backend": {"mode": "sim", "load_timeout": "30s"},
     }
@@ -155,21 +156,25 @@ def start_node(
     workers: bool = False,
     extra_env: dict[str, str] | None = None,
     wait: bool = True,
+    port: int | None = None,
+    db: _PgDatabase | None = None,
+    keep_db: bool = False,
     **sections: dict[str, Any],
 ) -> RouterNode:
+    """Start one node; `port`/`db` reuse an earlier node's address and database (a restart)."""
     store = root / "store"
     store.mkdir(parents=True, exist_ok=True)
     write_models(store / "kcpps", root / "weights", models)
-    port = free_port()
+    port = port or free_port()
     config = node_config(store, port, **sections)
+    config["cluster"].setdefault("node_id", "node-a")
     config_path = root / "config.yaml"
     config_path.write_text(yaml.safe_dump(config))
     env = dict(os.environ)
     env.pop("ROUTER_CONFIG", None)
-    db: _PgDatabase | None = None
     suite_db = os.environ.get("DATABASE_URL", "")
     if suite_db.startswith(("postgres://", "postgresql://")):
-        db = _PgDatabase(suite_db)
+        db = db or _PgDatabase(suite_db)
         env["DATABASE_URL"] = db.url
     else:
         env.pop("DATABASE_URL", None)
@@ -198,7 +203,7 @@ def start_node(
         ready.put(False)
 
     threading.Thread(target=pump, daemon=True).start()
-    node = RouterNode(proc, port, store, config_path, lines, db)
+    node = RouterNode(proc, port, store, config_path, lines, db, keep_db)
     if wait:
         try:
             ok = ready.get(timeout=START_TIMEOUT_SECS)
@@ -229,3 +234,104 @@ def running_node(root: Path, models: list[ModelSpec], **kwargs: Any) -> Iterator
         yield node
     finally:
         node.cleanup()
+
+
+CLUSTER_TOKEN = "test-cluster-token-0123456789"
+
+
+@dataclass
+class Cluster:
+    master: RouterNode
+    slaves: dict[str, RouterNode]
+    root: Path
+    specs: dict[str, tuple[int, list[ModelSpec], dict[str, Any]]] = field(default_factory=dict)
+
+    def nodes(self) -> list[RouterNode]:
+        return [self.master, *self.slaves.values()]
+
+    def cleanup(self) -> None:
+        for node in self.nodes():
+            node.cleanup()
+
+    def restart_slave(self, name: str, **kwargs: Any) -> RouterNode:
+        old = self.slaves[name]
+        old.cleanup(drop_db=False)
+        port, models, sections = self.specs[name]
+        node = start_node(
+            self.root / name, models, port=port, db=old.db, keep_db=True, **sections, **kwargs
+        )
+        self.slaves[name] = node
+        return node
+
+    def restart_master(self) -> RouterNode:
+        old = self.master
+        old.stop()
+        old.cleanup(drop_db=False)
+        port, models, sections = self.specs["master"]
+        self.master = start_node(self.root / "master", models, port=port, db=old.db, **sections)
+        return self.master
+
+    def wait_healthy(self, *names: str, timeout: float = 30.0) -> None:
+        def healthy() -> bool:
+            with self.master.client() as c:
+                state = c.get("/router/v1/site/nodes/state").json()
+            nodes = {n["node_id"]: n for n in state.get("cluster", {}).get("nodes", [])}
+            return all(nodes.get(n, {}).get("healthy") for n in names)
+
+        wait_for(healthy, timeout=timeout)
+
+
+def start_cluster(
+    root: Path,
+    master_models: list[ModelSpec],
+    slaves: dict[str, list[ModelSpec]],
+    *,
+    health_interval: str = "1s",
+    slave_tokens: dict[str, str] | None = None,
+    extra_slave_urls: list[str] | None = None,
+    master_sections: dict[str, dict[str, Any]] | None = None,
+) -> Cluster:
+    """A master and its slaves on loopback ports; returns once every slave is healthy."""
+    master_port = free_port()
+    ports = {name: free_port() for name in slaves}
+    master_url = f"http://127.0.0.1:{master_port}"
+    slave_urls = [f"http://127.0.0.1:{p}" for p in ports.values()] + list(extra_slave_urls or [])
+    sections: dict[str, dict[str, Any]] = {
+        "cluster": {
+            "role": "master",
+            "node_id": "master",
+            "token": CLUSTER_TOKEN,
+            "public_url": master_url,
+            "slave_urls": slave_urls,
+            "health_interval": health_interval,
+            "sync_interval": health_interval,
+        }
+    }
+    for key, values in (master_sections or {}).items():
+        sections.setdefault(key, {}).update(values)
+    master = start_node(root / "master", master_models, port=master_port, **sections)
+    cluster = Cluster(master, {}, root)
+    cluster.specs["master"] = (master_port, master_models, sections)
+    try:
+        for name, models in slaves.items():
+            token = (slave_tokens or {}).get(name, CLUSTER_TOKEN)
+            slave_sections: dict[str, Any] = {
+                "cluster": {
+                    "role": "slave",
+                    "node_id": name,
+                    "token": token,
+                    "public_url": f"http://127.0.0.1:{ports[name]}",
+                    "master_url": master_url,
+                    "sync_interval": health_interval,
+                }
+            }
+            cluster.specs[name] = (ports[name], models, slave_sections)
+            cluster.slaves[name] = start_node(
+                root / name, models, port=ports[name], **slave_sections
+            )
+        healthy = [n for n in slaves if (slave_tokens or {}).get(n, CLUSTER_TOKEN) == CLUSTER_TOKEN]
+        cluster.wait_healthy(*healthy)
+    except BaseException:
+        cluster.cleanup()
+        raise
+    return cluster

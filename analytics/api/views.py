@@ -11,7 +11,7 @@ from routerproject.errors import RouterError
 MAX_LIMIT = 5000
 
 
-@admin_api(("GET",))
+@admin_api(("GET",), site=True)
 async def analytics(request: HttpRequest) -> HttpResponse:
     """Recent request or load rows of this node, newest first (buffered rows flushed first)."""
     kind = request.GET.get("kind", "requests")

@@ -29,14 +29,18 @@ def _error(err: RouterError) -> JsonResponse:
     return JsonResponse(err.envelope(), status=err.status)
 
 
-def admin_api(methods: tuple[str, ...]) -> Callable[[View], View]:
-    """Admin-key check, method check and one error shape for every management view."""
+def admin_api(methods: tuple[str, ...], *, site: bool = False) -> Callable[[View], View]:
+    """Admin-key check, method check and one error shape for every management view.
+
+    `site` routes control the whole cluster, so only a master or a standalone node serves
+    them; on a slave they do not exist (404), as operators of the reference expect.
+    """
 
     def decorate(view: View) -> View:
         @csrf_exempt
         @wraps(view)
         async def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-            if request.method not in methods:
+            if request.method not in methods or (site and settings.ROUTER.cluster.role == "slave"):
                 return JsonResponse(
                     error_envelope("endpoint not found", type="not_found"), status=404
                 )
@@ -117,10 +121,15 @@ async def unload(request: HttpRequest) -> HttpResponse:
     return JsonResponse(result)
 
 
-@admin_api(("GET",))
+@admin_api(("GET",), site=True)
 async def nodes_state(request: HttpRequest) -> HttpResponse:
     node = get_node()
     wanted = request.GET.get("node_id")
     if wanted and wanted != node.node_id:
-        raise RouterError(404, f"node {wanted!r} is not known", type="not_found")
-    return JsonResponse(services.node_state(node=node))
+        remote = node.cluster.nodes.get(wanted)
+        if remote is None:
+            raise RouterError(404, f"node {wanted!r} is not known", type="not_found")
+        return JsonResponse(await services.remote_node_state(node=node, remote=remote))
+    state = services.node_state(node=node)
+    state["cluster"] = services.cluster_state(node=node)
+    return JsonResponse(state)

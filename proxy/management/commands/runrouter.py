@@ -36,6 +36,25 @@ def _reactor_loop() -> asyncio.AbstractEventLoop:
     return loop
 
 
+def _persist_assignments(assignments: Any) -> None:
+    # Public-ID suffixes must survive restarts; the write happens off the event loop.
+    from channels.db import database_sync_to_async
+
+    from registry.services import public_ids_save
+
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        public_ids_save(assignments=dict(assignments))
+        return
+    task = loop.create_task(database_sync_to_async(public_ids_save)(assignments=dict(assignments)))
+    _PENDING.add(task)
+    task.add_done_callback(_PENDING.discard)
+
+
+_PENDING: set[asyncio.Task[None]] = set()
+
+
 class Command(BaseCommand):
     help = __doc__
 
@@ -69,11 +88,18 @@ class NodeRunner:
         from daphne.server import Server
 
         from proxy.node import build_node, set_node
+        from registry.selectors import public_id_assignments
+        from registry.sync import ClusterSync
         from routerproject.asgi import application
 
         runner = self
-        self.node = build_node(self.config)
+        self.node = build_node(
+            self.config,
+            assignments=public_id_assignments(),
+            on_assignments=_persist_assignments,
+        )
         set_node(self.node)
+        self.sync = ClusterSync(self.node)
         listening: list[Any] = []
 
         class RouterServer(Server):
@@ -131,10 +157,19 @@ class NodeRunner:
         node.recorder.start()
         if self.want_workers:
             await self._start_workers()
+        from registry.sync import RegistrationRefused
+
+        try:
+            await self.sync.start()
+        except RegistrationRefused as exc:
+            print(f"router: the master refused this node: {exc}", file=sys.stderr, flush=True)
+            self.exit_code = 1
+            await self.shutdown()
+            return
         startup_model = self.config.models.startup_model
         if startup_model:
             try:
-                await services.model_load(node=node, model_id=startup_model)
+                await services.model_load_local(node=node, model_id=startup_model)
             except Exception as exc:
                 print(
                     f"router: startup model {startup_model!r} failed to load: {exc}",
@@ -188,6 +223,7 @@ class NodeRunner:
             with contextlib.suppress(Exception):
                 port.stopListening()
         node = self.node
+        await self.sync.stop()
         # Requests in flight get their answers; past the grace period they are cut off and
         # every waiter still queued is answered with an error by close().
         with contextlib.suppress(asyncio.TimeoutError):
@@ -196,6 +232,8 @@ class NodeRunner:
         await node.recorder.stop()
         await self._stop_workers()
         await close_session()
+        if node.client is not None:
+            await node.client.aclose()
         print("router stopped", file=sys.stderr, flush=True)
         reactor.stop()  # type: ignore[misc]
 

@@ -1,0 +1,354 @@
+"""The buffered analytics recorder and the retention prune, against the real test database."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync
+
+from analytics import recorder as recorder_module
+from analytics.models import LoadRecord, RequestRecord
+from analytics.recorder import Recorder, RequestSample
+from analytics.services import analytics_prune
+from proxy.runtimes import LoadEvent
+
+NODE_ID = "node-a"
+# A fixed instant with whole microseconds, so a round trip through the database is exact.
+T0 = 1_750_000_000.25
+
+# The recorder writes from a worker thread (database_sync_to_async), so rows must really be
+# committed for it and for the test to see each other.
+recorder_db = pytest.mark.django_db(transaction=True)
+
+
+def sample(model_id: str = "chat", **overrides: Any) -> RequestSample:
+    fields: dict[str, Any] = {
+        "node_id": NODE_ID,
+        "model_id": model_id,
+        "config_filename": f"{model_id}.kcpps",
+        "lane": "text",
+        "path": "/v1/chat/completions",
+        "status": 200,
+        "success": True,
+        "stream": False,
+        "prompt_bytes": 120,
+        "prompt_tokens": 30,
+        "output_tokens": 16,
+        "image_width": 0,
+        "image_height": 0,
+        "image_steps": 0,
+        "image_count": 0,
+        "duration_ms": 412.5,
+        "started_at": T0,
+        "finished_at": T0 + 0.5,
+    }
+    fields.update(overrides)
+    return RequestSample(**fields)
+
+
+def load_event(model_id: str = "chat", **overrides: Any) -> LoadEvent:
+    fields: dict[str, Any] = {
+        "lane": "text",
+        "model_id": model_id,
+        "config_filename": f"{model_id}.kcpps",
+        "duration_ms": 812.0,
+        "success": True,
+        "reason": "own",
+        "error": "",
+        "finished_at": T0 + 2,
+    }
+    fields.update(overrides)
+    return LoadEvent(**fields)
+
+
+def flush(rec: Recorder) -> int:
+    written: int = async_to_sync(rec.flush)()
+    return written
+
+
+def without_id(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in row.items() if key != "id"}
+
+
+def request_models() -> list[str]:
+    return list(RequestRecord.objects.order_by("id").values_list("model_id", flat=True))
+
+
+def load_models() -> list[str]:
+    return list(LoadRecord.objects.order_by("id").values_list("model_id", flat=True))
+
+
+# -- flushing ---------------------------------------------------------------------------
+
+
+@recorder_db
+def test_a_flush_writes_each_buffered_sample_as_an_exact_row() -> None:
+    rec = Recorder(node_id=NODE_ID)
+    rec.add_request(sample())
+    rec.add_request(
+        sample(
+            "image-sd",
+            lane="image",
+            path="/v1/images/generations",
+            status=502,
+            success=False,
+            stream=True,
+            prompt_tokens=0,
+            output_tokens=0,
+            image_width=512,
+            image_height=768,
+            image_steps=20,
+            image_count=2,
+            borrowed=True,
+        )
+    )
+    rec.add_load(load_event(success=False, reason="explicit", error="exited with code 2"))
+    assert rec.pending() == 3
+
+    assert flush(rec) == 3
+    assert rec.pending() == 0
+
+    rows = [without_id(row) for row in RequestRecord.objects.order_by("id").values()]
+    assert rows == [
+        {
+            "node_id": NODE_ID,
+            "model_id": "chat",
+            "config_filename": "chat.kcpps",
+            "lane": "text",
+            "path": "/v1/chat/completions",
+            "status": 200,
+            "success": True,
+            "borrowed": False,
+            "stream": False,
+            "prompt_bytes": 120,
+            "prompt_tokens": 30,
+            "output_tokens": 16,
+            "image_width": 0,
+            "image_height": 0,
+            "image_steps": 0,
+            "image_count": 0,
+            "duration_ms": 412.5,
+            "started_at": datetime.fromtimestamp(T0, tz=UTC),
+            "finished_at": datetime.fromtimestamp(T0 + 0.5, tz=UTC),
+        },
+        {
+            "node_id": NODE_ID,
+            "model_id": "image-sd",
+            "config_filename": "image-sd.kcpps",
+            "lane": "image",
+            "path": "/v1/images/generations",
+            "status": 502,
+            "success": False,
+            "borrowed": True,
+            "stream": True,
+            "prompt_bytes": 120,
+            "prompt_tokens": 0,
+            "output_tokens": 0,
+            "image_width": 512,
+            "image_height": 768,
+            "image_steps": 20,
+            "image_count": 2,
+            "duration_ms": 412.5,
+            "started_at": datetime.fromtimestamp(T0, tz=UTC),
+            "finished_at": datetime.fromtimestamp(T0 + 0.5, tz=UTC),
+        },
+    ]
+    [load] = [without_id(row) for row in LoadRecord.objects.values()]
+    assert load == {
+        "node_id": NODE_ID,
+        "model_id": "chat",
+        "config_filename": "chat.kcpps",
+        "lane": "text",
+        "reason": "explicit",
+        "success": False,
+        "error": "exited with code 2",
+        "duration_ms": 812.0,
+        "finished_at": datetime.fromtimestamp(T0 + 2, tz=UTC),
+    }
+
+
+@recorder_db
+def test_a_flush_with_nothing_buffered_writes_nothing() -> None:
+    rec = Recorder(node_id=NODE_ID)
+    assert flush(rec) == 0
+    assert RequestRecord.objects.count() == 0 and LoadRecord.objects.count() == 0
+
+
+@recorder_db
+def test_a_failed_flush_keeps_the_rows_for_the_next_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_write = recorder_module._write
+    calls: list[int] = []
+
+    def fail_once(*args: Any) -> None:
+        calls.append(len(calls))
+        if len(calls) == 1:
+            raise RuntimeError("database is down")
+        real_write(*args)
+
+    monkeypatch.setattr(recorder_module, "_write", fail_once)
+    rec = Recorder(node_id=NODE_ID)
+    for name in ("a", "b"):
+        rec.add_request(sample(name))
+    rec.add_load(load_event("a"))
+
+    assert flush(rec) == 0
+    assert rec.pending() == 3
+    assert RequestRecord.objects.count() == 0 and LoadRecord.objects.count() == 0
+
+    assert flush(rec) == 3
+    assert rec.pending() == 0 and rec.dropped == 0
+    assert request_models() == ["a", "b"]
+    assert load_models() == ["a"]
+
+
+@recorder_db
+def test_rows_that_arrive_during_a_failed_flush_queue_behind_the_kept_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real_write = recorder_module._write
+    rec = Recorder(node_id=NODE_ID)
+    failed = False
+
+    def fail_once(*args: Any) -> None:
+        nonlocal failed
+        if not failed:
+            failed = True
+            # A request finishing while the write is in flight lands in the fresh buffer.
+            rec.add_request(sample("late"))
+            raise RuntimeError("database is down")
+        real_write(*args)
+
+    monkeypatch.setattr(recorder_module, "_write", fail_once)
+    rec.add_request(sample("early"))
+
+    assert flush(rec) == 0
+    assert rec.pending() == 2
+    assert flush(rec) == 2
+    assert request_models() == ["early", "late"]
+
+
+@recorder_db
+def test_a_full_buffer_drops_its_oldest_rows_and_counts_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(recorder_module, "MAX_BUFFERED_ROWS", 3)
+    rec = Recorder(node_id=NODE_ID)
+    for index in range(5):
+        rec.add_request(sample(f"r{index}"))
+    for index in range(4):
+        rec.add_load(load_event(f"l{index}"))
+
+    assert rec.dropped == 3
+    assert rec.pending() == 6
+    assert flush(rec) == 6
+    assert request_models() == ["r2", "r3", "r4"]
+    assert load_models() == ["l1", "l2", "l3"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "BUG: Recorder.flush() restores failed rows as requests[-MAX_BUFFERED_ROWS:] in front "
+        "of rows that arrived meanwhile, so the buffer can exceed its bound and the rows cut "
+        "off by a later failed flush are lost without being counted in `dropped`"
+    ),
+)
+@recorder_db
+def test_every_row_is_written_buffered_or_counted_as_dropped_across_failed_flushes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(recorder_module, "MAX_BUFFERED_ROWS", 3)
+    real_write = recorder_module._write
+    rec = Recorder(node_id=NODE_ID)
+    added = 0
+    failures = 2
+
+    def add(name: str) -> None:
+        nonlocal added
+        rec.add_request(sample(name))
+        added += 1
+
+    def failing_write(*args: Any) -> None:
+        nonlocal failures
+        if failures:
+            failures -= 1
+            if failures == 1:
+                add("during-outage")
+            raise RuntimeError("database is down")
+        real_write(*args)
+
+    monkeypatch.setattr(recorder_module, "_write", failing_write)
+    for index in range(3):
+        add(f"r{index}")
+    flush(rec)
+    assert rec.pending() <= 3
+    flush(rec)
+    written = flush(rec)
+    assert added == written + rec.pending() + rec.dropped
+
+
+@recorder_db
+def test_stop_flushes_what_is_still_buffered() -> None:
+    rec = Recorder(node_id=NODE_ID)
+
+    async def run() -> None:
+        rec.start()
+        rec.add_request(sample("last"))
+        await rec.stop()
+
+    async_to_sync(run)()
+    assert rec.pending() == 0
+    assert request_models() == ["last"]
+
+
+@recorder_db
+def test_a_disabled_recorder_records_nothing() -> None:
+    rec = Recorder(node_id=NODE_ID, enabled=False)
+    rec.add_request(sample())
+    rec.add_load(load_event())
+    assert rec.pending() == 0 and rec.dropped == 0
+    assert flush(rec) == 0
+    assert RequestRecord.objects.count() == 0 and LoadRecord.objects.count() == 0
+
+
+# -- retention --------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_prune_deletes_only_rows_older_than_the_retention() -> None:
+    now = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
+    retention = timedelta(hours=1)
+    ages = {
+        "old": retention + timedelta(minutes=30),
+        "just-old": retention + timedelta(microseconds=1),
+        "at-cutoff": retention,
+        "fresh": timedelta(minutes=5),
+    }
+    for name, age in ages.items():
+        finished = now - age
+        RequestRecord.objects.create(
+            node_id=NODE_ID,
+            model_id=name,
+            lane="text",
+            duration_ms=1.0,
+            started_at=finished,
+            finished_at=finished,
+        )
+        LoadRecord.objects.create(
+            node_id=NODE_ID,
+            model_id=name,
+            config_filename=f"{name}.kcpps",
+            lane="text",
+            duration_ms=1.0,
+            finished_at=finished,
+        )
+
+    deleted = analytics_prune(retention_secs=retention.total_seconds(), now=now)
+
+    assert deleted == 4
+    assert request_models() == ["at-cutoff", "fresh"]
+    assert load_models() == ["at-cutoff", "fresh"]
+    assert analytics_prune(retention_secs=retention.total_seconds(), now=now) == 0

@@ -1,0 +1,397 @@
+"""Forwarding a request to a backend (local runtime) or to the node that holds the model.
+
+The hot path does no database work and no JSON work beyond what the answer needs: the model ID
+rewritten when the public ID differs from the serving node's local ID, and `usage` read for
+analytics. Analytics rows go to an in-memory buffer (analytics/recorder.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import httpx
+import orjson
+
+from proxy import translate, work
+from proxy.backends import Lane, Launch
+from proxy.httpclient import get_session
+from proxy.node import Node
+from proxy.rewrite import (
+    InvalidBackendJSON,
+    NDJSONRewriter,
+    SSERewriter,
+    UsageTracker,
+    rewrite_json_model,
+    usage_from_json,
+)
+from proxy.runtimes import BackendError
+from registry.cluster import Replica
+from registry.kcpps import ModelConfig
+from registry.nodeclient import NodeCallError
+from routerproject.errors import RouterError, error_body
+
+logger = logging.getLogger(__name__)
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+JSON = b"application/json"
+NDJSON = b"application/x-ndjson"
+SSE = b"text/event-stream"
+CLIENT_CLOSED = 499
+HOP_HEADERS = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length"})
+
+
+@dataclass
+class Ctx:
+    """One client request in flight."""
+
+    scope: Scope
+    receive: Receive
+    send: Send
+    path: str
+    method: str
+    body: bytes = b""
+    started: bool = False
+    finished: bool = False
+    disconnected: bool = False
+    status: int = 0
+    t0: float = field(default_factory=time.monotonic)
+    wall0: float = field(default_factory=time.time)
+
+    def header(self, name: bytes) -> bytes | None:
+        for key, value in self.scope["headers"]:
+            if key == name:
+                return bytes(value)
+        return None
+
+    async def start(self, status: int, headers: Iterable[tuple[bytes, bytes]]) -> None:
+        self.started = True
+        self.status = status
+        await self.send({"type": "http.response.start", "status": status, "headers": list(headers)})
+
+    async def chunk(self, data: bytes) -> None:
+        if data:
+            await self.send({"type": "http.response.body", "body": data, "more_body": True})
+
+    async def end(self, data: bytes = b"") -> None:
+        self.finished = True
+        await self.send({"type": "http.response.body", "body": data, "more_body": False})
+
+    async def respond(self, status: int, body: bytes, content_type: bytes = JSON) -> None:
+        await self.start(status, [(b"content-type", content_type)])
+        await self.end(body)
+
+    async def json(self, status: int, doc: Any) -> None:
+        await self.respond(status, orjson.dumps(doc))
+
+    async def error(self, err: RouterError) -> None:
+        await self.respond(err.status, error_body(self.path, err))
+
+
+Handler = Callable[[Ctx, Node], Awaitable[None]]
+
+
+# -- request parsing ------------------------------------------------------------------------
+
+
+def parse_json_body(ctx: Ctx) -> dict[str, Any]:
+    if not ctx.body.strip():
+        raise RouterError(400, "request body is empty; a JSON object is required")
+    try:
+        doc = orjson.loads(ctx.body)
+    except orjson.JSONDecodeError as exc:
+        raise RouterError(400, f"invalid JSON body: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise RouterError(400, "request body must be a JSON object")
+    return doc
+
+
+def require_model(doc: dict[str, Any]) -> str:
+    model = doc.get("model")
+    if model is None or model == "":
+        raise RouterError(400, "model is required", param="model")
+    if not isinstance(model, str):
+        raise RouterError(400, "model must be a string", param="model")
+    return model
+
+
+# -- forwarding -----------------------------------------------------------------------------
+
+
+@dataclass
+class Job:
+    """What one forwarded request needs: target, body, and the numbers analytics records."""
+
+    cfg: ModelConfig
+    lane: Lane
+    model_id: str
+    public_id: str
+    backend_path: str
+    body: bytes
+    content_type: bytes = JSON
+    stream: bool = False
+    prompt_bytes: int = 0
+    image: work.ImageWork | None = None
+    usage: dict[str, Any] | None = None
+
+
+async def _acquire(node: Node, job: Job) -> tuple[Launch, Callable[[], None]]:
+    runtime = node.runtimes.runtime_for(job.cfg, job.lane)
+    try:
+        launch = await runtime.acquire(job.cfg)
+    except BackendError as exc:
+        raise RouterError(502, str(exc), type="backend_error", code="backend_unavailable") from exc
+    return launch, runtime.release
+
+
+def _backend_headers(job: Job) -> dict[str, str]:
+    return {"Content-Type": job.content_type.decode("latin-1")}
+
+
+def _record(ctx: Ctx, node: Node, job: Job) -> None:
+    from analytics.recorder import RequestSample
+
+    usage = job.usage or {}
+    prompt_tokens = _int(usage.get("prompt_tokens", usage.get("input_tokens")))
+    output_tokens = _int(usage.get("completion_tokens", usage.get("output_tokens")))
+    image = job.image
+    status = CLIENT_CLOSED if ctx.disconnected else ctx.status
+    node.recorder.add_request(
+        RequestSample(
+            node_id=node.node_id,
+            model_id=job.model_id,
+            config_filename=job.cfg.filename,
+            lane=job.lane,
+            path=ctx.path,
+            status=status,
+            success=200 <= status < 300,
+            stream=job.stream,
+            prompt_bytes=job.prompt_bytes,
+            prompt_tokens=prompt_tokens,
+            output_tokens=output_tokens,
+            image_width=image.width if image else 0,
+            image_height=image.height if image else 0,
+            image_steps=image.steps if image else 0,
+            image_count=image.n if image else 0,
+            duration_ms=(time.monotonic() - ctx.t0) * 1000.0,
+            started_at=ctx.wall0,
+            finished_at=time.time(),
+        )
+    )
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and value > 0 else 0
+
+
+async def forward(ctx: Ctx, node: Node, job: Job, shape: Shaper) -> None:
+    """Acquire the runtime, send the request, stream the answer back through `shape`."""
+    busy_key = (node.node_id, job.cfg.local_id, job.lane)
+    node.busy[busy_key] += 1
+    try:
+        launch, release = await _acquire(node, job)
+        try:
+            url = launch.base_url + launch.backend_path(job.backend_path)
+            session = get_session()
+            async with session.post(url, data=job.body, headers=_backend_headers(job)) as resp:
+                await shape(ctx, job, resp)
+        except (TimeoutError, aiohttp.ClientError, ConnectionError) as exc:
+            raise RouterError(
+                502,
+                f"backend for model {job.public_id!r} failed: {type(exc).__name__}: {exc}",
+                type="backend_error",
+                code="backend_failed",
+            ) from exc
+        finally:
+            release()
+    finally:
+        node.busy[busy_key] -= 1
+        _record(ctx, node, job)
+
+
+Shaper = Callable[[Ctx, Job, aiohttp.ClientResponse], Awaitable[None]]
+
+
+def _content_type(resp: aiohttp.ClientResponse) -> bytes:
+    return resp.headers.get("Content-Type", "application/octet-stream").encode("latin-1")
+
+
+async def shape_openai(ctx: Ctx, job: Job, resp: aiohttp.ClientResponse) -> None:
+    """Pass an OpenAI answer through, rewriting the model to the public ID when they differ."""
+    ctype = _content_type(resp)
+    rewrite = job.public_id != job.model_id and job.lane != "whisper"
+    if ctype.startswith(SSE):
+        await ctx.start(
+            resp.status,
+            [
+                (b"content-type", ctype),
+                (b"cache-control", b"no-cache"),
+                (b"x-accel-buffering", b"no"),
+            ],
+        )
+        rewriter = SSERewriter(job.public_id) if rewrite else None
+        tracker = UsageTracker()
+        async for data in resp.content.iter_any():
+            tracker.feed(data)
+            await ctx.chunk(rewriter.feed(data) if rewriter else data)
+        await ctx.end(rewriter.close() if rewriter else b"")
+        job.usage = tracker.usage()
+        return
+    data = await resp.read()
+    if ctype.startswith(JSON):
+        if rewrite:
+            try:
+                data = rewrite_json_model(data, job.public_id)
+            except InvalidBackendJSON as exc:
+                raise RouterError(
+                    502, "backend returned invalid json", type="backend_error"
+                ) from exc
+        if resp.status < 300:
+            job.usage = usage_from_json(data)
+    await ctx.respond(resp.status, data, ctype)
+
+
+def _ollama_shaper(kind: str) -> Shaper:
+    async def shape(ctx: Ctx, job: Job, resp: aiohttp.ClientResponse) -> None:
+        ctype = _content_type(resp)
+        if resp.status >= 300:
+            data = await resp.read()
+            await ctx.respond(resp.status, translate.openai_error_to_ollama(data))
+            return
+        if ctype.startswith(SSE):
+            streamer = translate.OllamaStreamTranslator(
+                kind=kind,  # type: ignore[arg-type]
+                model=job.public_id,
+                started_ns=int(ctx.wall0 * 1e9),
+            )
+            tracker = UsageTracker()
+            await ctx.start(200, [(b"content-type", NDJSON)])
+            async for data in resp.content.iter_any():
+                tracker.feed(data)
+                await ctx.chunk(streamer.feed(data, time.time_ns()))
+            await ctx.end(streamer.finish(time.time_ns()))
+            job.usage = tracker.usage()
+            return
+        data = await resp.read()
+        try:
+            doc = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            raise RouterError(502, "backend returned invalid json", type="backend_error") from exc
+        job.usage = doc.get("usage") if isinstance(doc, dict) else None
+        convert = (
+            translate.openai_to_ollama_chat
+            if kind == "chat"
+            else translate.openai_to_ollama_generate
+        )
+        out = convert(
+            doc, model=job.public_id, started_ns=int(ctx.wall0 * 1e9), now_ns=time.time_ns()
+        )
+        await ctx.json(200, out)
+
+    return shape
+
+
+async def shape_kobold(ctx: Ctx, job: Job, resp: aiohttp.ClientResponse) -> None:
+    data = await resp.read()
+    if resp.status >= 300:
+        await ctx.respond(resp.status, data, _content_type(resp))
+        return
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise RouterError(502, "backend returned invalid json", type="backend_error") from exc
+    job.usage = doc.get("usage") if isinstance(doc, dict) else None
+    await ctx.json(200, translate.openai_to_kobold(doc))
+
+
+# -- forwarding to another node -------------------------------------------------------------
+
+NODE_INFERENCE_PREFIX = "/router/v1/node/inference"
+
+
+async def forward_remote(
+    ctx: Ctx,
+    node: Node,
+    replica: Replica,
+    *,
+    lane: str,
+    path: str,
+    body: bytes,
+    public_id: str,
+    served_id: str,
+    content_type: bytes = JSON,
+) -> None:
+    """Send the request to the node holding `replica` and stream its answer back.
+
+    The request runs through that node's own pipeline (`/router/v1/node/inference<path>`), so
+    its runtimes, queue and analytics apply there; here only the IDs are rewritten back to the
+    public one, in JSON, SSE and NDJSON answers alike.
+    """
+    client = node.client
+    if client is None:
+        raise RouterError(502, "this node has no cluster client", type="backend_error")
+    busy_key = (replica.node_id, replica.local_id, lane)
+    node.busy[busy_key] += 1
+    rewrite = public_id != served_id and lane != "whisper"
+    headers = {"Content-Type": content_type.decode("latin-1")}
+    query = ctx.scope.get("query_string", b"").decode("latin-1")
+    url_path = NODE_INFERENCE_PREFIX + path + (f"?{query}" if query else "")
+    try:
+        async with client.stream(
+            "POST", replica.node_url, url_path, content=body, headers=headers
+        ) as resp:
+            ctype = resp.headers.get("content-type", "application/octet-stream").encode("latin-1")
+            streaming = ctype.startswith((SSE, NDJSON))
+            if not streaming:
+                data = await resp.aread()
+                if rewrite and ctype.startswith(JSON):
+                    try:
+                        data = rewrite_json_model(data, public_id)
+                    except InvalidBackendJSON as exc:
+                        raise RouterError(
+                            502, "backend returned invalid json", type="backend_error"
+                        ) from exc
+                await ctx.respond(resp.status_code, data, ctype)
+                return
+            rewriter: SSERewriter | NDJSONRewriter | None = None
+            if rewrite:
+                rewriter = (
+                    SSERewriter(public_id) if ctype.startswith(SSE) else NDJSONRewriter(public_id)
+                )
+            await ctx.start(
+                resp.status_code,
+                [
+                    (b"content-type", ctype),
+                    (b"cache-control", b"no-cache"),
+                    (b"x-accel-buffering", b"no"),
+                ],
+            )
+            async for chunk in resp.aiter_raw():
+                await ctx.chunk(rewriter.feed(chunk) if rewriter else chunk)
+            await ctx.end(rewriter.close() if rewriter else b"")
+    except NodeCallError as exc:
+        raise RouterError(
+            502,
+            f"node {replica.node_id!r} failed to serve {public_id!r}: {exc}",
+            type="backend_error",
+            code="node_failed",
+        ) from exc
+    except (httpx.HTTPError, OSError, InvalidBackendJSON) as exc:
+        raise RouterError(
+            502,
+            f"node {replica.node_id!r} failed while serving {public_id!r}: "
+            f"{type(exc).__name__}: {exc}",
+            type="backend_error",
+            code="node_failed",
+        ) from exc
+    finally:
+        node.busy[busy_key] -= 1

@@ -1,0 +1,443 @@
+"""Client API handlers: OpenAI, Ollama and Kobold paths, and the route table.
+
+Each handler parses what it needs, picks the replica (proxy/routing.py), and either forwards to
+a local runtime (`forward`) or to the node that holds the model (`forward_remote`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from django.conf import settings
+
+from guardians.detect import body_has_image
+from proxy import stt, translate, work
+from proxy.forwarding import (
+    Ctx,
+    Job,
+    Shaper,
+    _ollama_shaper,
+    forward,
+    forward_remote,
+    parse_json_body,
+    require_model,
+    shape_kobold,
+    shape_openai,
+)
+from proxy.node import Node
+from proxy.rewrite import set_body_model
+from proxy.routing import Kind, lane_of, resolve
+from registry.cluster import Replica
+from routerproject.errors import RouterError
+
+Handler = Callable[[Ctx, Node], Awaitable[None]]
+
+
+def _check_image_input(record: Any, doc: dict[str, Any], model: str) -> None:
+    # A text-only model cannot read images: a clear 400 before any backend beats an error deep
+    # in generation. (Guardian models, which answer such requests instead, hook in here.)
+    if (
+        not record.get("has_multimodal")
+        and record.get("backend_mode") != "upstream"
+        and body_has_image(doc)
+    ):
+        raise RouterError(
+            400,
+            f'model "{model}" does not accept image input (image input is not supported)',
+            param="messages",
+        )
+
+
+def _with_model(body: bytes, public_id: str, served_id: str) -> bytes:
+    return body if public_id == served_id else set_body_model(body, served_id)
+
+
+async def _serve(
+    ctx: Ctx,
+    node: Node,
+    replica: Replica,
+    *,
+    kind: Kind,
+    public_id: str,
+    path: str,
+    body: bytes,
+    shape: Shaper,
+    stream: bool = False,
+    content_type: bytes = b"application/json",
+    image: work.ImageWork | None = None,
+) -> None:
+    """Run the request where `replica` lives: this node's runtime, or its own node."""
+    lane = lane_of(kind)
+    served_id = replica.local_id
+    if kind == "image":
+        served_id = str(replica.record.get("image_id") or replica.local_id)
+    if content_type.startswith(b"application/json"):
+        body = _with_model(body, public_id, served_id)
+    if replica.cfg is None:
+        # Another node serves it; it translates Ollama/Kobold itself, so the client's own path
+        # and shape go over the wire unchanged apart from the model ID.
+        await forward_remote(
+            ctx,
+            node,
+            replica,
+            lane=lane,
+            path=ctx.path,
+            body=body,
+            public_id=public_id,
+            served_id=served_id,
+            content_type=content_type,
+        )
+        return
+    job = Job(
+        cfg=replica.cfg,
+        lane=lane,  # type: ignore[arg-type]
+        model_id=served_id,
+        public_id=public_id,
+        backend_path=path,
+        body=body,
+        content_type=content_type,
+        stream=stream,
+        prompt_bytes=len(body),
+        image=image,
+    )
+    await forward(ctx, node, job, shape)
+
+
+async def handle_ping(ctx: Ctx, node: Node) -> None:
+    await ctx.json(200, {"status": "healthy"})
+
+
+async def handle_openai_text(ctx: Ctx, node: Node) -> None:
+    doc = parse_json_body(ctx)
+    model = require_model(doc)
+    replica = resolve(node, model, "llm")
+    _check_image_input(replica.record, doc, model)
+    await _serve(
+        ctx,
+        node,
+        replica,
+        kind="llm",
+        public_id=model,
+        path=ctx.path,
+        body=ctx.body,
+        shape=shape_openai,
+        stream=doc.get("stream") is True,
+    )
+
+
+async def handle_embeddings(ctx: Ctx, node: Node) -> None:
+    doc = parse_json_body(ctx)
+    body = ctx.body
+    if doc.get("model") in (None, ""):
+        model = _default_embeddings(node)
+        doc["model"] = model
+        body = orjson.dumps(doc)
+    else:
+        model = require_model(doc)
+    replica = resolve(node, model, "embeddings")
+    await _serve(
+        ctx,
+        node,
+        replica,
+        kind="embeddings",
+        public_id=model,
+        path=ctx.path,
+        body=body,
+        shape=shape_openai,
+    )
+
+
+def _default_embeddings(node: Node) -> str:
+    # Selector-less embeddings rotate over models whose embeddings are loaded, so the request
+    # never triggers a switch the client did not ask for; with one candidate, that one.
+    loaded: list[str] = []
+    every: list[str] = []
+    for public_id, replicas in sorted(node.cluster.by_public_id.items()):
+        usable = [r for r in replicas if r.record.get("has_embeddings") and r.available]
+        if not usable:
+            continue
+        every.append(public_id)
+        if any(
+            (r.cfg is not None and node.runtimes.is_loaded(r.cfg))
+            or (r.cfg is None and (r.record.get("embeddings_loaded") or r.record.get("loaded")))
+            for r in usable
+        ):
+            loaded.append(public_id)
+    pool = loaded or (every if len(every) == 1 else [])
+    if not pool:
+        raise RouterError(400, "model is required", param="model")
+    return pool[node.cluster.next_rr("embeddings:") % len(pool)]
+
+
+async def handle_images(ctx: Ctx, node: Node) -> None:
+    doc = parse_json_body(ctx)
+    model = doc.get("model")
+    if model in (None, "") and ctx.path.startswith("/sdapi/"):
+        override = doc.get("override_settings")
+        if isinstance(override, dict):
+            model = override.get("sd_model_checkpoint")
+        model = model or doc.get("sd_model_checkpoint")
+        if not model:
+            images = sorted(node.cluster.by_public_image_id)
+            if len(images) == 1:
+                model = images[0]
+    if not isinstance(model, str) or not model:
+        raise RouterError(400, "model is required", param="model")
+    try:
+        image = work.image_work(doc)
+    except ValueError as exc:
+        raise RouterError(400, str(exc)) from exc
+    replica = resolve(node, model, "image")
+    await _serve(
+        ctx,
+        node,
+        replica,
+        kind="image",
+        public_id=model,
+        path=ctx.path,
+        body=ctx.body,
+        shape=shape_openai,
+        image=image,
+    )
+
+
+async def handle_transcriptions(ctx: Ctx, node: Node) -> None:
+    ctype = ctx.header(b"content-type") or b"application/octet-stream"
+    if not ctx.body:
+        raise RouterError(400, "an audio file is required", param="file")
+    model_field = work.multipart_field(ctx.body, ctype.decode("latin-1"), "model")
+    model = model_field.decode("utf-8", "replace").strip() if model_field else ""
+    if model:
+        replica = resolve(node, model, "voice")
+        body = ctx.body
+        if replica.local_id != model:
+            body = stt.replace_multipart_model(ctx.body, model, replica.local_id)
+        await _serve(
+            ctx,
+            node,
+            replica,
+            kind="voice",
+            public_id=model,
+            path=ctx.path,
+            body=body,
+            shape=shape_openai,
+            content_type=ctype,
+        )
+        return
+    async with stt.reserve(node) as replica:
+        await _serve(
+            ctx,
+            node,
+            replica,
+            kind="voice",
+            public_id=replica.public_id,
+            path=ctx.path,
+            body=ctx.body,
+            shape=shape_openai,
+            content_type=ctype,
+        )
+
+
+async def handle_ollama(ctx: Ctx, node: Node) -> None:
+    doc = parse_json_body(ctx)
+    model = require_model(doc)
+    replica = resolve(node, model, "llm")
+    if replica.cfg is None:
+        _check_image_input(replica.record, doc, model)
+        await _serve(
+            ctx,
+            node,
+            replica,
+            kind="llm",
+            public_id=model,
+            path=ctx.path,
+            body=ctx.body,
+            shape=shape_openai,
+        )
+        return
+    kind = "chat" if ctx.path == "/api/chat" else "generate"
+    try:
+        if kind == "chat":
+            path, body_doc, stream = translate.ollama_chat_request(doc)
+        else:
+            path, body_doc, stream = translate.ollama_generate_request(doc)
+    except translate.TranslationError as exc:
+        raise RouterError(400, str(exc), param=exc.param) from exc
+    body_doc["model"] = replica.local_id
+    _check_image_input(replica.record, body_doc, model)
+    await _serve(
+        ctx,
+        node,
+        replica,
+        kind="llm",
+        public_id=model,
+        path=path,
+        body=orjson.dumps(body_doc),
+        shape=_ollama_shaper(kind),
+        stream=stream,
+    )
+
+
+async def handle_kobold(ctx: Ctx, node: Node) -> None:
+    doc = parse_json_body(ctx)
+    model = doc.get("model")
+    if model in (None, ""):
+        model = _loaded_text_model(node)
+    if not isinstance(model, str):
+        raise RouterError(400, "model must be a string", param="model")
+    replica = resolve(node, model, "llm")
+    if replica.cfg is None:
+        await _serve(
+            ctx,
+            node,
+            replica,
+            kind="llm",
+            public_id=model,
+            path=ctx.path,
+            body=orjson.dumps({**doc, "model": model}),
+            shape=shape_openai,
+        )
+        return
+    try:
+        path, body_doc, _ = translate.kobold_generate_request(doc)
+    except translate.TranslationError as exc:
+        raise RouterError(400, str(exc), param=exc.param) from exc
+    body_doc["model"] = replica.local_id
+    body_doc.setdefault("max_tokens", KOBOLD_DEFAULT_MAX_LENGTH)
+    await _serve(
+        ctx,
+        node,
+        replica,
+        kind="llm",
+        public_id=model,
+        path=path,
+        body=orjson.dumps(body_doc),
+        shape=shape_kobold,
+    )
+
+
+# KoboldCpp's own default generation length, for clients that send no max_length.
+KOBOLD_DEFAULT_MAX_LENGTH = 100
+
+
+def _loaded_text_model(node: Node) -> str:
+    # Kobold clients rarely name a model: KoboldCpp serves whatever it has loaded.
+    text = node.runtimes.runtimes["text"].current
+    if text is not None and text.has_llm:
+        return text.local_id
+    llms = [
+        pid
+        for pid, reps in node.cluster.by_public_id.items()
+        if any(r.record.get("has_llm") for r in reps)
+    ]
+    if len(llms) == 1:
+        return llms[0]
+    raise RouterError(400, "model is required", param="model")
+
+
+def _listed(node: Node) -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for public_id, replicas in sorted(node.cluster.by_public_id.items()):
+        rec = replicas[0].record
+        if (rec.get("has_llm") or rec.get("has_embeddings")) and not rec.get("disabled"):
+            out.append((public_id, dict(rec)))
+    return out
+
+
+async def handle_models(ctx: Ctx, node: Node) -> None:
+    data = [
+        {"id": pid, "object": "model", "created": rec.get("created", 0), "owned_by": "router"}
+        for pid, rec in _listed(node)
+    ]
+    await ctx.json(200, {"object": "list", "data": data})
+
+
+def _ollama_entry(public_id: str, rec: dict[str, Any]) -> dict[str, Any]:
+    model_hash = str(rec.get("model_hash", ""))
+    if len(model_hash) == 64:
+        digest = f"sha256:{model_hash}"
+    else:
+        digest = hashlib.sha256(f"{public_id}:{model_hash}".encode()).hexdigest()
+    modified = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(rec.get("created", 0))))
+    return {
+        "name": public_id,
+        "model": public_id,
+        "modified_at": modified,
+        "size": rec.get("size", 0),
+        "digest": digest,
+        "details": {"format": "gguf", "family": rec.get("backend_mode", "")},
+    }
+
+
+async def handle_tags(ctx: Ctx, node: Node) -> None:
+    await ctx.json(200, {"models": [_ollama_entry(pid, rec) for pid, rec in _listed(node)]})
+
+
+async def handle_ps(ctx: Ctx, node: Node) -> None:
+    models = []
+    for pid, replicas in sorted(node.cluster.by_public_id.items()):
+        for r in replicas:
+            loaded = (
+                node.runtimes.is_loaded(r.cfg)
+                if r.cfg is not None
+                else bool(r.record.get("loaded"))
+            )
+            if (
+                loaded
+                and r.available
+                and (r.record.get("has_llm") or r.record.get("has_embeddings"))
+            ):
+                entry = _ollama_entry(pid, dict(r.record))
+                entry["expires_at"] = "0001-01-01T00:00:00Z"
+                entry["size_vram"] = 0
+                models.append(entry)
+                break
+    await ctx.json(200, {"models": models})
+
+
+async def handle_ollama_version(ctx: Ctx, node: Node) -> None:
+    await ctx.json(200, {"version": settings.ROUTER_VERSION})
+
+
+async def handle_sd_models(ctx: Ctx, node: Node) -> None:
+    entries = [
+        {
+            "title": pid,
+            "model_name": pid,
+            "filename": str(
+                replicas[0].record.get("capabilities", {}).get("image", {}).get("model", "")
+            ),
+            "config": replicas[0].record.get("filename", ""),
+            "hash": "",
+            "sha256": "",
+        }
+        for pid, replicas in sorted(node.cluster.by_public_image_id.items())
+    ]
+    await ctx.json(200, entries)
+
+
+POST = frozenset({"POST"})
+GET = frozenset({"GET", "HEAD"})
+
+ROUTES: dict[str, tuple[frozenset[str], Handler, bool]] = {
+    # path: (methods, handler, whether an inference key is required)
+    "/ping": (GET, handle_ping, False),
+    "/v1/models": (GET, handle_models, True),
+    "/v1/chat/completions": (POST, handle_openai_text, True),
+    "/v1/completions": (POST, handle_openai_text, True),
+    "/v1/embeddings": (POST, handle_embeddings, True),
+    "/v1/images/generations": (POST, handle_images, True),
+    "/sdapi/v1/txt2img": (POST, handle_images, True),
+    "/sdapi/v1/sd-models": (GET, handle_sd_models, True),
+    "/v1/audio/transcriptions": (POST, handle_transcriptions, True),
+    "/api/chat": (POST, handle_ollama, True),
+    "/api/generate": (POST, handle_ollama, True),
+    "/api/tags": (GET, handle_tags, True),
+    "/api/ps": (GET, handle_ps, True),
+    "/api/version": (GET, handle_ollama_version, True),
+    "/api/v1/generate": (POST, handle_kobold, True),
+}

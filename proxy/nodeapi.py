@@ -1,0 +1,122 @@
+"""The node protocol (`/router/v1/node/...`): what nodes of one cluster ask each other.
+
+Every route here needs the cluster token (checked by ProxyApp before any handler runs). The
+routes run on the router's event loop because they read and change its in-memory state:
+registry snapshots, runtimes, workload.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from proxy import stt
+from proxy.forwarding import Ctx, parse_json_body
+from proxy.handlers import GET, POST, ROUTES, Handler
+from proxy.node import Node
+from registry import services
+from registry.cluster import MINIMUM_PROTOCOL_VERSION, PROTOCOL_VERSION, SnapshotRejected
+from routerproject.errors import RouterError
+
+NODE_PREFIX = "/router/v1/node/"
+INFERENCE_PREFIX = "/router/v1/node/inference"
+ANY = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"})
+
+Route = tuple[frozenset[str], Handler, bool]
+
+
+async def handle_register(ctx: Ctx, node: Node) -> None:
+    try:
+        doc = orjson.loads(ctx.body)
+    except orjson.JSONDecodeError as exc:
+        raise RouterError(400, f"invalid JSON body: {exc}") from exc
+    if node.role != "master":
+        raise RouterError(400, "cluster registry is not enabled", type="cluster_error")
+    try:
+        node.cluster.register(doc)
+    except SnapshotRejected as exc:
+        raise RouterError(exc.status, exc.message, type=exc.type, code=exc.code) from exc
+    await ctx.json(
+        200,
+        {
+            "ok": True,
+            "protocol_version": PROTOCOL_VERSION,
+            "minimum_protocol_version": MINIMUM_PROTOCOL_VERSION,
+        },
+    )
+
+
+async def handle_models(ctx: Ctx, node: Node) -> None:
+    await ctx.json(200, node.snapshot())
+
+
+async def handle_runtime_status(ctx: Ctx, node: Node) -> None:
+    await ctx.json(200, stt.runtime_status(node))
+
+
+def _local_model(node: Node, doc: dict[str, Any]) -> str:
+    model = doc.get("model")
+    if not isinstance(model, str) or not model:
+        raise RouterError(400, "model is required", param="model")
+    return model
+
+
+async def handle_load(ctx: Ctx, node: Node) -> None:
+    model = _local_model(node, parse_json_body(ctx))
+    await ctx.json(200, await services.model_load_local(node=node, model_id=model))
+
+
+async def handle_unload(ctx: Ctx, node: Node) -> None:
+    doc = parse_json_body(ctx) if ctx.body.strip() else {}
+    model = doc.get("model")
+    target = doc.get("target")
+    if model is not None and not isinstance(model, str):
+        raise RouterError(400, "model must be a string", param="model")
+    if target is not None and target not in services.UNLOAD_TARGETS:
+        raise RouterError(400, "target is not valid", param="target")
+    await ctx.json(
+        200, await services.model_unload_local(node=node, model_id=model or None, target=target)
+    )
+
+
+async def handle_state(ctx: Ctx, node: Node) -> None:
+    await ctx.json(200, services.node_state(node=node))
+
+
+async def handle_not_found(ctx: Ctx, node: Node) -> None:
+    raise RouterError(404, "endpoint not found", type="not_found")
+
+
+NODE_ROUTES: dict[str, Route] = {
+    "/router/v1/node/register": (POST, handle_register, False),
+    "/router/v1/node/models": (GET, handle_models, False),
+    "/router/v1/node/runtime-status": (GET, handle_runtime_status, False),
+    "/router/v1/node/load": (POST, handle_load, False),
+    "/router/v1/node/unload": (POST, handle_unload, False),
+    "/router/v1/node/state": (GET, handle_state, False),
+}
+
+
+def _inner(handler: Handler, inner_path: str) -> Handler:
+    async def run(ctx: Ctx, node: Node) -> None:
+        # Served through this node's own pipeline, exactly as a client request to it would be.
+        ctx.path = inner_path
+        await handler(ctx, node)
+
+    return run
+
+
+def node_route(path: str) -> Route:
+    route = NODE_ROUTES.get(path)
+    if route is not None:
+        return route
+    if path.startswith(INFERENCE_PREFIX + "/"):
+        inner = path[len(INFERENCE_PREFIX) :]
+        if inner.startswith("//") or inner.startswith("/\\"):
+            return (ANY, handle_not_found, False)
+        client_route = ROUTES.get(inner)
+        if client_route is not None:
+            methods, handler, _ = client_route
+            return (methods, _inner(handler, inner), False)
+    return (ANY, handle_not_found, False)

@@ -1,0 +1,80 @@
+"""Choosing the replica that serves a request for a public model ID.
+
+A request always goes to a holder of the public ID it names: lending links never change this.
+Among replicas of one public ID (same name, identical hashes) the choice follows the
+reference's rotation, per lane:
+
+1. a local replica that is available and idle on that lane;
+2. otherwise the available remote replicas, round-robin (one counter per public ID and lane);
+3. otherwise a busy local replica (the request queues on its runtime);
+4. otherwise nothing: 503 when replicas exist but every one is on an unhealthy node (fail fast,
+   never hang), 502 when none can serve at all.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from proxy.node import Node
+from registry.cluster import Replica
+from routerproject.errors import RouterError
+
+Kind = Literal["llm", "embeddings", "image", "voice"]
+
+CAPABILITY = {
+    "llm": "has_llm",
+    "embeddings": "has_embeddings",
+    "image": "has_image",
+    "voice": "has_voice",
+}
+
+
+def not_found(model: str) -> RouterError:
+    return RouterError(404, f'model "{model}" was not found', code="model_not_found", param="model")
+
+
+def candidates(node: Node, public_id: str, kind: Kind) -> list[Replica]:
+    view = node.cluster
+    if kind == "image":
+        found = view.by_public_image_id.get(public_id)
+        if not found:
+            # Clients often name the config rather than its derived image ID.
+            found = view.by_public_id.get(public_id, [])
+    else:
+        found = view.by_public_id.get(public_id, [])
+    flag = CAPABILITY[kind]
+    return [r for r in found if r.record.get(flag) and not r.record.get("disabled")]
+
+
+def lane_of(kind: Kind) -> str:
+    return {"llm": "text", "embeddings": "text", "image": "image", "voice": "whisper"}[kind]
+
+
+def choose(node: Node, public_id: str, kind: Kind, replicas: list[Replica]) -> Replica:
+    lane = lane_of(kind)
+    local = [r for r in replicas if r.is_local]
+    for replica in local:
+        if node.busy[(replica.node_id, replica.local_id, lane)] == 0:
+            return replica
+    remote = [r for r in replicas if not r.is_local and r.available]
+    if remote:
+        return remote[node.cluster.next_rr(f"{lane}:{public_id}") % len(remote)]
+    if local:
+        return local[0]
+    label = "image model" if kind == "image" else "model"
+    if replicas:
+        down = sorted({r.node_id for r in replicas})
+        raise RouterError(
+            503,
+            f'{label} "{public_id}" is unavailable: node {", ".join(down)} is not healthy',
+            type="backend_error",
+            code="node_unavailable",
+        )
+    raise RouterError(502, f'{label} "{public_id}" has no available replicas', type="backend_error")
+
+
+def resolve(node: Node, public_id: str, kind: Kind) -> Replica:
+    replicas = candidates(node, public_id, kind)
+    if not replicas:
+        raise not_found(public_id)
+    return choose(node, public_id, kind, replicas)

@@ -1,0 +1,148 @@
+"""Registration and health: the slave's push loop and the master's poll loop.
+
+Both run as tasks on the router process's event loop rather than as django-q2 jobs: their
+results are routing state that lives in this process (a poll that fails must make the node's
+models unavailable for the very next request), and django-q2's scheduler only wakes every 30
+seconds, too coarse for second-scale health intervals. Each loop is a plain timer; a poll or
+registration that fails is logged and retried on the next tick, without backoff, as operators
+of the reference expect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from proxy.node import Node
+from registry.cluster import (
+    MINIMUM_PROTOCOL_VERSION,
+    SnapshotRejected,
+)
+from registry.nodeclient import NodeCallError
+
+logger = logging.getLogger(__name__)
+
+
+class RegistrationRefused(Exception):
+    """The master refused this node for good (duplicate node or incompatible protocol)."""
+
+
+def _terminal(status: int, body: Any) -> str | None:
+    if status != 409 or not isinstance(body, dict):
+        return None
+    err = body.get("error")
+    if isinstance(err, dict) and err.get("type") == "cluster_error":
+        code = err.get("code")
+        if code in ("duplicate_node", "incompatible_protocol"):
+            return f"{code}: {err.get('message', '')}"
+    return None
+
+
+class ClusterSync:
+    """Owns the periodic cluster tasks of one router process."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.last_poll_errors: dict[str, str] = {}
+
+    # -- slave ------------------------------------------------------------------------------
+
+    async def register_once(self) -> None:
+        """Push this node's snapshot to the master; RegistrationRefused if refused for good."""
+        node = self.node
+        assert node.client is not None
+        status, body = await node.client.call_json(
+            "POST", node.config.cluster.master_url, "/router/v1/node/register", json=node.snapshot()
+        )
+        terminal = _terminal(status, body)
+        if terminal:
+            raise RegistrationRefused(terminal)
+        if not 200 <= status < 300:
+            raise NodeCallError("status", f"master answered {status}: {body}", status=status)
+        version = body.get("protocol_version", 0) if isinstance(body, dict) else 0
+        if not isinstance(version, int) or version < MINIMUM_PROTOCOL_VERSION:
+            raise RegistrationRefused(f"incompatible_protocol: master speaks protocol {version!r}")
+
+    async def _slave_loop(self) -> None:
+        interval = self.node.config.cluster.sync_interval
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.register_once()
+            except RegistrationRefused as exc:
+                logger.error("the master refused this node: %s; registration stops", exc)
+                return
+            except (NodeCallError, OSError) as exc:
+                logger.warning("registration with the master failed: %s", exc)
+
+    # -- master -----------------------------------------------------------------------------
+
+    async def poll_all(self) -> None:
+        """Poll every configured slave concurrently; apply results in `slave_urls` order."""
+        node = self.node
+        urls = node.cluster.slave_urls
+        if not urls:
+            return
+        limit = asyncio.Semaphore(node.config.cluster.sync_concurrency)
+
+        async def poll(url: str) -> tuple[str, Any, str]:
+            async with limit:
+                assert node.client is not None
+                try:
+                    doc = await node.client.call_ok("GET", url, "/router/v1/node/models")
+                except NodeCallError as exc:
+                    return url, None, str(exc)
+                return url, doc, ""
+
+        results = await asyncio.gather(*(poll(u) for u in urls))
+        for url, doc, error in results:
+            if error:
+                if self.last_poll_errors.get(url) != error:
+                    logger.warning("poll of %s failed: %s", url, error)
+                self.last_poll_errors[url] = error
+                node.cluster.mark_unhealthy(url, error)
+                continue
+            self.last_poll_errors.pop(url, None)
+            try:
+                node.cluster.apply_poll(url, doc)
+            except SnapshotRejected as exc:
+                logger.warning("snapshot from %s refused: %s", url, exc.message)
+
+    async def _master_loop(self) -> None:
+        interval = self.node.config.cluster.health_interval
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.poll_all()
+            except Exception:
+                logger.exception("health poll round failed")
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """First registration or poll round, then the periodic loop. Raises RegistrationRefused."""
+        role = self.node.role
+        if role == "slave":
+            try:
+                await self.register_once()
+            except (NodeCallError, OSError) as exc:
+                logger.warning("first registration with the master failed: %s", exc)
+            self._spawn(self._slave_loop())
+        elif role == "master":
+            await self.poll_all()
+            self._spawn(self._master_loop())
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def stop(self) -> None:
+        for task in list(self.tasks):
+            task.cancel()
+        for task in list(self.tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
