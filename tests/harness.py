@@ -159,7 +159,7 @@ def start_node(
     port: int | None = None,
     db: _PgDatabase | None = None,
     keep_db: bool = False,
-    **sections: dict[str, Any],
+    **sections: Any,
 ) -> RouterNode:
     """Start one node; `port`/`db` reuse an earlier node's address and database (a restart)."""
     store = root / "store"
