@@ -11,6 +11,7 @@ import asyncio
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from channels.db import database_sync_to_async
 
@@ -101,10 +102,21 @@ class Recorder:
             await database_sync_to_async(_write)(self.node_id, requests, loads)
         except Exception:
             logger.exception("analytics flush failed; keeping %d rows", len(requests) + len(loads))
-            self._requests[:0] = requests[-MAX_BUFFERED_ROWS:]
-            self._loads[:0] = loads[-MAX_BUFFERED_ROWS:]
+            self._requests[:0] = requests
+            self._loads[:0] = loads
+            # Rows that arrived during the failed flush sit behind the returned ones; the bound
+            # still holds, and whatever it pushes out is counted, never lost silently.
+            self.dropped += _trim(self._requests) + _trim(self._loads)
             return 0
         return len(requests) + len(loads)
+
+
+def _trim(rows: list[Any]) -> int:
+    excess = len(rows) - MAX_BUFFERED_ROWS
+    if excess > 0:
+        del rows[:excess]
+        return excess
+    return 0
 
 
 def _ts(seconds: float) -> datetime:

@@ -181,4 +181,7 @@ def _kobold(cfg: ModelConfig, config: RouterConfig, host: str, port: int, base: 
         return Launch(tuple(argv), base, "models", family="kobold")
     if cfg.has_image:
         return Launch(tuple(argv), base, "sd_models", family="kobold")
-    return Launch(tuple(argv), base, "kobold_flag", flag="transcribe", family="kobold")
+    # Without text or image weights, KoboldCpp is ready when the capability the config brings
+    # reports a real `true` in /api/extra/version.
+    flag = "transcribe" if cfg.has_voice else "embeddings"
+    return Launch(tuple(argv), base, "kobold_flag", flag=flag, family="kobold")

@@ -168,7 +168,9 @@ class Runtime:
             self._notify_idle()
 
     def is_idle(self) -> bool:
-        return self.active == 0 and self.state != "loading" and self.waiting() == 0
+        return (
+            self.active == 0 and self.state not in ("loading", "stopping") and self.waiting() == 0
+        )
 
     def _notify_idle(self) -> None:
         if self._idle_waiters and self.is_idle():
@@ -195,7 +197,7 @@ class Runtime:
                 self.active += 1
                 head.future.set_result(None)
                 continue
-            if self.state == "loading" or self.active > 0 or self._closed:
+            if self.state in ("loading", "stopping") or self.active > 0 or self._closed:
                 return
             self._switch_task = asyncio.ensure_future(self._switch(head.cfg, head.reason))
             return
@@ -380,6 +382,9 @@ class Runtime:
         # Requests hold the runtime for as long as a generation takes; unloading waits for them
         # rather than cutting answers off.
         await self.wait_idle()
+        # Not "ready" while the process stops, so a request arriving now waits for a fresh
+        # load instead of being handed a backend that is going away.
+        self.state = "stopping"
         await self._stop_process()
         self.current = None
         self.launch = None

@@ -296,7 +296,7 @@ def start_cluster(
     ports = {name: free_port() for name in slaves}
     master_url = f"http://127.0.0.1:{master_port}"
     slave_urls = [f"http://127.0.0.1:{p}" for p in ports.values()] + list(extra_slave_urls or [])
-    sections: dict[str, dict[str, Any]] = {
+    sections: dict[str, Any] = {
         "cluster": {
             "role": "master",
             "node_id": "master",

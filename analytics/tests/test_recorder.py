@@ -248,14 +248,6 @@ def test_a_full_buffer_drops_its_oldest_rows_and_counts_them(
     assert load_models() == ["l1", "l2", "l3"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: Recorder.flush() restores failed rows as requests[-MAX_BUFFERED_ROWS:] in front "
-        "of rows that arrived meanwhile, so the buffer can exceed its bound and the rows cut "
-        "off by a later failed flush are lost without being counted in `dropped`"
-    ),
-)
 @recorder_db
 def test_every_row_is_written_buffered_or_counted_as_dropped_across_failed_flushes(
     monkeypatch: pytest.MonkeyPatch,

@@ -299,13 +299,6 @@ def test_a_kobold_whisper_only_config_waits_for_the_transcribe_flag(layout: Layo
     assert (launch.probe, launch.flag) == ("kobold_flag", "transcribe")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: an embeddings-only kobold config is probed with the transcribe flag; "
-        "reference-cluster §3.2 says embeddings on kobold need `embeddings: true`"
-    ),
-)
 def test_a_kobold_embeddings_only_config_waits_for_the_embeddings_flag(layout: Layout) -> None:
     cfg = layout.model("kc", {"backend_mode": "kobold", "embeddingsmodel": _w("embed.gguf")})
     launch = build_launch(cfg, "text", config=layout.router_config(), port=PORT)

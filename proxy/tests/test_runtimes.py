@@ -340,13 +340,6 @@ async def test_unload_of_an_empty_runtime_reports_that_nothing_was_loaded(
     assert runtime.state == "empty"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: while unload() stops the backend the runtime still says ready and _alive() "
-        "is true for process None, so an acquire is granted against a dying backend"
-    ),
-)
 async def test_an_acquire_during_an_unload_gets_a_live_backend(
     node: Node, runtime: Runtime
 ) -> None:
