@@ -12,9 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from django.conf import settings
 
 from analytics.recorder import Recorder
+from proxy.httpclient import CONNECT_TIMEOUT_SECS
 from proxy.runtimes import RuntimeManager
 from registry.catalog import LocalCatalog
 from registry.cluster import MINIMUM_PROTOCOL_VERSION, PROTOCOL_VERSION, ClusterState
@@ -32,6 +34,8 @@ class Node:
     cluster: ClusterState = field(init=False)
     client: NodeClient | None = None
     started_at: float = field(default_factory=time.time)
+    request_timeout: aiohttp.ClientTimeout = field(default_factory=aiohttp.ClientTimeout)
+    """Bounds one whole backend request (`backend.request_timeout`); built once, not per call."""
     busy: Counter[tuple[str, str, str]] = field(default_factory=Counter)
     """In-flight requests per (node_id, local_id, lane), local and forwarded, for replica choice."""
 
@@ -95,7 +99,15 @@ def build_node(
         log_dir=Path(config.cluster.store_dir) / "logs",
         on_load=recorder.add_load,
     )
-    node = Node(config=config, catalog=_scan(config), runtimes=runtimes, recorder=recorder)
+    node = Node(
+        config=config,
+        catalog=_scan(config),
+        runtimes=runtimes,
+        recorder=recorder,
+        request_timeout=aiohttp.ClientTimeout(
+            total=config.backend.request_timeout, sock_connect=CONNECT_TIMEOUT_SECS
+        ),
+    )
     c = config.cluster
     node.cluster = ClusterState(
         role=c.role,

@@ -471,6 +471,18 @@ class NodeClient:
             raise _transport_error(exc, url) from exc
         return b"".join(chunks)
 
+    def checked_url(self, base_url: str, path: str) -> str:
+        """The full URL of `path` below an allowed base; NodeCallError("not_allowed") otherwise.
+
+        For the inference hot path, which sends through the process's aiohttp session rather
+        than this client: the same allow-list decides where the token may go.
+        """
+        return str(self._resolve(base_url, path)[1])
+
+    @property
+    def authorization(self) -> str:
+        return f"Bearer {self._token}"
+
     def stream(
         self,
         method: str,
