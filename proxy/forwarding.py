@@ -86,7 +86,9 @@ class Ctx:
         await self.send({"type": "http.response.body", "body": data, "more_body": False})
 
     async def respond(self, status: int, body: bytes, content_type: bytes = JSON) -> None:
-        await self.start(status, [(b"content-type", content_type)])
+        # A length lets the client (or a master relaying this answer) skip chunked decoding.
+        length = str(len(body)).encode()
+        await self.start(status, [(b"content-type", content_type), (b"content-length", length)])
         await self.end(body)
 
     async def json(self, status: int, doc: Any) -> None:

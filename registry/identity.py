@@ -35,11 +35,13 @@ of any record in the view, so a real config named ``x-2`` is never shadowed.
    view) with the same base id and identity, i.e. this model was known before, under a node
    that is now gone or no longer serves it.
 3. *Edited config*: ids of dormant entries of one of the group's own nodes with the same base
-   id but another identity, i.e. the node edited that config. Editing a config therefore
-   never renames it.
+   id but another identity, i.e. the node edited that config, so editing a config does not
+   rename it. An id that a dormant entry of a node outside the group also holds is skipped:
+   that model still exists on an absent node and keeps its name for when it returns.
 4. *New*: the bare base id if no other group has it; otherwise the smallest ``base-N`` that is
-   usable and not held by a dormant entry of another identity (reserved, so that a node which
-   leaves and comes back finds its suffix still free).
+   usable and not held by any dormant entry (reserved, so that a node which leaves and comes
+   back finds its suffix still free; a dormant entry of the group's own identity was already
+   offered in round 2).
 
 Within rounds 1-3 the candidates are tried bare id first, then by ascending N. Consequences:
 with no history, the group holding the master's own record gets the bare id and the others get
@@ -47,11 +49,11 @@ with no history, the group holding the master's own record gets the bare id and 
 master's claim to the bare id: if a slave's ``x`` was public as ``x`` before the master gained a
 different ``x``, the slave keeps ``x`` and the master's gets a suffix.
 
-The brief this was written from also reserved ids of previous entries "whose node is still
-present". With round 1 running first, every live entry already claims its id before new
-ids are handed out; what that rule would add is reserving ids of configs a present node has
-*edited*, which renamed the config on every edit (``x`` → ``x-2`` on the master's first
-edit). Round 3 gives such an id back to the edited config instead.
+Bare ids are never reserved: a reserved bare id would leave a config without its own name
+because some other node once had a config of that name. Round 1 runs for every group before
+any id is handed out, so an id in use stays in use; reserving the ids of configs that a
+present node has edited as well would rename an edited config on every edit (the master's
+``x`` would become ``x-2``), which round 3 avoids by giving the id back to it.
 
 Why bases cannot collide: an id belonging to ``b`` is ``b`` or ``b-<digits>``, so splitting at
 the last ``-`` recovers ``b`` for any suffixed id; a suffixed id equal to another base id is
@@ -72,6 +74,9 @@ the view, dropped when its id now belongs to another model (or to a real config 
 name), and kept unchanged otherwise. Entries of a node that is deleted for good are therefore
 kept; ``forget_node`` drops them. Feeding the returned table back with the same input gives
 the same view and the same table (restart stability).
+
+Records with the same public id and ``node_id:local_id`` (alias records of one config) are
+ordered by their JSON content, so the view does not depend on input order.
 
 Records are shallow copies: ``public_id``/``public_image_id`` are set on the copy, and nested
 values (``capabilities``, ``options``) are shared with the input, for speed.
@@ -126,9 +131,12 @@ class _Group:
     rank: tuple[int, str]
     # (node_id, record) pairs.
     members: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-    keys: set[IdentityKey] = field(default_factory=set)
     nodes: set[str] = field(default_factory=set)
     public_id: str | None = None
+
+    def identity_keys(self) -> list[IdentityKey]:
+        # A key is (node, base id, identity) and the group fixes the last two.
+        return [(node_id, self.local_id, self.identity) for node_id in self.nodes]
 
 
 def identity_of(record: Mapping[str, Any]) -> str:
@@ -166,7 +174,7 @@ def merge(
     groups = _collect_groups(local, remote)
     base_ids = {group.local_id for group in groups.values()}
     previous_by_key = {(a.node_id, a.local_id, a.identity): a for a in previous.values()}
-    live_keys = {key for group in groups.values() for key in group.keys}
+    live_keys = {key for group in groups.values() for key in group.identity_keys()}
     dormant = [a for key, a in previous_by_key.items() if key not in live_keys]
 
     _assign_public_ids(groups, base_ids, previous_by_key, dormant)
@@ -184,8 +192,13 @@ def merge(
             record["public_id"] = public_id
             image_id = record.get("image_id")
             if isinstance(image_id, str) and image_id != "":
-                public_image_id = public_image_id_for(
-                    image_id=image_id, local_id=local_id, public_id=public_id
+                # Under the bare id every rule leaves the image id as it is.
+                public_image_id = (
+                    image_id
+                    if public_id == local_id
+                    else public_image_id_for(
+                        image_id=image_id, local_id=local_id, public_id=public_id
+                    )
                 )
                 record["public_image_id"] = public_image_id
                 by_public_image_id.setdefault(public_image_id, []).append(record)
@@ -275,21 +288,24 @@ def _collect_groups(
                 raise ValueError(f"model record from node {node_id!r} has no local_id")
             model_hash = record.get("model_hash")
             config_hash = record.get("config_hash")
-            identity = _identity(
-                model_hash if model_hash.__class__ is str else _text(model_hash),
-                config_hash if config_hash.__class__ is str else _text(config_hash),
-                node_id,
-                local_id,
-            )
-            rank = (origin_rank, node_id)
+            # identity_of(), inlined: a call per record is a tenth of this loop.
+            if model_hash.__class__ is not str:
+                model_hash = _text(model_hash)
+            if config_hash.__class__ is not str:
+                config_hash = _text(config_hash)
+            if model_hash or config_hash:
+                identity = f"{model_hash}:{config_hash}"
+            else:
+                identity = f"{UNKNOWN_IDENTITY_PREFIX}{node_id}:{local_id}"
             group = groups.get((local_id, identity))
             if group is None:
-                group = _Group(local_id=local_id, identity=identity, rank=rank)
+                group = _Group(local_id=local_id, identity=identity, rank=(origin_rank, node_id))
                 groups[(local_id, identity)] = group
-            elif rank < group.rank:
-                group.rank = rank
+            elif sender is None and (origin_rank, node_id) < group.rank:
+                # Remote batches come after the local one in node order, so a group's first
+                # record already has its best rank unless local records name several nodes.
+                group.rank = (origin_rank, node_id)
             group.members.append((node_id, record))
-            group.keys.add((node_id, local_id, identity))
             group.nodes.add(node_id)
     return groups
 
@@ -316,13 +332,12 @@ def _assign_public_ids(
 ) -> None:
     dormant_by_identity: dict[tuple[str, str], list[str]] = {}
     dormant_by_node_config: dict[tuple[str, str], list[str]] = {}
-    # Suffixed ids held by dormant entries, with the (base, identity) models that hold them.
-    reserved: dict[str, set[tuple[str, str]]] = {}
+    # Every dormant id, with the nodes whose dormant entries hold it.
+    dormant_holders: dict[str, set[str]] = {}
     for a in dormant:
         dormant_by_identity.setdefault((a.local_id, a.identity), []).append(a.public_id)
         dormant_by_node_config.setdefault((a.node_id, a.local_id), []).append(a.public_id)
-        if a.public_id != a.local_id:
-            reserved.setdefault(a.public_id, set()).add((a.local_id, a.identity))
+        dormant_holders.setdefault(a.public_id, set()).add(a.node_id)
 
     taken: set[str] = set()
 
@@ -352,7 +367,7 @@ def _assign_public_ids(
             g
             for g in base_groups
             if not try_candidates(
-                g, (previous_by_key[k].public_id for k in g.keys if k in previous_by_key)
+                g, (previous_by_key[k].public_id for k in g.identity_keys() if k in previous_by_key)
             )
         ]
         pending = [
@@ -369,23 +384,25 @@ def _assign_public_ids(
                     public_id
                     for node_id in g.nodes
                     for public_id in dormant_by_node_config.get((node_id, base_id), ())
+                    # Held by an absent node too: that model still exists, just offline.
+                    if dormant_holders[public_id] <= g.nodes
                 ),
             )
         ]
-        # Within round 4 `taken` only grows, so the smallest free number never goes down.
+        # A dormant id of the group's own identity was offered in round 2 already, so round 4
+        # skips every dormant suffixed id. Since `taken` only grows here, the smallest free
+        # number never goes down and one cursor per base suffices.
         next_number = FIRST_SUFFIX_NUMBER
         for group in pending:
             if base_id not in taken:
                 group.public_id = base_id
             else:
-                group_key = (base_id, group.identity)
                 while True:
                     candidate = f"{base_id}-{next_number}"
-                    holders = reserved.get(candidate)
                     if (
                         candidate not in taken
                         and candidate not in base_ids
-                        and not (holders and holders != {group_key})
+                        and candidate not in dormant_holders
                     ):
                         break
                     next_number += 1
@@ -405,7 +422,7 @@ def _next_table(
         public_id = group.public_id
         assert public_id is not None
         taken.add(public_id)
-        for key in group.keys:
+        for key in group.identity_keys():
             # Reusing the unchanged entry skips a frozen-dataclass construction, which is
             # most of this function's cost on a rebuild where nothing moved.
             kept = previous_by_key.get(key)

@@ -177,6 +177,13 @@ def test_a_slave_claiming_to_be_the_master_does_not_take_the_bare_id() -> None:
     assert ids(view) == {("zz", "x"): "x", ("aa", "x"): "x-2"}
 
 
+def test_local_records_from_several_nodes_rank_by_their_smallest_node_in_any_order() -> None:
+    local = [rec("x", "zz", "A"), rec("x", "mm", "B"), rec("x", "aa", "A")]
+
+    for order in (local, local[::-1], [local[1], local[0], local[2]]):
+        assert ids(run(order)) == {("aa", "x"): "x", ("zz", "x"): "x", ("mm", "x"): "x-2"}
+
+
 def test_a_remote_record_is_filed_under_the_node_that_sent_it() -> None:
     view = run([rec("x", MASTER, "M")], {"b": [rec("x", MASTER, "B")]})
 
@@ -314,6 +321,28 @@ def test_editing_a_slaves_config_keeps_its_suffix() -> None:
     )
 
     assert ids(edited) == {(MASTER, "x"): "x", ("b", "x"): "x-2", ("c", "x"): "x-3"}
+
+
+def test_an_edited_config_does_not_take_the_id_of_a_replica_that_is_offline() -> None:
+    first = run([rec("x", MASTER, "M")], {"b": [rec("x", "b", "B")], "c": [rec("x", "c", "B")]})
+    assert ids(first)[("b", "x")] == "x-2"
+
+    edited = run([rec("x", MASTER, "M")], {"b": [rec("x", "b", "B2")]}, first.assignments)
+    assert ids(edited) == {(MASTER, "x"): "x", ("b", "x"): "x-3"}
+
+    back = run(
+        [rec("x", MASTER, "M")],
+        {"b": [rec("x", "b", "B2")], "c": [rec("x", "c", "B")]},
+        edited.assignments,
+    )
+    assert ids(back) == {(MASTER, "x"): "x", ("b", "x"): "x-3", ("c", "x"): "x-2"}
+
+
+def test_a_departed_real_config_keeps_its_name_from_generated_ids() -> None:
+    first = run([rec("x", MASTER, "M")], {"z": [rec("x-2", "z", "R")]})
+    view = run([rec("x", MASTER, "M")], {"a": [rec("x", "a", "A")]}, first.assignments)
+
+    assert ids(view) == {(MASTER, "x"): "x", ("a", "x"): "x-3"}
 
 
 def test_a_config_that_becomes_a_replica_joins_the_existing_model() -> None:
@@ -596,7 +625,9 @@ MODELS_PER_NODE = 40
 
 def large_cluster() -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]]]:
     """Model j exists in j % 5 + 1 variants; node i runs variant i % (j % 5 + 1)."""
-    local = [rec(f"m{j:02}", MASTER, f"{j}-v0", image_id=f"m{j:02}-sd") for j in range(40)]
+    local = [
+        rec(f"m{j:02}", MASTER, f"{j}-v0", image_id=f"m{j:02}-sd") for j in range(MODELS_PER_NODE)
+    ]
     remote = {
         f"n{i:02}": [
             rec(f"m{j:02}", f"n{i:02}", f"{j}-v{i % (j % 5 + 1)}", image_id=f"m{j:02}-sd")
@@ -623,10 +654,8 @@ def test_fifty_nodes_of_forty_models_merge_into_the_expected_public_ids() -> Non
         )
         for i in range(NODE_COUNT):
             v = i % variants
-            public_id = base if v == 0 else f"{base}-{v + 1}"
-            assert view.assignments[(f"n{i:02}", base, f"mh-{j}-v{v}:ch-{j}-v{v}")].public_id == (
-                public_id
-            )
+            key = (f"n{i:02}", base, f"mh-{j}-v{v}:ch-{j}-v{v}")
+            assert view.assignments[key].public_id == (base if v == 0 else f"{base}-{v + 1}")
     assert view.by_public_image_id["m04-5-sd"] == view.by_public_id["m04-5"]
     assert len(view.assignments) == (NODE_COUNT + 1) * MODELS_PER_NODE
 

@@ -133,6 +133,10 @@ class NodeRunner:
             ready_callable=self._install_signals,
             verbosity=0,
         )
+        from routerproject.gctune import disable_twisted_form_parsing, tune_gc
+
+        disable_twisted_form_parsing()
+        tune_gc()
         self.server.run()
         return self.exit_code
 

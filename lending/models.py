@@ -1,0 +1,138 @@
+"""Lending configuration (links, settings overrides) and history (the decision log).
+
+Table names are part of the public surface (operators query them directly), so every model
+sets `db_table`.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class LinkBase(models.Model):
+    """One-way link: the owner may lend held requests to the helper. The reverse is separate."""
+
+    owner_node_id = models.CharField(max_length=64)
+    owner_model_id = models.CharField(max_length=255)
+    helper_node_id = models.CharField(max_length=64)
+    helper_model_id = models.CharField(max_length=255)
+    load_if_unloaded = models.BooleanField(
+        default=True, help_text="The helper may load the linked model to take lent work."
+    )
+    restore_after_borrow = models.BooleanField(
+        default=False, help_text="The helper reloads the model it held before, once quiet."
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        abstract = True
+
+    def __str__(self) -> str:
+        return (
+            f"{self.owner_node_id}/{self.owner_model_id} → "
+            f"{self.helper_node_id}/{self.helper_model_id}"
+        )
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "owner_node_id": self.owner_node_id,
+            "owner_model_id": self.owner_model_id,
+            "helper_node_id": self.helper_node_id,
+            "helper_model_id": self.helper_model_id,
+            "load_if_unloaded": self.load_if_unloaded,
+            "restore_after_borrow": self.restore_after_borrow,
+        }
+
+
+class ImageLink(LinkBase):
+    """Image-lane link; model IDs are image IDs."""
+
+    class Meta:
+        db_table = "routing_links_image"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["owner_node_id", "owner_model_id", "helper_node_id", "helper_model_id"],
+                name="uniq_image_link",
+            )
+        ]
+
+
+class TextLink(LinkBase):
+    """Text-lane (LLM) link; model IDs are local model IDs."""
+
+    class Meta:
+        db_table = "routing_links_text"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["owner_node_id", "owner_model_id", "helper_node_id", "helper_model_id"],
+                name="uniq_text_link",
+            )
+        ]
+
+
+class LegacyRoutingGroupMember(models.Model):
+    """A member of a symmetric routing group from an earlier release (converted on upgrade)."""
+
+    lane = models.CharField(max_length=8, choices=[("image", "image"), ("text", "text")])
+    group_id = models.CharField(max_length=64)
+    node_id = models.CharField(max_length=64)
+    model_id = models.CharField(max_length=255)
+    restore_after_borrow = models.BooleanField(default=False)
+
+    class Meta:
+        db_table = "routing_groups_legacy"
+
+    def __str__(self) -> str:
+        return f"{self.lane}:{self.group_id} {self.node_id}/{self.model_id}"
+
+
+class OffloadSetting(models.Model):
+    """A database override of one lending setting (stored as its canonical string)."""
+
+    key = models.CharField(max_length=64, primary_key=True)
+    value = models.TextField()
+    updated_at = models.BigIntegerField(help_text="Unix time in milliseconds.")
+
+    class Meta:
+        db_table = "offload_settings"
+
+    def __str__(self) -> str:
+        return f"{self.key}={self.value}"
+
+
+class OffloadDecision(models.Model):
+    """One lending decision: a plan row (master), dispatch row (owner) or helper row."""
+
+    recorded_at = models.BigIntegerField(db_index=True, help_text="Unix time in milliseconds.")
+    node_id = models.CharField(max_length=64, default="")
+    kind = models.CharField(max_length=16, default="")
+    trigger = models.CharField(max_length=32, default="")
+    lane = models.CharField(max_length=8, default="")
+    owner_node_id = models.CharField(max_length=64, default="")
+    owner_model_id = models.CharField(max_length=255, default="")
+    helper_node_id = models.CharField(max_length=64, default="")
+    helper_model_id = models.CharField(max_length=255, default="")
+    outcome = models.CharField(max_length=32, default="")
+    reason = models.CharField(max_length=64, default="")
+    pending_count = models.IntegerField(default=0)
+    backlog_count = models.IntegerField(default=0)
+    keep_ms = models.FloatField(default=0)
+    switch_ms = models.FloatField(default=0)
+    restore_ms = models.FloatField(default=0)
+    service_ms = models.FloatField(default=0)
+    owner_job_ms = models.FloatField(default=0)
+    service_source = models.CharField(max_length=16, default="")
+    helper_idle_ms = models.BigIntegerField(default=0)
+    slots = models.IntegerField(default=0)
+    lent_out = models.IntegerField(default=0)
+    borrowed_ahead = models.IntegerField(default=0)
+    wait_ms = models.BigIntegerField(default=0)
+    router_version = models.CharField(max_length=32, default="")
+
+    class Meta:
+        db_table = "offload_decisions"
+        indexes = [models.Index(fields=["-recorded_at"], name="offload_dec_recorded_desc")]
+
+    def __str__(self) -> str:
+        return f"{self.kind}/{self.outcome} {self.owner_model_id}→{self.helper_model_id}"
