@@ -20,6 +20,7 @@ from proxy import translate, work
 from proxy.backends import Lane, Launch
 from proxy.httpclient import get_session
 from proxy.node import Node
+from proxy.queue import Entry
 from proxy.rewrite import (
     InvalidBackendJSON,
     NDJSONRewriter,
@@ -142,6 +143,7 @@ class Job:
     stream: bool = False
     prompt_bytes: int = 0
     image: work.ImageWork | None = None
+    max_tokens: int | None = None
     usage: dict[str, Any] | None = None
 
 
@@ -195,10 +197,20 @@ def _int(value: Any) -> int:
 
 
 async def forward(ctx: Ctx, node: Node, job: Job, shape: Shaper) -> None:
-    """Acquire the runtime, send the request, stream the answer back through `shape`."""
+    """Acquire the runtime, send the request, stream the answer back through `shape`.
+
+    A model enrolled in lending first waits for admission by its lane's router queue; an
+    unlinked model skips that entirely (one set lookup).
+    """
     busy_key = (node.node_id, job.cfg.local_id, job.lane)
     node.busy[busy_key] += 1
+    lending = node.lending
+    lending.own_begin()
+    entry: Entry | None = None
     try:
+        if lending.is_enrolled(job.lane, job.model_id):
+            entry = queue_entry(node, job, ctx)
+            await lending.admit(job.lane, entry)
         launch, release = await _acquire(node, job)
         try:
             url = launch.base_url + launch.backend_path(job.backend_path)
@@ -217,8 +229,36 @@ async def forward(ctx: Ctx, node: Node, job: Job, shape: Shaper) -> None:
         finally:
             release()
     finally:
+        if entry is not None:
+            lending.release(job.lane, entry)
+        lending.own_end()
         node.busy[busy_key] -= 1
         _record(ctx, node, job)
+
+
+def queue_entry(node: Node, job: Job, ctx: Ctx) -> Entry:
+    """A router-queue entry with this request's size estimate (for pricing and the context gate).
+
+    Text sizes come from the model's measured token profile; without one the entry is unsized
+    (the spec's discipline: no estimate before enough measured traffic). Streams are pinned:
+    only a buffered, replayable body can be lent.
+    """
+    now = node.lending.clock()
+    if job.lane == "image" and job.image is not None:
+        return Entry(job.model_id, now, work=(float(job.image.units),), pinned=job.stream)
+    costs = node.lending.costs
+    profile = costs.tokens.get(job.model_id) if costs is not None else None
+    if profile is None:
+        return Entry(job.model_id, now, pinned=job.stream)
+    max_tokens = job.max_tokens
+    prompt = profile.prompt_tokens(len(job.body))
+    output = float(max_tokens) if max_tokens else profile.reserved_output_tokens
+    context = profile.required_context(
+        len(job.body), max_tokens, node.lending.settings.context_reserve
+    )
+    return Entry(
+        job.model_id, now, work=(float(prompt), output), context=context, pinned=job.stream
+    )
 
 
 Shaper = Callable[[Ctx, Job, aiohttp.ClientResponse], Awaitable[None]]

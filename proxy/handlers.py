@@ -69,6 +69,7 @@ async def _serve(
     stream: bool = False,
     content_type: bytes = b"application/json",
     image: work.ImageWork | None = None,
+    max_tokens: int | None = None,
 ) -> None:
     """Run the request where `replica` lives: this node's runtime, or its own node."""
     lane = lane_of(kind)
@@ -103,6 +104,7 @@ async def _serve(
         stream=stream,
         prompt_bytes=len(body),
         image=image,
+        max_tokens=max_tokens,
     )
     await forward(ctx, node, job, shape)
 
@@ -126,6 +128,7 @@ async def handle_openai_text(ctx: Ctx, node: Node) -> None:
         body=ctx.body,
         shape=shape_openai,
         stream=doc.get("stream") is True,
+        max_tokens=work.requested_output_tokens(doc),
     )
 
 
@@ -279,6 +282,7 @@ async def handle_ollama(ctx: Ctx, node: Node) -> None:
         body=orjson.dumps(body_doc),
         shape=_ollama_shaper(kind),
         stream=stream,
+        max_tokens=work.requested_output_tokens(body_doc),
     )
 
 

@@ -16,6 +16,8 @@ import aiohttp
 from django.conf import settings
 
 from analytics.recorder import Recorder
+from lending.decisions import DecisionLog
+from lending.runtime import Lending
 from proxy.httpclient import CONNECT_TIMEOUT_SECS
 from proxy.runtimes import RuntimeManager
 from registry.catalog import LocalCatalog
@@ -32,6 +34,8 @@ class Node:
     runtimes: RuntimeManager
     recorder: Recorder
     cluster: ClusterState = field(init=False)
+    lending: Lending = field(init=False)
+    decisions: DecisionLog = field(init=False)
     client: NodeClient | None = None
     started_at: float = field(default_factory=time.time)
     request_timeout: aiohttp.ClientTimeout = field(default_factory=aiohttp.ClientTimeout)
@@ -118,6 +122,12 @@ def build_node(
         local_configs=lambda: node.catalog.configs,
         assignments=assignments,
         on_assignments=on_assignments,
+    )
+    node.lending = Lending(node_id=c.node_id, file_values=config.lending_file_values())
+    node.decisions = DecisionLog(
+        node_id=c.node_id,
+        router_version=settings.ROUTER_VERSION,
+        clock_ms=lambda: int(time.time() * 1000),
     )
     if c.role != "standalone":
         urls = [u for u in (c.public_url, c.master_url, *c.slave_urls) if u]

@@ -84,6 +84,67 @@ async def handle_state(ctx: Ctx, node: Node) -> None:
     await ctx.json(200, services.node_state(node=node))
 
 
+def _slave_only(node: Node, what: str) -> None:
+    # Only a slave runs what its master pushes; anything else answering 204 would hide a
+    # misconfigured cluster (two masters, or a push aimed at the wrong node).
+    if node.role != "slave":
+        raise RouterError(409, f"only a slave accepts pushed {what}", code="not_slave")
+
+
+async def handle_routing_links(ctx: Ctx, node: Node) -> None:
+    from lending.links import parse_snapshot
+
+    _slave_only(node, "links")
+    snapshot = parse_snapshot(parse_json_body(ctx))
+    node.lending.set_links(snapshot)
+    await ctx.respond(204, b"")
+
+
+async def handle_offload_settings(ctx: Ctx, node: Node) -> None:
+    from lending.keys import KEYS_BY_NAME, LendingSettingError, canonical_value
+
+    _slave_only(node, "settings")
+    doc = parse_json_body(ctx)
+    values: dict[str, str] = {}
+    for key, raw in doc.items():
+        if key not in KEYS_BY_NAME:
+            continue  # a newer master may send keys this build does not know
+        try:
+            values[key] = canonical_value(key, str(raw))
+        except (LendingSettingError, ValueError) as exc:
+            raise RouterError(400, str(exc), param=key) from exc
+    node.lending.apply_settings(values, source="master")
+    await ctx.respond(204, b"")
+
+
+async def handle_offload_summary(ctx: Ctx, node: Node) -> None:
+    await ctx.json(200, lending_summary(node))
+
+
+def lending_summary(node: Node) -> dict[str, Any]:
+    from django.conf import settings
+
+    return {
+        "node_id": node.node_id,
+        "build_version": settings.ROUTER_VERSION,
+        **node.lending.summary(),
+    }
+
+
+async def handle_offload_decisions(ctx: Ctx, node: Node) -> None:
+    from urllib.parse import parse_qsl
+
+    from channels.db import database_sync_to_async
+
+    from lending.decisions import decisions_query, parse_decision_filters
+
+    query = dict(parse_qsl(ctx.scope.get("query_string", b"").decode("latin-1")))
+    filters = parse_decision_filters(query, default_limit=200, max_limit=5000)
+    await node.decisions.flush()
+    records = await database_sync_to_async(decisions_query)(**filters)
+    await ctx.json(200, {"records": records})
+
+
 async def handle_not_found(ctx: Ctx, node: Node) -> None:
     raise RouterError(404, "endpoint not found", type="not_found")
 
@@ -95,6 +156,10 @@ NODE_ROUTES: dict[str, Route] = {
     "/router/v1/node/load": (POST, handle_load, False),
     "/router/v1/node/unload": (POST, handle_unload, False),
     "/router/v1/node/state": (GET, handle_state, False),
+    "/router/v1/node/routing-links": (POST, handle_routing_links, False),
+    "/router/v1/node/offload/settings": (POST, handle_offload_settings, False),
+    "/router/v1/node/offload/summary": (GET, handle_offload_summary, False),
+    "/router/v1/node/offload/decisions": (GET, handle_offload_decisions, False),
 }
 
 

@@ -39,12 +39,31 @@ _reserved: Counter[str] = Counter()
 
 
 def runtime_status(node: Node) -> dict[str, Any]:
-    """This node's whole-node workload and its loaded STT config (`runtime-status`)."""
+    """`runtime-status`: whole-node workload, loaded configs, lending queues, idle time, costs.
+
+    One document serves both selector-less STT scheduling and the lending planner, which
+    polls every node for exactly these fields.
+    """
+    from django.conf import settings
+
+    lending = node.lending
+    text = node.runtimes.runtimes["text"].current
+    image = node.runtimes.runtimes["image"].current
     doc: dict[str, Any] = {
         "node_id": node.node_id,
+        "build_version": settings.ROUTER_VERSION,
         "backend_mode": node.config.backend.mode,
         "active_requests": node.runtimes.active_requests(),
         "queued_requests": node.runtimes.waiting_requests(),
+        "active_text_config": text.filename if text else "",
+        "active_image_config": image.filename if image else "",
+        "text_queue": lending.queue_stats("text"),
+        "image_queue": lending.queue_stats("image"),
+        "accepting_borrowed_text": lending.accepting_borrowed("text"),
+        "accepting_borrowed_image": lending.accepting_borrowed("image"),
+        "idle_for_ms": lending.idle_for_ms(),
+        "settings_fingerprint": lending.fingerprint,
+        "costs": lending.costs.to_wire() if lending.costs is not None else None,
     }
     for runtime in node.runtimes.all():
         cfg = runtime.current

@@ -209,6 +209,11 @@ class ModelConfig:
                 "node_url": node_url,
                 "available": available,
                 "loaded": loaded,
+                "context_size": self.context_size,
+                "parallel": self.parallel,
+                # Lending eligibility travels with the record so a master can judge models on
+                # other nodes without their files.
+                "text_ineligible_reason": self.text_eligible_reason,
             }
         )
         if self.unresolved_fields:

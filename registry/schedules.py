@@ -20,4 +20,5 @@ class Job:
 def declared_jobs() -> list[Job]:
     return [
         Job("analytics-prune", "analytics.tasks.prune_analytics", minutes=60),
+        Job("offload-decisions-prune", "lending.tasks.prune_decisions", minutes=60),
     ]

@@ -7,6 +7,7 @@ from routerproject import views
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("router/v1/site/", include("lending.api.urls")),
     path("router/v1/", include("registry.api.urls")),
     path("", views.index, name="index"),
 ]

@@ -3,6 +3,8 @@ from __future__ import annotations
 from django.urls import path
 
 from analytics.api import views as analytics_views
+from lending.api import links as link_views
+from lending.api import summary as summary_views
 from registry.api import views
 
 urlpatterns = [
@@ -12,4 +14,9 @@ urlpatterns = [
     path("version", views.version, name="router-version"),
     path("site/nodes/state", views.nodes_state, name="site-nodes-state"),
     path("site/analytics", analytics_views.analytics, name="site-analytics"),
+    path("site/routing-groups", link_views.routing_groups, name="site-routing-groups"),
+    path(
+        "site/text-routing-groups", link_views.text_routing_groups, name="site-text-routing-groups"
+    ),
+    path("site/offload/summary", summary_views.summary, name="site-offload-summary"),
 ]

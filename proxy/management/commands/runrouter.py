@@ -82,6 +82,7 @@ class NodeRunner:
         self.workers: asyncio.subprocess.Process | None = None
         self.stopping = False
         self.tasks: set[asyncio.Task[None]] = set()
+        self.ticker: Any = None
 
     def run(self) -> int:
         from daphne.endpoints import build_endpoint_description_strings
@@ -161,8 +162,10 @@ class NodeRunner:
         node.recorder.start()
         if self.want_workers:
             await self._start_workers()
+        from lending.ticker import LendingTicker
         from registry.sync import RegistrationRefused
 
+        node.decisions.start()
         try:
             await self.sync.start()
         except RegistrationRefused as exc:
@@ -170,6 +173,8 @@ class NodeRunner:
             self.exit_code = 1
             await self.shutdown()
             return
+        self.ticker = LendingTicker(node)
+        await self.ticker.start()
         startup_model = self.config.models.startup_model
         if startup_model:
             try:
@@ -228,12 +233,15 @@ class NodeRunner:
                 port.stopListening()
         node = self.node
         await self.sync.stop()
+        if self.ticker is not None:
+            await self.ticker.stop()
         # Requests in flight get their answers; past the grace period they are cut off and
         # every waiter still queued is answered with an error by close().
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(node.runtimes.wait_idle(), self.config.server.shutdown_grace)
         await node.runtimes.close()
         await node.recorder.stop()
+        await node.decisions.stop()
         await self._stop_workers()
         await close_session()
         if node.client is not None:

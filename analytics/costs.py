@@ -1,0 +1,127 @@
+"""This node's cost table for lending, fitted from its own analytics rows.
+
+Raw rows never leave the node: it fits here and publishes only coefficients (``to_wire``) in
+its runtime status, where the master merges every node's table. Borrowed requests count like
+any other: the time this node takes for lent work is exactly what lending needs to know.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import numpy as np
+from django.db.models import Q
+
+from analytics.fitting import (
+    SECTION_IMAGE,
+    SECTION_LLM,
+    CostFit,
+    TokenProfile,
+    fit_durations,
+    fits_to_wire,
+    load_costs,
+    token_profile,
+)
+from analytics.models import LoadRecord, RequestRecord
+
+__all__ = ["NodeCosts", "node_costs_compute"]
+
+LANE_TEXT = "text"
+LANE_IMAGE = "image"
+
+
+@dataclass(frozen=True)
+class NodeCosts:
+    """Cost fits of one node at one moment."""
+
+    models: dict[tuple[str, str], CostFit]
+    loads: dict[str, float]
+    tokens: dict[str, TokenProfile]
+    # Unix seconds of the ``now`` the table was computed for.
+    computed_at: float
+
+    def to_wire(self) -> dict[str, Any]:
+        return fits_to_wire(self.models, self.loads, self.tokens)
+
+
+def _groups(model_ids: list[str]) -> list[tuple[str, np.ndarray]]:
+    """Row indices per model ID, in model ID order."""
+    if not model_ids:
+        return []
+    names, inverse = np.unique(np.asarray(model_ids, dtype=object), return_inverse=True)
+    order = np.argsort(inverse, kind="stable")
+    bounds = np.searchsorted(inverse[order], np.arange(len(names) + 1))
+    return [(str(name), order[bounds[i] : bounds[i + 1]]) for i, name in enumerate(names.tolist())]
+
+
+def _text_costs(
+    since: datetime, min_samples: int
+) -> tuple[dict[tuple[str, str], CostFit], dict[str, TokenProfile]]:
+    rows = list(
+        RequestRecord.objects.filter(
+            Q(prompt_tokens__gt=0) | Q(output_tokens__gt=0),
+            lane=LANE_TEXT,
+            success=True,
+            duration_ms__gt=0,
+            finished_at__gte=since,
+        ).values_list("model_id", "prompt_bytes", "prompt_tokens", "output_tokens", "duration_ms")
+    )
+    fits: dict[tuple[str, str], CostFit] = {}
+    profiles: dict[str, TokenProfile] = {}
+    if not rows:
+        return fits, profiles
+    model_ids = [row[0] for row in rows]
+    numbers = np.array([row[1:] for row in rows], dtype=np.float64)
+    for model_id, index in _groups(model_ids):
+        part = numbers[index]
+        fit = fit_durations(part[:, 1:3], part[:, 3], min_samples=min_samples)
+        if fit is not None:
+            fits[(model_id, SECTION_LLM)] = fit
+        profile = token_profile(part[:, 0], part[:, 1], part[:, 2], min_samples=min_samples)
+        if profile is not None:
+            profiles[model_id] = profile
+    return fits, profiles
+
+
+def _image_costs(since: datetime, min_samples: int) -> dict[tuple[str, str], CostFit]:
+    rows = list(
+        RequestRecord.objects.filter(
+            lane=LANE_IMAGE,
+            success=True,
+            duration_ms__gt=0,
+            finished_at__gte=since,
+            image_width__gt=0,
+            image_height__gt=0,
+            image_steps__gt=0,
+        ).values_list(
+            "model_id", "image_width", "image_height", "image_steps", "image_count", "duration_ms"
+        )
+    )
+    fits: dict[tuple[str, str], CostFit] = {}
+    if not rows:
+        return fits
+    model_ids = [row[0] for row in rows]
+    numbers = np.array([row[1:] for row in rows], dtype=np.float64)
+    # A request that does not state its image count made one image.
+    work = numbers[:, 0] * numbers[:, 1] * numbers[:, 2] * np.maximum(numbers[:, 3], 1.0)
+    for model_id, index in _groups(model_ids):
+        fit = fit_durations(work[index].reshape(-1, 1), numbers[index, 4], min_samples=min_samples)
+        if fit is not None:
+            fits[(model_id, SECTION_IMAGE)] = fit
+    return fits
+
+
+def node_costs_compute(*, now: datetime, window_secs: float, min_samples: int) -> NodeCosts:
+    """Fit this node's costs from the rows that finished within ``window_secs`` before ``now``."""
+    since = now - timedelta(seconds=window_secs)
+    models, tokens = _text_costs(since, min_samples)
+    models.update(_image_costs(since, min_samples))
+    # Every successful load counts, also one never followed by a generation: a helper that
+    # was only ever loaded still has a switch cost.
+    load_rows = LoadRecord.objects.filter(
+        success=True, duration_ms__gt=0, finished_at__gte=since
+    ).values_list("config_filename", "duration_ms")
+    loads = load_costs(load_rows)
+    return NodeCosts(models=models, loads=loads, tokens=tokens, computed_at=now.timestamp())

@@ -1,0 +1,416 @@
+"""Cost fits for backlog lending: what a job, a queue and a model load cost on this node.
+
+Pure numpy, no Django: ``analytics.costs`` feeds it rows from the database, the lending
+planner consumes the results (possibly from another node, through the wire form).
+
+A duration fit is ``duration_ms = base + sum(slope_i * work_i)``, with one work term for
+images (pixels * steps * count) and two for text (prompt tokens, output tokens). The rules
+(minimum samples, spread test, uniform case, mixed case, collinearity) follow the reference
+router so that prices match across a mixed cluster; see reference-lending.md section 2.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "SECTION_IMAGE",
+    "SECTION_LLM",
+    "CostFit",
+    "TokenProfile",
+    "fit_durations",
+    "fits_from_wire",
+    "fits_to_wire",
+    "load_costs",
+    "token_profile",
+]
+
+SECTION_IMAGE = "image"
+SECTION_LLM = "llm"
+_SECTIONS = frozenset({SECTION_IMAGE, SECTION_LLM})
+
+# A fit needs at least two points whatever the setting says: one point has no spread.
+MIN_FIT_SAMPLES_FLOOR = 2
+# A work term counts as varying when its coefficient of variation reaches 5 %:
+# sqrt(n*sum(x^2) - sum(x)^2) / sum(x) >= 0.05.
+SPREAD_MIN_RATIO = 0.05
+# A uniform fit prices only work within twice the spread threshold of the mean it saw.
+UNIFORM_TOLERANCE_RATIO = 2 * SPREAD_MIN_RATIO
+# A pivot this small relative to the largest normal-equation entry means the terms are
+# (nearly) linear combinations of each other: their separate slopes are meaningless.
+COLLINEAR_PIVOT_RATIO = 1e-9
+MAX_WORK_TERMS = 2
+
+# A token ratio outside this range (bytes per token) means the samples are not text
+# tokenised by a normal tokenizer, so no size estimate is better than a wild one.
+MIN_BYTES_PER_TOKEN = 0.5
+MAX_BYTES_PER_TOKEN = 64.0
+# How many standard deviations the estimate is pulled towards "more tokens" / "longer answer".
+TOKEN_SPREAD_SIGMAS = 2.0
+
+
+@dataclass(frozen=True)
+class CostFit:
+    """One model's duration fit on one node (milliseconds)."""
+
+    base_ms: float
+    slopes_ms: tuple[float, ...]
+    samples: int
+    # Set only when every sample did (nearly) the same work: then the fit knows the price of
+    # that work and nothing else.
+    uniform_work: tuple[float, ...] | None = None
+
+    def _uniform_matches(self, work: Sequence[float]) -> bool:
+        assert self.uniform_work is not None
+        return all(
+            abs(w - mean) <= UNIFORM_TOLERANCE_RATIO * mean
+            for w, mean in zip(work, self.uniform_work, strict=True)
+        )
+
+    def _usable_work(self, work: Sequence[float]) -> tuple[float, ...] | None:
+        if len(work) == 0 or len(work) != len(self.slopes_ms):
+            return None
+        values = tuple(float(w) for w in work)
+        if not all(math.isfinite(w) for w in values):
+            return None
+        return values
+
+    def predict(self, work: Sequence[float]) -> float | None:
+        """Duration of one job of ``work``; None when this fit cannot price it."""
+        values = self._usable_work(work)
+        if values is None:
+            return None
+        if self.uniform_work is not None:
+            return self.base_ms if self._uniform_matches(values) else None
+        return self.base_ms + sum(
+            slope * max(w, 0.0) for slope, w in zip(self.slopes_ms, values, strict=True)
+        )
+
+    def queue_price(self, count: int, total_work: Sequence[float]) -> float | None:
+        """Time to drain ``count`` jobs whose work adds up to ``total_work``; None = unpriced."""
+        if count <= 0:
+            return 0.0
+        values = self._usable_work(total_work)
+        if values is None:
+            return None
+        if self.uniform_work is not None:
+            mean_work = tuple(w / count for w in values)
+            return count * self.base_ms if self._uniform_matches(mean_work) else None
+        return count * self.base_ms + sum(
+            slope * max(w, 0.0) for slope, w in zip(self.slopes_ms, values, strict=True)
+        )
+
+
+def _clean_rows(work: np.ndarray, durations: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    x = np.asarray(work, dtype=np.float64)
+    if x.ndim == 1:
+        x = x.reshape(-1, 1)
+    y = np.asarray(durations, dtype=np.float64).reshape(-1)
+    if x.ndim != 2 or x.shape[0] != y.shape[0]:
+        raise ValueError(f"work shape {x.shape} does not match durations shape {y.shape}")
+    # Rows without a measurable size or time say nothing about cost; negative or non-finite
+    # values can only come from a broken record.
+    keep = (
+        np.isfinite(y)
+        & (y > 0)
+        & np.isfinite(x).all(axis=1)
+        & (x >= 0).all(axis=1)
+        & (x > 0).any(axis=1)
+    )
+    return x[keep], y[keep]
+
+
+def _measurable(n: int, column: np.ndarray) -> bool:
+    total = float(column.sum())
+    if not math.isfinite(total) or total <= 0:
+        return False
+    # n*sum(x^2) - sum(x)^2 == n*sum((x - mean)^2); the centred form does not cancel away
+    # the spread of large work values (image pixels*steps reach 1e8 and more).
+    centred = column - total / n
+    spread = n * float(centred @ centred)
+    if not math.isfinite(spread) or spread <= 0:
+        return False
+    return spread >= (SPREAD_MIN_RATIO * total) ** 2
+
+
+def _solve(matrix: list[list[float]], rhs: list[float]) -> list[float] | None:
+    """Gaussian elimination with partial pivoting; None when the system is (near) singular."""
+    size = len(rhs)
+    a = [[*row, value] for row, value in zip(matrix, rhs, strict=True)]
+    largest = max(abs(value) for row in matrix for value in row)
+    if not math.isfinite(largest) or largest <= 0:
+        return None
+    min_pivot = COLLINEAR_PIVOT_RATIO * largest
+    for col in range(size):
+        pivot_row = max(range(col, size), key=lambda r: abs(a[r][col]))
+        if abs(a[pivot_row][col]) < min_pivot:
+            return None
+        a[col], a[pivot_row] = a[pivot_row], a[col]
+        pivot = a[col][col]
+        for r in range(col + 1, size):
+            factor = a[r][col] / pivot
+            if factor:
+                for c in range(col, size + 1):
+                    a[r][c] -= factor * a[col][c]
+    solution = [0.0] * size
+    for r in range(size - 1, -1, -1):
+        acc = a[r][size] - sum(a[r][c] * solution[c] for c in range(r + 1, size))
+        solution[r] = acc / a[r][r]
+    return solution
+
+
+def fit_durations(work: np.ndarray, durations: np.ndarray, *, min_samples: int) -> CostFit | None:
+    """Fit ``duration = base + slopes . work`` by least squares; None = unpriced.
+
+    ``work`` has shape (n, k), k = 1 (image) or 2 (text). See reference-lending.md 2.2.
+    """
+    x, y = _clean_rows(work, durations)
+    n, terms = x.shape
+    if terms == 0 or terms > MAX_WORK_TERMS:
+        return None
+    if n < max(MIN_FIT_SAMPLES_FLOOR, min_samples):
+        return None
+
+    measurable = [_measurable(n, x[:, i]) for i in range(terms)]
+    if not any(measurable):
+        mean_work = tuple(float(v) for v in x.mean(axis=0))
+        return CostFit(
+            base_ms=float(y.mean()),
+            slopes_ms=(0.0,) * terms,
+            samples=n,
+            uniform_work=mean_work,
+        )
+    if not all(measurable):
+        # A constant term cannot be told apart from the base, and pricing the varying term
+        # alone would put the constant term's cost in the wrong place.
+        return None
+
+    # Each term is divided by its mean before forming the normal equations, so the
+    # collinearity threshold compares like with like instead of pixels*steps against a count.
+    scale = x.mean(axis=0)
+    design = np.empty((n, terms + 1), dtype=np.float64)
+    design[:, 0] = 1.0
+    design[:, 1:] = x / scale
+    gram = design.T @ design
+    moments = design.T @ y
+    if not (np.isfinite(gram).all() and np.isfinite(moments).all()):
+        return None
+    solution = _solve(gram.tolist(), moments.tolist())
+    if solution is None:
+        return None
+    base = solution[0]
+    slopes = tuple(float(s / scale[i]) for i, s in enumerate(solution[1:]))
+    if not math.isfinite(base) or any(not math.isfinite(s) or s < 0 for s in slopes):
+        return None
+    return CostFit(base_ms=max(base, 0.0), slopes_ms=slopes, samples=n)
+
+
+def load_costs(rows: Iterable[tuple[str, float]]) -> dict[str, float]:
+    """Mean load time per config file from ``(config_filename, duration_ms)`` rows."""
+    totals: dict[str, list[float]] = {}
+    for name, duration in rows:
+        value = float(duration)
+        if not name or not math.isfinite(value) or value <= 0:
+            continue
+        acc = totals.setdefault(name, [0.0, 0.0])
+        acc[0] += value
+        acc[1] += 1.0
+    return {name: acc[0] / acc[1] for name, acc in totals.items()}
+
+
+@dataclass(frozen=True)
+class TokenProfile:
+    """How a text model's raw request bytes turn into tokens, measured from its traffic."""
+
+    conservative_bytes_per_token: float
+    reserved_output_tokens: float
+    samples: int
+
+    def prompt_tokens(self, body_bytes: int) -> int:
+        """Estimated prompt tokens of a raw request body (rounded up, errs towards more)."""
+        if body_bytes <= 0:
+            return 0
+        return math.ceil(body_bytes / self.conservative_bytes_per_token)
+
+    def required_context(self, body_bytes: int, max_tokens: int | None, floor: int) -> int:
+        """Context window a request needs: estimated prompt plus room for the answer.
+
+        ``floor`` (scheduling_context_reserve) only applies when the client stated no
+        ``max_tokens``: a client that asks for a short answer needs no more room than that
+        and the measured history.
+        """
+        answer = max(
+            self.reserved_output_tokens,
+            float(max_tokens or 0),
+            float(floor) if max_tokens is None else 0.0,
+        )
+        return self.prompt_tokens(body_bytes) + math.ceil(answer)
+
+
+def token_profile(
+    prompt_bytes: np.ndarray,
+    input_tokens: np.ndarray,
+    output_tokens: np.ndarray,
+    *,
+    min_samples: int,
+) -> TokenProfile | None:
+    """Bytes-per-token ratio and answer length of one model; None = no size estimate."""
+    b = np.asarray(prompt_bytes, dtype=np.float64).reshape(-1)
+    i = np.asarray(input_tokens, dtype=np.float64).reshape(-1)
+    o = np.asarray(output_tokens, dtype=np.float64).reshape(-1)
+    if not (b.shape == i.shape == o.shape):
+        raise ValueError(f"column lengths differ: {b.shape}, {i.shape}, {o.shape}")
+    keep = np.isfinite(b) & np.isfinite(i) & np.isfinite(o) & (b > 0) & (i > 0) & (o > 0)
+    n = int(keep.sum())
+    if n < max(1, min_samples):
+        return None
+    ratio = b[keep] / i[keep]
+    mean_ratio = float(ratio.mean())
+    if not (MIN_BYTES_PER_TOKEN <= mean_ratio <= MAX_BYTES_PER_TOKEN):
+        return None
+    conservative = max(MIN_BYTES_PER_TOKEN, mean_ratio - TOKEN_SPREAD_SIGMAS * float(ratio.std()))
+    out = o[keep]
+    mean_out = float(out.mean())
+    reserved = mean_out + TOKEN_SPREAD_SIGMAS * float(out.std())
+    if not math.isfinite(reserved):
+        reserved = mean_out
+    return TokenProfile(
+        conservative_bytes_per_token=conservative,
+        reserved_output_tokens=reserved,
+        samples=n,
+    )
+
+
+# --- wire form (runtime status ``costs``) -------------------------------------------------
+
+
+def fits_to_wire(
+    models: Mapping[tuple[str, str], CostFit],
+    loads: Mapping[str, float],
+    tokens: Mapping[str, TokenProfile],
+) -> dict[str, Any]:
+    """The ``costs`` object a node publishes in its runtime status (sorted, so stable)."""
+    model_rows: list[dict[str, Any]] = []
+    for (model_id, section), fit in sorted(models.items()):
+        row: dict[str, Any] = {
+            "model_id": model_id,
+            "section": section,
+            "base_ms": fit.base_ms,
+            "slopes_ms": list(fit.slopes_ms),
+            "samples": fit.samples,
+        }
+        if fit.uniform_work is not None:
+            row["uniform_work"] = list(fit.uniform_work)
+        model_rows.append(row)
+    return {
+        "models": model_rows,
+        "loads": [
+            {"config_filename": name, "load_ms": load_ms} for name, load_ms in sorted(loads.items())
+        ],
+        "tokens": [
+            {
+                "model_id": model_id,
+                "conservative_bytes_per_token": profile.conservative_bytes_per_token,
+                "reserved_output_tokens": profile.reserved_output_tokens,
+                "samples": profile.samples,
+            }
+            for model_id, profile in sorted(tokens.items())
+        ],
+    }
+
+
+def _number(value: object) -> float | None:
+    # bool is an int subclass, but true/false is never a measurement.
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    result = float(value)
+    return result if math.isfinite(result) else None
+
+
+def _count(value: object) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    return value
+
+
+def _numbers(value: object) -> tuple[float, ...] | None:
+    if not isinstance(value, list):
+        return None
+    result = tuple(_number(item) for item in value)
+    if any(item is None for item in result):
+        return None
+    return tuple(item for item in result if item is not None)
+
+
+def _rows(doc: Mapping[str, Any], name: str) -> list[Mapping[str, Any]]:
+    rows = doc.get(name)
+    if not isinstance(rows, list):
+        return []
+    return [row for row in rows if isinstance(row, Mapping)]
+
+
+def _model_from_wire(row: Mapping[str, Any]) -> tuple[tuple[str, str], CostFit] | None:
+    model_id = row.get("model_id")
+    section = row.get("section")
+    base = _number(row.get("base_ms"))
+    slopes = _numbers(row.get("slopes_ms"))
+    samples = _count(row.get("samples"))
+    if not isinstance(model_id, str) or not model_id or section not in _SECTIONS:
+        return None
+    if base is None or base < 0 or slopes is None or samples is None:
+        return None
+    if not 1 <= len(slopes) <= MAX_WORK_TERMS or any(s < 0 for s in slopes):
+        return None
+    uniform: tuple[float, ...] | None = None
+    if "uniform_work" in row and row["uniform_work"] is not None:
+        uniform = _numbers(row["uniform_work"])
+        # A uniform fit read without its work would price every size at its mean: better
+        # to leave the model unpriced than to misprice it.
+        if uniform is None or len(uniform) != len(slopes) or any(w < 0 for w in uniform):
+            return None
+    assert isinstance(section, str)
+    fit = CostFit(base_ms=base, slopes_ms=slopes, samples=samples, uniform_work=uniform)
+    return (model_id, section), fit
+
+
+def fits_from_wire(
+    doc: object,
+) -> tuple[dict[tuple[str, str], CostFit], dict[str, float], dict[str, TokenProfile]]:
+    """Read another node's ``costs`` object; malformed rows are skipped, never fatal."""
+    models: dict[tuple[str, str], CostFit] = {}
+    loads: dict[str, float] = {}
+    tokens: dict[str, TokenProfile] = {}
+    if not isinstance(doc, Mapping):
+        return models, loads, tokens
+
+    for row in _rows(doc, "models"):
+        parsed = _model_from_wire(row)
+        if parsed is not None:
+            models[parsed[0]] = parsed[1]
+
+    for row in _rows(doc, "loads"):
+        name = row.get("config_filename")
+        load_ms = _number(row.get("load_ms"))
+        if isinstance(name, str) and name and load_ms is not None and load_ms > 0:
+            loads[name] = load_ms
+
+    for row in _rows(doc, "tokens"):
+        model_id = row.get("model_id")
+        bpt = _number(row.get("conservative_bytes_per_token"))
+        reserved = _number(row.get("reserved_output_tokens"))
+        samples = _count(row.get("samples"))
+        if not isinstance(model_id, str) or not model_id or samples is None:
+            continue
+        if bpt is None or bpt <= 0 or reserved is None or reserved < 0:
+            continue
+        tokens[model_id] = TokenProfile(
+            conservative_bytes_per_token=bpt,
+            reserved_output_tokens=reserved,
+            samples=samples,
+        )
+    return models, loads, tokens

@@ -1,0 +1,468 @@
+"""Cost fits, load costs and token profiles: the reference rules with exact numbers."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+from analytics.fitting import (
+    CostFit,
+    TokenProfile,
+    fit_durations,
+    fits_from_wire,
+    fits_to_wire,
+    load_costs,
+    token_profile,
+)
+
+# Image sizes (width, height, steps, count) with plenty of spread in pixels*steps*count.
+IMAGE_JOBS = [
+    (512, 512, 20, 1),
+    (768, 768, 20, 1),
+    (1024, 1024, 30, 1),
+    (512, 512, 40, 2),
+    (640, 448, 25, 1),
+    (1024, 768, 10, 4),
+]
+# (prompt tokens, output tokens): both terms vary and are not proportional to each other.
+TEXT_JOBS = [(100, 10), (400, 20), (250, 80), (1200, 40), (60, 200), (800, 150), (30, 5)]
+
+
+def image_work() -> np.ndarray:
+    return np.array([[w * h * s * max(c, 1)] for w, h, s, c in IMAGE_JOBS], dtype=float)
+
+
+def text_work() -> np.ndarray:
+    return np.array(TEXT_JOBS, dtype=float)
+
+
+def column(values: list[float]) -> np.ndarray:
+    return np.array(values, dtype=float).reshape(-1, 1)
+
+
+# -- fitted case ----------------------------------------------------------------------------
+
+
+def test_it_recovers_the_base_and_slope_of_an_image_model() -> None:
+    work = image_work()
+    durations = 500.0 + 0.001 * work[:, 0]
+
+    fit = fit_durations(work, durations, min_samples=6)
+
+    assert fit is not None
+    assert fit.base_ms == pytest.approx(500.0, rel=1e-9)
+    assert fit.slopes_ms == pytest.approx((0.001,), rel=1e-9)
+    assert fit.samples == 6
+    assert fit.uniform_work is None
+    # 512x512, 20 steps, one image: 500 + 0.001 * 5_242_880
+    assert fit.predict([512 * 512 * 20]) == pytest.approx(5742.88, rel=1e-9)
+
+
+def test_it_recovers_prefill_and_decode_slopes_of_a_text_model() -> None:
+    work = text_work()
+    durations = 40.0 + 0.5 * work[:, 0] + 20.0 * work[:, 1]
+
+    fit = fit_durations(work, durations, min_samples=7)
+
+    assert fit is not None
+    assert fit.base_ms == pytest.approx(40.0, rel=1e-9)
+    assert fit.slopes_ms == pytest.approx((0.5, 20.0), rel=1e-9)
+    assert fit.predict([1000, 100]) == pytest.approx(40.0 + 500.0 + 2000.0, rel=1e-9)
+
+
+def test_it_recovers_text_slopes_from_noisy_samples() -> None:
+    rng = np.random.default_rng(7)
+    work = np.column_stack([rng.integers(10, 4000, 2000), rng.integers(1, 500, 2000)])
+    durations = 40.0 + 0.5 * work[:, 0] + 20.0 * work[:, 1] + rng.normal(0.0, 5.0, 2000)
+
+    fit = fit_durations(work, durations, min_samples=20)
+
+    assert fit is not None
+    assert fit.base_ms == pytest.approx(40.0, abs=1.0)
+    assert fit.slopes_ms == pytest.approx((0.5, 20.0), rel=1e-3)
+
+
+def test_it_prices_a_queue_as_count_times_base_plus_slopes_times_total_work() -> None:
+    fit = CostFit(base_ms=40.0, slopes_ms=(0.5, 20.0), samples=30)
+
+    assert fit.queue_price(3, [600, 30]) == pytest.approx(3 * 40.0 + 300.0 + 600.0)
+    assert fit.queue_price(0, [600, 30]) == 0.0
+    assert fit.queue_price(-1, []) == 0.0
+
+
+def test_it_does_not_price_work_of_the_wrong_arity() -> None:
+    fit = CostFit(base_ms=500.0, slopes_ms=(0.001,), samples=30)
+
+    assert fit.predict([100, 20]) is None
+    assert fit.predict([]) is None
+    assert fit.queue_price(2, [100, 20]) is None
+    assert fit.predict([math.nan]) is None
+
+
+def test_it_treats_negative_work_as_zero_when_predicting() -> None:
+    fit = CostFit(base_ms=500.0, slopes_ms=(0.001,), samples=30)
+
+    assert fit.predict([-1000]) == 500.0
+
+
+# -- sample count ---------------------------------------------------------------------------
+
+
+def test_it_leaves_a_model_with_too_few_samples_unpriced() -> None:
+    work = text_work()
+    durations = 40.0 + 0.5 * work[:, 0] + 20.0 * work[:, 1]
+
+    assert fit_durations(work, durations, min_samples=8) is None
+    assert fit_durations(work, durations, min_samples=7) is not None
+
+
+def test_it_floors_min_samples_at_two() -> None:
+    one = fit_durations(column([100.0]), np.array([150.0]), min_samples=1)
+    two = fit_durations(column([100.0, 200.0]), np.array([150.0, 250.0]), min_samples=1)
+
+    assert one is None
+    assert two is not None
+    assert two.base_ms == pytest.approx(50.0)
+    assert two.slopes_ms == pytest.approx((1.0,))
+
+
+def test_it_excludes_rows_without_duration_or_work_before_counting() -> None:
+    work = column([100.0, 200.0, 0.0, 300.0, 400.0])
+    durations = np.array([150.0, 250.0, 999.0, 0.0, -5.0])
+
+    assert fit_durations(work, durations, min_samples=3) is None
+    fit = fit_durations(work, durations, min_samples=2)
+    assert fit is not None
+    assert fit.samples == 2
+    assert fit.base_ms == pytest.approx(50.0)
+
+
+# -- uniform and narrow spread --------------------------------------------------------------
+
+
+def test_uniform_work_is_priced_at_its_mean_for_that_work_only() -> None:
+    size = 512.0 * 512.0 * 20.0
+    fit = fit_durations(
+        column([size] * 4), np.array([900.0, 1000.0, 1100.0, 1000.0]), min_samples=4
+    )
+
+    assert fit is not None
+    assert fit.base_ms == pytest.approx(1000.0)
+    assert fit.slopes_ms == (0.0,)
+    assert fit.uniform_work == pytest.approx((size,))
+    assert fit.predict([size]) == pytest.approx(1000.0)
+    assert fit.predict([size * 1.1]) == pytest.approx(1000.0)
+    assert fit.predict([size * 1.2]) is None
+    assert fit.predict([size * 0.8]) is None
+
+
+def test_a_uniform_queue_is_priced_only_when_its_mean_work_matches() -> None:
+    fit = CostFit(base_ms=1000.0, slopes_ms=(0.0,), samples=4, uniform_work=(5000.0,))
+
+    assert fit.queue_price(3, [15000.0]) == pytest.approx(3000.0)
+    # Mean 5250, within 10 % of 5000.
+    assert fit.queue_price(2, [10500.0]) == pytest.approx(2000.0)
+    # Mean 6000: 20 % off.
+    assert fit.queue_price(2, [12000.0]) is None
+    assert fit.queue_price(0, [12000.0]) == 0.0
+
+
+def test_uniform_text_work_must_match_in_every_term() -> None:
+    work = np.array([[200.0, 50.0]] * 5)
+    fit = fit_durations(work, np.full(5, 800.0), min_samples=5)
+
+    assert fit is not None
+    assert fit.uniform_work == pytest.approx((200.0, 50.0))
+    assert fit.slopes_ms == (0.0, 0.0)
+    assert fit.predict([210, 52]) == pytest.approx(800.0)
+    assert fit.predict([200, 60]) is None
+
+
+def test_a_spread_just_below_the_threshold_counts_as_uniform() -> None:
+    # n = 2: D = (a - b)^2 = 100 < (0.05 * 210)^2 = 110.25
+    fit = fit_durations(column([100.0, 110.0]), np.array([300.0, 320.0]), min_samples=2)
+
+    assert fit is not None
+    assert fit.uniform_work == pytest.approx((105.0,))
+    assert fit.base_ms == pytest.approx(310.0)
+
+
+def test_a_spread_just_above_the_threshold_is_fitted() -> None:
+    # n = 2: D = 11^2 = 121 >= (0.05 * 211)^2 = 111.3
+    fit = fit_durations(column([100.0, 111.0]), np.array([300.0, 322.0]), min_samples=2)
+
+    assert fit is not None
+    assert fit.uniform_work is None
+    assert fit.slopes_ms == pytest.approx((2.0,))
+    assert fit.base_ms == pytest.approx(100.0)
+
+
+def test_narrow_spread_in_both_text_terms_counts_as_uniform() -> None:
+    work = np.array([[1000.0, 100.0], [1010.0, 101.0], [990.0, 99.0], [1000.0, 100.0]])
+    fit = fit_durations(work, np.array([600.0, 610.0, 590.0, 600.0]), min_samples=4)
+
+    assert fit is not None
+    assert fit.uniform_work == pytest.approx((1000.0, 100.0))
+    assert fit.base_ms == pytest.approx(600.0)
+
+
+def test_a_constant_prompt_with_varying_output_is_unpriced() -> None:
+    outputs = [10.0, 50.0, 100.0, 200.0, 400.0]
+    work = np.array([[300.0, o] for o in outputs])
+    durations = np.array([40.0 + 150.0 + 20.0 * o for o in outputs])
+
+    assert fit_durations(work, durations, min_samples=5) is None
+
+
+def test_a_term_that_is_always_zero_next_to_a_varying_one_is_unpriced() -> None:
+    work = np.array([[100.0, 0.0], [400.0, 0.0], [900.0, 0.0]])
+
+    assert fit_durations(work, np.array([90.0, 240.0, 490.0]), min_samples=3) is None
+
+
+# -- rejected fits --------------------------------------------------------------------------
+
+
+def test_a_negative_slope_is_unpriced() -> None:
+    work = column([100.0, 200.0, 300.0, 400.0])
+    durations = np.array([900.0, 800.0, 700.0, 600.0])
+
+    assert fit_durations(work, durations, min_samples=4) is None
+
+
+def test_a_negative_base_is_clamped_to_zero() -> None:
+    work = column([20000.0, 25000.0, 30000.0, 40000.0])
+    durations = -100.0 + 0.01 * work[:, 0]
+
+    fit = fit_durations(work, durations, min_samples=4)
+
+    assert fit is not None
+    assert fit.base_ms == 0.0
+    assert fit.slopes_ms == pytest.approx((0.01,))
+
+
+def test_collinear_terms_are_unpriced() -> None:
+    outputs = np.array([10.0, 50.0, 100.0, 200.0, 400.0, 35.0])
+    work = np.column_stack([2.0 * outputs, outputs])
+    durations = 40.0 + 0.5 * work[:, 0] + 20.0 * work[:, 1]
+
+    assert fit_durations(work, durations, min_samples=6) is None
+
+
+def test_collinear_terms_are_unpriced_at_image_scale_magnitudes() -> None:
+    base = np.array([5e6, 8e6, 2e7, 4e7, 1.1e7])
+    work = np.column_stack([3.0 * base, base])
+
+    assert fit_durations(work, 500.0 + 0.001 * base, min_samples=5) is None
+
+
+def test_more_than_two_work_terms_are_unpriced() -> None:
+    work = np.array([[1.0, 2.0, 3.0], [2.0, 1.0, 5.0], [7.0, 3.0, 1.0]])
+
+    assert fit_durations(work, np.array([10.0, 20.0, 30.0]), min_samples=2) is None
+
+
+# -- load costs -----------------------------------------------------------------------------
+
+
+def test_load_costs_average_per_config() -> None:
+    costs = load_costs(
+        [("a.kcpps", 1000.0), ("a.kcpps", 3000.0), ("b.kcpps", 1500.0), ("a.kcpps", 2000.0)]
+    )
+
+    assert costs == {"a.kcpps": 2000.0, "b.kcpps": 1500.0}
+
+
+def test_load_costs_skip_non_positive_durations_and_empty_names() -> None:
+    costs = load_costs([("a.kcpps", 0.0), ("a.kcpps", -3.0), ("", 800.0), ("c.kcpps", 700.0)])
+
+    assert costs == {"c.kcpps": 700.0}
+
+
+# -- token profile --------------------------------------------------------------------------
+
+
+def test_a_token_profile_without_spread_uses_the_mean_ratio() -> None:
+    profile = token_profile(
+        np.array([400, 800, 1200]),
+        np.array([100, 200, 300]),
+        np.array([50, 50, 50]),
+        min_samples=3,
+    )
+
+    assert profile == TokenProfile(
+        conservative_bytes_per_token=4.0, reserved_output_tokens=50.0, samples=3
+    )
+    assert profile.prompt_tokens(1000) == 250
+    assert profile.prompt_tokens(1001) == 251
+
+
+def test_more_spread_in_the_ratio_estimates_more_tokens() -> None:
+    # Ratios 3 and 5: mean 4, population sigma 1 -> 4 - 2 = 2 bytes per token.
+    # Outputs 100 and 300: mean 200, sigma 100 -> 400 reserved.
+    profile = token_profile(
+        np.array([300, 500]), np.array([100, 100]), np.array([100, 300]), min_samples=2
+    )
+
+    assert profile is not None
+    assert profile.conservative_bytes_per_token == pytest.approx(2.0)
+    assert profile.reserved_output_tokens == pytest.approx(400.0)
+    assert profile.prompt_tokens(1000) == 500
+
+
+def test_the_conservative_ratio_never_drops_below_half_a_byte() -> None:
+    # Ratios 1 and 7: mean 4, sigma 3 -> 4 - 6 < 0.5.
+    profile = token_profile(
+        np.array([100, 700]), np.array([100, 100]), np.array([10, 10]), min_samples=2
+    )
+
+    assert profile is not None
+    assert profile.conservative_bytes_per_token == 0.5
+
+
+def test_a_ratio_outside_half_to_sixty_four_bytes_gives_no_profile() -> None:
+    many_bytes = token_profile(
+        np.array([6500, 6500]), np.array([100, 100]), np.array([10, 10]), min_samples=1
+    )
+    few_bytes = token_profile(
+        np.array([40, 40]), np.array([100, 100]), np.array([10, 10]), min_samples=1
+    )
+    edge = token_profile(np.array([6400]), np.array([100]), np.array([10]), min_samples=1)
+
+    assert many_bytes is None
+    assert few_bytes is None
+    assert edge is not None
+
+
+def test_a_token_profile_needs_min_samples_rows_with_all_three_counts() -> None:
+    prompt_bytes = np.array([400, 400, 0, 400])
+    input_tokens = np.array([100, 100, 100, 100])
+    output_tokens = np.array([50, 50, 50, 0])
+
+    assert token_profile(prompt_bytes, input_tokens, output_tokens, min_samples=3) is None
+    profile = token_profile(prompt_bytes, input_tokens, output_tokens, min_samples=2)
+    assert profile is not None
+    assert profile.samples == 2
+    assert (
+        token_profile(prompt_bytes[:0], input_tokens[:0], output_tokens[:0], min_samples=0) is None
+    )
+
+
+def test_required_context_applies_the_floor_only_without_max_tokens() -> None:
+    profile = TokenProfile(
+        conservative_bytes_per_token=4.0, reserved_output_tokens=100.4, samples=20
+    )
+
+    # 400 bytes -> 100 prompt tokens.
+    assert profile.required_context(400, None, 256) == 100 + 256
+    assert profile.required_context(400, None, 0) == 100 + 101
+    assert profile.required_context(400, 50, 256) == 100 + 101
+    assert profile.required_context(400, 500, 256) == 100 + 500
+
+
+# -- wire form ------------------------------------------------------------------------------
+
+
+def sample_tables() -> tuple[
+    dict[tuple[str, str], CostFit], dict[str, float], dict[str, TokenProfile]
+]:
+    models = {
+        ("sd-xl", "image"): CostFit(base_ms=500.0, slopes_ms=(0.001,), samples=40),
+        ("llama", "llm"): CostFit(base_ms=40.0, slopes_ms=(0.5, 20.0), samples=25),
+        ("sd-turbo", "image"): CostFit(
+            base_ms=1000.0, slopes_ms=(0.0,), samples=20, uniform_work=(5242880.0,)
+        ),
+    }
+    loads = {"llama.kcpps": 4200.0, "sd-xl.kcpps": 9000.5}
+    tokens = {
+        "llama": TokenProfile(
+            conservative_bytes_per_token=3.25, reserved_output_tokens=412.0, samples=25
+        )
+    }
+    return models, loads, tokens
+
+
+def test_the_wire_form_round_trips_through_json() -> None:
+    models, loads, tokens = sample_tables()
+
+    doc = json.loads(json.dumps(fits_to_wire(models, loads, tokens)))
+
+    assert fits_from_wire(doc) == (models, loads, tokens)
+
+
+def test_the_wire_form_has_the_published_shape() -> None:
+    models, loads, tokens = sample_tables()
+
+    doc = fits_to_wire(models, loads, tokens)
+
+    assert doc["models"][0] == {
+        "model_id": "llama",
+        "section": "llm",
+        "base_ms": 40.0,
+        "slopes_ms": [0.5, 20.0],
+        "samples": 25,
+    }
+    assert doc["models"][1]["uniform_work"] == [5242880.0]
+    assert doc["loads"] == [
+        {"config_filename": "llama.kcpps", "load_ms": 4200.0},
+        {"config_filename": "sd-xl.kcpps", "load_ms": 9000.5},
+    ]
+    assert doc["tokens"] == [
+        {
+            "model_id": "llama",
+            "conservative_bytes_per_token": 3.25,
+            "reserved_output_tokens": 412.0,
+            "samples": 25,
+        }
+    ]
+
+
+def test_malformed_wire_rows_are_ignored() -> None:
+    good: dict[str, Any] = {
+        "model_id": "ok",
+        "section": "image",
+        "base_ms": 1.0,
+        "slopes_ms": [2.0],
+        "samples": 3,
+    }
+    bad_models: list[Any] = [
+        "not a row",
+        {**good, "model_id": ""},
+        {**good, "section": "video"},
+        {**good, "base_ms": "1"},
+        {**good, "slopes_ms": []},
+        {**good, "slopes_ms": [1.0, 2.0, 3.0]},
+        {**good, "slopes_ms": [-1.0]},
+        {**good, "samples": True},
+        {**good, "uniform_work": [1.0, 2.0]},
+        {k: v for k, v in good.items() if k != "base_ms"},
+    ]
+    doc = {
+        "models": [*bad_models, good],
+        "loads": [
+            {"config_filename": "a", "load_ms": -1.0},
+            {"config_filename": "", "load_ms": 5.0},
+            {"load_ms": 5.0},
+            {"config_filename": "b", "load_ms": 5.0},
+        ],
+        "tokens": [
+            {"model_id": "x", "conservative_bytes_per_token": 0, "reserved_output_tokens": 1},
+            {"model_id": "y", "reserved_output_tokens": 1, "samples": 1},
+            [],
+        ],
+    }
+
+    models, loads, tokens = fits_from_wire(doc)
+
+    assert models == {("ok", "image"): CostFit(base_ms=1.0, slopes_ms=(2.0,), samples=3)}
+    assert loads == {"b": 5.0}
+    assert tokens == {}
+
+
+def test_a_wire_document_that_is_not_an_object_gives_empty_tables() -> None:
+    assert fits_from_wire(None) == ({}, {}, {})
+    assert fits_from_wire({"models": "x", "loads": 3}) == ({}, {}, {})

@@ -1,0 +1,40 @@
+"""Ask every node of the cluster the same question, concurrently; a node that fails is reported,
+never waited on past the control timeout and never allowed to spoil the others' answers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlencode
+
+from proxy.node import Node
+from registry.nodeclient import NodeCallError
+
+
+async def gather_remote(
+    node: Node,
+    path: str,
+    *,
+    params: Mapping[str, str] | None = None,
+    node_ids: set[str] | None = None,
+) -> tuple[dict[str, Any], list[dict[str, str]]]:
+    """GET `path` on every registered node (or those in `node_ids`): answers and node_errors."""
+    client = node.client
+    targets = [n for n in node.cluster.nodes.values() if node_ids is None or n.node_id in node_ids]
+    if client is None or not targets:
+        return {}, []
+    query = f"?{urlencode(params)}" if params else ""
+
+    async def one(node_id: str, url: str, healthy: bool) -> tuple[str, Any, str]:
+        if not healthy:
+            return node_id, None, "node is not healthy"
+        try:
+            return node_id, await client.call_ok("GET", url, path + query), ""
+        except NodeCallError as exc:
+            return node_id, None, str(exc)
+
+    results = await asyncio.gather(*(one(n.node_id, n.node_url, n.healthy) for n in targets))
+    answers = {nid: doc for nid, doc, err in results if not err}
+    errors = [{"node_id": nid, "error": err} for nid, _, err in sorted(results) if err]
+    return answers, errors

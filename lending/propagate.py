@@ -1,0 +1,80 @@
+"""The master publishes links and lending settings to every slave.
+
+At once after any change, and again on every tick, so a slave that restarted or missed a push
+converges within one refresh interval. Slaves then run exactly what the master runs.
+Delivery failures are logged only when a node's outcome changes, so a dead slave does not
+flood the log every tick.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from channels.db import database_sync_to_async
+
+from lending.links import links_snapshot
+from lending.settings_store import overrides_load, settings_effective, settings_resolve
+from proxy.node import Node
+from registry.nodeclient import NodeCallError
+
+logger = logging.getLogger(__name__)
+
+_last_outcome: dict[tuple[str, str], str] = {}
+
+
+async def _push(node: Node, path: str, body: Any) -> dict[str, str]:
+    """POST `body` to `path` on every registered slave; returns node_id → error for failures."""
+    client = node.client
+    if node.role != "master" or client is None:
+        return {}
+    targets = [(n.node_id, n.node_url) for n in node.cluster.nodes.values()]
+
+    async def one(node_id: str, url: str) -> tuple[str, str]:
+        try:
+            status, doc = await client.call_json("POST", url, path, json=body)
+        except NodeCallError as exc:
+            return node_id, str(exc)
+        if not 200 <= status < 300:
+            return node_id, f"HTTP {status}: {doc}"
+        return node_id, ""
+
+    results = await asyncio.gather(*(one(nid, url) for nid, url in targets))
+    errors = {}
+    for node_id, error in results:
+        key = (node_id, path)
+        if _last_outcome.get(key) != error:
+            if error:
+                logger.warning("push of %s to %s failed: %s", path, node_id, error)
+            elif key in _last_outcome:
+                logger.info("push of %s to %s works again", path, node_id)
+            _last_outcome[key] = error
+        if error:
+            errors[node_id] = error
+    return errors
+
+
+def _effective_values(node: Node) -> dict[str, str]:
+    entries = settings_resolve(
+        file_values=node.config.lending_file_values(), overrides=overrides_load()
+    )
+    return settings_effective(entries)
+
+
+async def links_publish(node: Node) -> dict[str, str]:
+    """Load the link set from the database, run it here, and push it to every slave."""
+    if node.role == "slave":
+        return {}
+    snapshot = await database_sync_to_async(links_snapshot)()
+    node.lending.set_links(snapshot)
+    return await _push(node, "/router/v1/node/routing-links", snapshot)
+
+
+async def settings_publish(node: Node) -> dict[str, str]:
+    """Resolve the effective settings (database → config file → default), run them, push them."""
+    if node.role == "slave":
+        return {}
+    values = await database_sync_to_async(_effective_values)(node)
+    node.lending.apply_settings(values, source="local")
+    return await _push(node, "/router/v1/node/offload/settings", values)

@@ -1,0 +1,212 @@
+"""Lending state of one router process: links in force, enrollment, router queues, settings, costs.
+
+Lives on the router's event loop only (never the django-q2 workers) and is rebuilt on start:
+links and settings from the database on a master (or from the master's pushes on a slave),
+costs from this node's own analytics, queues empty.
+
+A model that is owner or helper in any link of a lane is *enrolled*: its requests on that lane
+go through the lane's router queue, which admits at most `scheduling_backend_depth` of them to
+the backend at once and holds the rest. A model with no link never touches any of this.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from analytics.costs import NodeCosts
+from lending.keys import LENDING_KEYS, canonical_value, fingerprint
+from lending.settings_store import EffectiveSettings
+from proxy.queue import Entry, LaneQueue, State
+
+logger = logging.getLogger(__name__)
+
+LENDING_LANES = ("image", "text")
+
+
+def _defaults() -> dict[str, str]:
+    return {key.name: key.default for key in LENDING_KEYS}
+
+
+class Lending:
+    def __init__(
+        self,
+        *,
+        node_id: str,
+        file_values: Mapping[str, str],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.node_id = node_id
+        self.clock = clock
+        self.file_values = dict(file_values)
+        self.values: dict[str, str] = {**_defaults(), **self.file_values}
+        self.settings = EffectiveSettings.from_values(self.values)
+        self.fingerprint = fingerprint(self.values)
+        self.settings_source = "local"
+        self.links: dict[str, list[dict[str, Any]]] = {lane: [] for lane in LENDING_LANES}
+        self.enrolled: dict[str, frozenset[str]] = {lane: frozenset() for lane in LENDING_LANES}
+        self.owners: dict[str, frozenset[str]] = {lane: frozenset() for lane in LENDING_LANES}
+        self.queues: dict[str, LaneQueue] = {}
+        self.costs: NodeCosts | None = None
+        self.own_idle_since = clock()
+        self.own_active = 0
+        self.listeners: list[Callable[[], None]] = []
+
+    # -- links ----------------------------------------------------------------------------
+
+    def set_links(self, snapshot: Mapping[str, Iterable[Mapping[str, Any]]]) -> None:
+        """Install a link set; enrollment of this node's models follows at once."""
+        for lane in LENDING_LANES:
+            links = [dict(link) for link in snapshot.get(lane, [])]
+            self.links[lane] = links
+            owners = {ln["owner_model_id"] for ln in links if ln["owner_node_id"] == self.node_id}
+            helpers = {
+                ln["helper_model_id"] for ln in links if ln["helper_node_id"] == self.node_id
+            }
+            self.owners[lane] = frozenset(owners)
+            self.enrolled[lane] = frozenset(owners | helpers)
+        for callback in self.listeners:
+            callback()
+
+    def is_enrolled(self, lane: str, model_id: str) -> bool:
+        enrolled = self.enrolled.get(lane)
+        return bool(enrolled) and model_id in enrolled  # type: ignore[operator]
+
+    def is_owner(self, lane: str, model_id: str) -> bool:
+        return model_id in self.owners.get(lane, frozenset())
+
+    def links_from(self, lane: str, model_id: str) -> list[dict[str, Any]]:
+        return [
+            ln
+            for ln in self.links.get(lane, [])
+            if ln["owner_node_id"] == self.node_id and ln["owner_model_id"] == model_id
+        ]
+
+    # -- settings -------------------------------------------------------------------------
+
+    def apply_settings(self, values: Mapping[str, str], *, source: str) -> None:
+        """Run exactly these values (a master's push, or this master's own resolution)."""
+        merged = _defaults()
+        for key, raw in values.items():
+            if key not in merged:
+                continue  # a newer master may know keys this build does not
+            merged[key] = canonical_value(key, str(raw))
+        old_depth = self.settings.backend_depth
+        self.values = merged
+        self.settings = EffectiveSettings.from_values(merged)
+        self.fingerprint = fingerprint(merged)
+        self.settings_source = source
+        if self.settings.backend_depth != old_depth:
+            for queue in self.queues.values():
+                _wake(queue.set_depth(self.settings.backend_depth))
+        for callback in self.listeners:
+            callback()
+
+    # -- queues ---------------------------------------------------------------------------
+
+    def queue(self, lane: str) -> LaneQueue:
+        queue = self.queues.get(lane)
+        if queue is None:
+            queue = LaneQueue(lane, depth=self.settings.backend_depth, clock=self.clock)
+            self.queues[lane] = queue
+        return queue
+
+    async def admit(self, lane: str, entry: Entry) -> None:
+        """Queue `entry` and wait until the lane admits it to the backend."""
+        queue = self.queue(lane)
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry.payload = future
+        _wake(queue.enqueue(entry))
+        if entry.state is State.ADMITTED:
+            return
+        try:
+            await future
+        except asyncio.CancelledError:
+            # The client went away while waiting (or just as it was admitted): its place, or its
+            # slot, goes to the next entry at once.
+            _wake(queue.cancel(entry))
+            raise
+
+    def release(self, lane: str, entry: Entry) -> None:
+        queue = self.queues.get(lane)
+        if queue is None:
+            return
+        if entry.state is State.ADMITTED:
+            _wake(queue.complete(entry))
+        elif entry.state is not State.DONE:
+            _wake(queue.cancel(entry))
+
+    def held_requests(self, now: float) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = []
+        for queue in self.queues.values():
+            rows.extend(queue.snapshot(now))
+        return rows
+
+    def queue_stats(self, lane: str) -> list[dict[str, Any]]:
+        queue = self.queues.get(lane)
+        if queue is None:
+            return []
+        out = []
+        for model_id in sorted(self.enrolled.get(lane, frozenset())):
+            stats = queue.stats(model_id)
+            out.append(
+                {
+                    "model_id": model_id,
+                    "pending_count": stats.pending_count,
+                    "pending_work": list(stats.pending_work),
+                    "pending_context": stats.pending_context,
+                    "backlog_count": stats.backlog_count,
+                    "backlog_work": list(stats.backlog_work),
+                    "lent_count": stats.lent_count,
+                }
+            )
+        return out
+
+    def own_work_running(self) -> bool:
+        return self.own_active > 0 or any(queue.own_work() for queue in self.queues.values())
+
+    # -- own-work idle time ------------------------------------------------------------------
+    # Idle means idle from the node's own work: its own requests and loads it does for itself.
+    # Borrowed work does not count, so a helper that just finished lent work is probed again
+    # without waiting out the idle time a second time.
+
+    def own_begin(self) -> None:
+        self.own_active += 1
+
+    def own_end(self) -> None:
+        self.own_active = max(0, self.own_active - 1)
+        if self.own_active == 0:
+            self.own_idle_since = self.clock()
+
+    def idle_for_ms(self) -> int:
+        if self.own_work_running():
+            return 0
+        return int((self.clock() - self.own_idle_since) * 1000)
+
+    def accepting_borrowed(self, lane: str) -> bool:
+        """Borrowed work is taken only while the node has none of its own."""
+        queue = self.queues.get(lane)
+        if queue is not None and queue.own_work():
+            return False
+        return self.own_active == 0
+
+    def live_leases(self) -> list[dict[str, Any]]:
+        """Leases in force (the master's lease book); empty until the planner grants any."""
+        return []
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "settings_fingerprint": self.fingerprint,
+            "settings_source": self.settings_source,
+            "held_requests": self.held_requests(self.clock()),
+        }
+
+
+def _wake(entries: Iterable[Entry]) -> None:
+    for entry in entries:
+        future = entry.payload
+        if isinstance(future, asyncio.Future) and not future.done():
+            future.set_result(None)

@@ -1,0 +1,22 @@
+"""django-q2 entry points for lending (thin wrappers over services)."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from lending.selectors import settings_effective_load
+from lending.services import decisions_prune
+
+logger = logging.getLogger(__name__)
+
+MS_PER_SEC = 1000
+
+
+def prune_decisions() -> int:
+    retention_secs = settings_effective_load().decisions_retention_secs
+    deleted = decisions_prune(
+        now_ms=int(time.time() * MS_PER_SEC), retention_ms=int(retention_secs * MS_PER_SEC)
+    )
+    logger.info("decision log prune: %d rows deleted", deleted)
+    return deleted

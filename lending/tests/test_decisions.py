@@ -1,0 +1,500 @@
+"""The decision log: buffering, flushing, querying, merging across nodes, pruning."""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import inspect
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import time_machine
+from asgiref.sync import async_to_sync
+from channels.db import database_sync_to_async
+
+from lending import decisions as decisions_module
+from lending import services
+from lending.decisions import (
+    DECISION_FIELDS,
+    MAX_BUFFERED_ROWS,
+    DecisionLog,
+    decisions_query,
+    merge_node_records,
+    parse_decision_filters,
+)
+from lending.models import OffloadDecision
+from lending.services import decisions_prune
+from lending.settings_store import settings_save
+from lending.tasks import prune_decisions
+from routerproject.errors import RouterError
+
+NODE_ID = "node-a"
+VERSION = "1.2.3"
+T0_MS = 1_750_000_000_000
+
+# The log writes from a worker thread (database_sync_to_async), so rows must really be
+# committed for it and for the test to see each other.
+writer_db = pytest.mark.django_db(transaction=True)
+
+
+class Clock:
+    def __init__(self, start: int = T0_MS) -> None:
+        self.now = start
+
+    def __call__(self) -> int:
+        self.now += 1
+        return self.now
+
+
+def new_log(clock: Callable[[], int] | None = None) -> DecisionLog:
+    return DecisionLog(node_id=NODE_ID, router_version=VERSION, clock_ms=clock or Clock())
+
+
+def flush(log: DecisionLog) -> int:
+    written: int = async_to_sync(log.flush)()
+    return written
+
+
+def buffered(log: DecisionLog) -> list[dict[str, Any]]:
+    return [dict(row) for row in log._rows]
+
+
+def stored(*fields: str) -> list[tuple[Any, ...]]:
+    return list(OffloadDecision.objects.order_by("id").values_list(*fields))
+
+
+def make_rows(*rows: dict[str, Any]) -> None:
+    OffloadDecision.objects.bulk_create(
+        [OffloadDecision(**{"node_id": NODE_ID, "router_version": VERSION, **r}) for r in rows]
+    )
+
+
+# -- recording -------------------------------------------------------------------------------
+
+
+def test_the_field_list_matches_the_table_columns() -> None:
+    columns = tuple(f.column for f in OffloadDecision._meta.concrete_fields if f.column != "id")
+    assert columns == DECISION_FIELDS
+
+
+def test_recording_fills_node_version_and_time() -> None:
+    log = new_log(Clock(T0_MS))
+    log.record(kind="plan", outcome="granted", lane="image")
+    log.record(kind="helper", recorded_at=42)
+    assert buffered(log) == [
+        {
+            "kind": "plan",
+            "outcome": "granted",
+            "lane": "image",
+            "node_id": NODE_ID,
+            "router_version": VERSION,
+            "recorded_at": T0_MS + 1,
+        },
+        {"kind": "helper", "recorded_at": 42, "node_id": NODE_ID, "router_version": VERSION},
+    ]
+
+
+def test_an_unknown_field_is_a_type_error_and_nothing_is_buffered() -> None:
+    log = new_log()
+    with pytest.raises(TypeError, match="colour"):
+        log.record(kind="plan", colour="red")
+    assert log.pending() == 0
+
+
+def test_the_buffer_keeps_the_newest_rows_and_counts_what_it_drops() -> None:
+    log = new_log()
+    for i in range(MAX_BUFFERED_ROWS + 5):
+        log.record(kind="plan", recorded_at=i)
+    assert log.pending() == MAX_BUFFERED_ROWS
+    assert log.dropped == 5
+    assert buffered(log)[0]["recorded_at"] == 5
+    assert buffered(log)[-1]["recorded_at"] == MAX_BUFFERED_ROWS + 4
+
+
+def test_recording_does_no_io(monkeypatch: pytest.MonkeyPatch) -> None:
+    # No django_db mark: pytest-django fails any database access in this test. Files and
+    # sockets are shut off too, so only pure in-memory work can pass.
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("record() did I/O")
+
+    monkeypatch.setattr(builtins, "open", refuse)
+    monkeypatch.setattr(socket, "socket", refuse)
+    monkeypatch.setattr(decisions_module, "database_sync_to_async", refuse)
+    assert not inspect.iscoroutinefunction(DecisionLog.record)
+    log = new_log()
+    for i in range(2 * MAX_BUFFERED_ROWS):
+        log.record(kind="dispatch", outcome="lent", slots=2, wait_ms=i)
+    assert log.pending() == MAX_BUFFERED_ROWS
+
+
+# -- flushing --------------------------------------------------------------------------------
+
+
+@writer_db
+def test_a_flush_writes_every_buffered_row_exactly() -> None:
+    log = new_log(Clock(T0_MS))
+    log.record(
+        kind="plan",
+        trigger="enqueued",
+        lane="text",
+        owner_node_id="node-a",
+        owner_model_id="chat",
+        helper_node_id="node-b",
+        helper_model_id="chat-b",
+        outcome="granted",
+        reason="",
+        pending_count=3,
+        backlog_count=2,
+        keep_ms=1200.5,
+        switch_ms=800.0,
+        restore_ms=700.25,
+        service_ms=300.0,
+        owner_job_ms=400.0,
+        service_source="helper",
+        helper_idle_ms=9000,
+        slots=2,
+    )
+    log.record(kind="helper", outcome="native_waited_behind_borrowed", borrowed_ahead=1)
+    assert flush(log) == 2
+    assert log.pending() == 0
+    rows = list(OffloadDecision.objects.order_by("id").values(*DECISION_FIELDS))
+    assert rows[0] == {
+        "recorded_at": T0_MS + 1,
+        "node_id": NODE_ID,
+        "kind": "plan",
+        "trigger": "enqueued",
+        "lane": "text",
+        "owner_node_id": "node-a",
+        "owner_model_id": "chat",
+        "helper_node_id": "node-b",
+        "helper_model_id": "chat-b",
+        "outcome": "granted",
+        "reason": "",
+        "pending_count": 3,
+        "backlog_count": 2,
+        "keep_ms": 1200.5,
+        "switch_ms": 800.0,
+        "restore_ms": 700.25,
+        "service_ms": 300.0,
+        "owner_job_ms": 400.0,
+        "service_source": "helper",
+        "helper_idle_ms": 9000,
+        "slots": 2,
+        "lent_out": 0,
+        "borrowed_ahead": 0,
+        "wait_ms": 0,
+        "router_version": VERSION,
+    }
+    assert rows[1]["outcome"] == "native_waited_behind_borrowed"
+    assert rows[1]["borrowed_ahead"] == 1
+    assert rows[1]["owner_model_id"] == ""
+
+
+@writer_db
+def test_a_malformed_row_is_dropped_without_losing_the_rest() -> None:
+    log = new_log()
+    log.record(kind="plan", outcome="granted")
+    log.record(kind="plan", slots="many")
+    log.record(kind="plan", outcome="skipped")
+    assert flush(log) == 2
+    assert log.dropped == 1
+    assert stored("outcome") == [("granted",), ("skipped",)]
+
+
+@writer_db
+def test_near_miss_values_are_stored_as_the_column_type() -> None:
+    log = new_log()
+    log.record(kind="plan", recorded_at=7.0, slots="3", keep_ms=2, reason=None, wait_ms=None)
+    assert flush(log) == 1
+    assert stored("recorded_at", "slots", "keep_ms", "reason", "wait_ms") == [(7, 3, 2.0, "", 0)]
+    assert log.dropped == 0
+
+
+def test_flushing_an_empty_buffer_writes_nothing() -> None:
+    assert flush(new_log()) == 0
+
+
+@writer_db
+def test_a_failed_flush_keeps_the_rows_in_order_for_the_next_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    log = new_log()
+    for i in range(3):
+        log.record(kind="plan", recorded_at=i)
+
+    def broken(batch: Any) -> tuple[int, int]:
+        raise RuntimeError("database is locked")
+
+    monkeypatch.setattr(decisions_module, "_write", broken)
+    assert flush(log) == 0
+    log.record(kind="plan", recorded_at=3)
+    assert [r["recorded_at"] for r in buffered(log)] == [0, 1, 2, 3]
+
+    monkeypatch.undo()
+    assert flush(log) == 4
+    assert stored("recorded_at") == [(0,), (1,), (2,), (3,)]
+    assert log.dropped == 0
+
+
+def test_a_failed_flush_reapplies_the_bound_to_rows_that_arrived_meanwhile(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    log = new_log()
+    for i in range(MAX_BUFFERED_ROWS):
+        log.record(kind="plan", recorded_at=i)
+
+    def failing_thread(func: Any) -> Any:
+        async def run(batch: Any) -> Any:
+            # Three decisions are recorded while the write is out on its thread.
+            for j in range(3):
+                log.record(kind="plan", recorded_at=MAX_BUFFERED_ROWS + j)
+            raise RuntimeError("disk full")
+
+        return run
+
+    monkeypatch.setattr(decisions_module, "database_sync_to_async", failing_thread)
+    assert flush(log) == 0
+    assert log.pending() == MAX_BUFFERED_ROWS
+    assert log.dropped == 3
+    times = [r["recorded_at"] for r in buffered(log)]
+    assert times[0] == 3
+    assert times[-1] == MAX_BUFFERED_ROWS + 2
+
+
+@writer_db
+async def test_flushing_ten_thousand_rows_leaves_the_event_loop_free() -> None:
+    log = new_log()
+    for i in range(MAX_BUFFERED_ROWS):
+        log.record(kind="dispatch", outcome="lent", owner_model_id="chat", slots=2, wait_ms=i)
+    beats = 0
+    done = asyncio.Event()
+
+    async def heartbeat() -> None:
+        nonlocal beats
+        while not done.is_set():
+            beats += 1
+            await asyncio.sleep(0)
+
+    beating = asyncio.create_task(heartbeat())
+    await asyncio.sleep(0)
+    start_beats = beats
+    written = await log.flush()
+    done.set()
+    await beating
+    assert written == MAX_BUFFERED_ROWS
+    # Had the write run on the loop, the heartbeat could not have run during it.
+    assert beats - start_beats > 1
+    count = await database_sync_to_async(OffloadDecision.objects.count)()
+    assert count == MAX_BUFFERED_ROWS
+
+
+@writer_db
+async def test_the_flush_loop_writes_rows_and_stop_writes_the_rest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(decisions_module, "FLUSH_INTERVAL_SECS", 0.01)
+    log = new_log()
+    log.start()
+    log.record(kind="plan", outcome="granted")
+    count = database_sync_to_async(OffloadDecision.objects.count)
+    for _ in range(500):
+        if await count() == 1:
+            break
+        await asyncio.sleep(0.01)
+    assert await count() == 1
+    log.record(kind="plan", outcome="skipped")
+    await log.stop()
+    assert await count() == 2
+    assert log.pending() == 0
+
+
+# -- query -----------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_the_query_returns_newest_first_with_zero_fields_left_out() -> None:
+    make_rows(
+        {"recorded_at": 100, "kind": "plan", "lane": "image", "outcome": "granted", "slots": 2},
+        {"recorded_at": 300, "kind": "dispatch", "lane": "text", "outcome": "lent"},
+        {"recorded_at": 300, "kind": "helper", "lane": "text", "outcome": "borrowed_returned"},
+    )
+    rows = decisions_query(lane=None, outcome=None, kind=None, since_ms=None, limit=10)
+    assert [r["kind"] for r in rows] == ["helper", "dispatch", "plan"]
+    first_id = rows[2]["id"]
+    assert rows[2] == {
+        "id": first_id,
+        "recorded_at": 100,
+        "node_id": NODE_ID,
+        "kind": "plan",
+        "lane": "image",
+        "outcome": "granted",
+        "slots": 2,
+        "router_version": VERSION,
+    }
+
+
+@pytest.mark.django_db
+def test_the_query_always_shows_the_identity_fields_even_when_empty() -> None:
+    OffloadDecision.objects.create(recorded_at=5)
+    (row,) = decisions_query(lane=None, outcome=None, kind=None, since_ms=None, limit=10)
+    assert set(row) == {"id", "recorded_at", "node_id", "kind", "router_version"}
+
+
+@pytest.mark.django_db
+def test_the_query_filters_by_lane_outcome_kind_time_and_limit() -> None:
+    make_rows(
+        {"recorded_at": 100, "kind": "plan", "lane": "image", "outcome": "granted"},
+        {"recorded_at": 200, "kind": "plan", "lane": "text", "outcome": "skipped"},
+        {"recorded_at": 300, "kind": "dispatch", "lane": "text", "outcome": "lent"},
+        {"recorded_at": 400, "kind": "plan", "lane": "text", "outcome": "granted"},
+    )
+
+    def times(**filters: Any) -> list[int]:
+        query: dict[str, Any] = {
+            "lane": None,
+            "outcome": None,
+            "kind": None,
+            "since_ms": None,
+            "limit": 10,
+        }
+        query.update(filters)
+        return [r["recorded_at"] for r in decisions_query(**query)]
+
+    assert times(lane="text") == [400, 300, 200]
+    assert times(outcome="granted") == [400, 100]
+    assert times(kind="plan", lane="text") == [400, 200]
+    assert times(since_ms=300) == [400, 300]
+    assert times(limit=2) == [400, 300]
+    assert times(limit=0) == []
+
+
+@pytest.mark.django_db
+def test_the_query_can_keep_to_one_writer_node() -> None:
+    make_rows({"recorded_at": 1, "kind": "plan"})
+    OffloadDecision.objects.create(recorded_at=2, kind="plan", node_id="node-b")
+    rows = decisions_query(
+        lane=None, outcome=None, kind=None, since_ms=None, limit=10, node_id="node-b"
+    )
+    assert [r["node_id"] for r in rows] == ["node-b"]
+
+
+def test_filters_default_when_the_query_string_is_empty() -> None:
+    assert parse_decision_filters({}, default_limit=500, max_limit=5000) == {
+        "lane": None,
+        "outcome": None,
+        "kind": None,
+        "since_ms": None,
+        "limit": 500,
+    }
+
+
+def test_filters_pass_the_given_values_through() -> None:
+    query = {"lane": "text", "outcome": "lent", "kind": "dispatch", "since_ms": "0", "limit": "7"}
+    assert parse_decision_filters(query, default_limit=500, max_limit=5000) == {
+        "lane": "text",
+        "outcome": "lent",
+        "kind": "dispatch",
+        "since_ms": 0,
+        "limit": 7,
+    }
+
+
+def test_a_limit_above_the_maximum_is_capped() -> None:
+    filters = parse_decision_filters({"limit": "99999"}, default_limit=500, max_limit=5000)
+    assert filters["limit"] == 5000
+
+
+@pytest.mark.parametrize("raw", ["0", "-1", "abc", "1.5", "+3", "٣"])
+def test_a_bad_limit_is_a_400_naming_limit(raw: str) -> None:
+    with pytest.raises(RouterError) as caught:
+        parse_decision_filters({"limit": raw}, default_limit=500, max_limit=5000)
+    assert (caught.value.status, caught.value.param) == (400, "limit")
+
+
+@pytest.mark.parametrize("raw", ["-1", "soon", "1e3"])
+def test_a_bad_since_ms_is_a_400_naming_since_ms(raw: str) -> None:
+    with pytest.raises(RouterError) as caught:
+        parse_decision_filters({"since_ms": raw}, default_limit=500, max_limit=5000)
+    assert (caught.value.status, caught.value.param) == (400, "since_ms")
+
+
+def test_an_unknown_lane_is_a_400_naming_lane() -> None:
+    with pytest.raises(RouterError) as caught:
+        parse_decision_filters({"lane": "audio"}, default_limit=500, max_limit=5000)
+    assert (caught.value.status, caught.value.param) == (400, "lane")
+
+
+# -- merging ---------------------------------------------------------------------------------
+
+
+def test_rows_from_several_nodes_merge_newest_first_with_stable_ties() -> None:
+    per_node = {
+        "node-b": [
+            {"id": 9, "node_id": "node-b", "recorded_at": 300},
+            {"id": 8, "node_id": "node-b", "recorded_at": 100},
+        ],
+        "node-a": [
+            {"id": 5, "node_id": "node-a", "recorded_at": 300},
+            {"id": 4, "node_id": "node-a", "recorded_at": 300},
+            {"id": 3, "node_id": "node-a", "recorded_at": 200},
+        ],
+    }
+    merged = merge_node_records(per_node, limit=10)
+    assert [(r["node_id"], r["id"]) for r in merged] == [
+        ("node-a", 5),
+        ("node-a", 4),
+        ("node-b", 9),
+        ("node-a", 3),
+        ("node-b", 8),
+    ]
+
+
+def test_merging_truncates_to_the_limit() -> None:
+    per_node = {"n": [{"id": i, "node_id": "n", "recorded_at": i} for i in range(10)]}
+    assert [r["id"] for r in merge_node_records(per_node, limit=3)] == [9, 8, 7]
+    assert merge_node_records(per_node, limit=0) == []
+
+
+def test_merging_orders_rows_even_when_a_node_sent_them_unsorted() -> None:
+    per_node = {"n": [{"id": 1, "recorded_at": 1}, {"id": 2, "recorded_at": 2}]}
+    assert [r["id"] for r in merge_node_records(per_node, limit=5)] == [2, 1]
+
+
+# -- pruning ---------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_pruning_deletes_only_rows_older_than_the_retention() -> None:
+    make_rows({"recorded_at": 999}, {"recorded_at": 1000}, {"recorded_at": 5000})
+    assert decisions_prune(now_ms=6000, retention_ms=5000) == 1
+    assert stored("recorded_at") == [(1000,), (5000,)]
+    assert decisions_prune(now_ms=6000, retention_ms=5000) == 0
+
+
+@pytest.mark.django_db
+def test_pruning_works_through_more_rows_than_one_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(services, "PRUNE_BATCH_ROWS", 3)
+    make_rows(*({"recorded_at": i} for i in range(10)), {"recorded_at": 50})
+    assert decisions_prune(now_ms=100, retention_ms=60) == 10
+    assert stored("recorded_at") == [(50,)]
+
+
+@pytest.mark.django_db
+def test_the_prune_task_uses_the_stored_retention() -> None:
+    hour_ms = 3_600_000
+    settings_save(values={"offload_decisions_retention": "1h"}, now_ms=T0_MS)
+    make_rows({"recorded_at": T0_MS - 2 * hour_ms}, {"recorded_at": T0_MS - hour_ms // 2})
+    with time_machine.travel(T0_MS / 1000, tick=False):
+        assert prune_decisions() == 1
+    assert stored("recorded_at") == [(T0_MS - hour_ms // 2,)]
+
+
+@pytest.mark.django_db
+def test_the_prune_task_keeps_thirty_days_by_default() -> None:
+    day_ms = 86_400_000
+    make_rows({"recorded_at": T0_MS - 31 * day_ms}, {"recorded_at": T0_MS - 29 * day_ms})
+    with time_machine.travel(T0_MS / 1000, tick=False):
+        assert prune_decisions() == 1
+    assert stored("recorded_at") == [(T0_MS - 29 * day_ms,)]

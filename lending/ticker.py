@@ -1,0 +1,76 @@
+"""The lending tick: refit this node's costs; on a master, republish links and settings.
+
+Runs every `scheduling_refresh_interval` on the router's event loop (the costs it computes are
+published in this process's runtime status, so it cannot live in a django-q2 worker). A
+change of the interval resets the timer at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from datetime import UTC, datetime
+
+from channels.db import database_sync_to_async
+
+from analytics.costs import node_costs_compute
+from lending.propagate import links_publish, settings_publish
+from proxy.node import Node
+
+logger = logging.getLogger(__name__)
+
+
+class LendingTicker:
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._interval = node.lending.settings.refresh_interval_secs
+        node.lending.listeners.append(self._settings_changed)
+
+    def _settings_changed(self) -> None:
+        interval = self.node.lending.settings.refresh_interval_secs
+        if interval != self._interval:
+            self._interval = interval
+            self._wake.set()
+
+    async def refit(self) -> None:
+        settings = self.node.lending.settings
+        costs = await database_sync_to_async(node_costs_compute)(
+            now=datetime.now(UTC),
+            window_secs=settings.sample_window_secs,
+            min_samples=settings.min_samples,
+        )
+        self.node.lending.costs = costs
+
+    async def tick(self) -> None:
+        started = time.monotonic()
+        try:
+            if self.node.role != "slave":
+                await settings_publish(self.node)
+                await links_publish(self.node)
+            await self.refit()
+        except Exception:
+            logger.exception("lending tick failed")
+        logger.debug("lending tick took %.1f ms", (time.monotonic() - started) * 1000)
+
+    async def start(self) -> None:
+        await self.tick()
+        self._task = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            self._wake.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._interval)
+                continue  # the interval changed: start a fresh period
+            await self.tick()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
