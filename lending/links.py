@@ -291,19 +291,15 @@ def links_replace(
                     param="acknowledge_different_weights",
                 )
         _touching(lane, anchor.node_id, anchor.model_id).delete()
-        model.objects.bulk_create(
-            [
-                model(
-                    owner_node_id=s.owner.node_id,
-                    owner_model_id=s.owner.model_id,
-                    helper_node_id=s.helper.node_id,
-                    helper_model_id=s.helper.model_id,
-                    load_if_unloaded=s.load_if_unloaded,
-                    restore_after_borrow=s.restore_after_borrow,
-                )
-                for s in specs
-            ]
-        )
+        for s in specs:
+            model.objects.create(
+                owner_node_id=s.owner.node_id,
+                owner_model_id=s.owner.model_id,
+                helper_node_id=s.helper.node_id,
+                helper_model_id=s.helper.model_id,
+                load_if_unloaded=s.load_if_unloaded,
+                restore_after_borrow=s.restore_after_borrow,
+            )
     return [row.as_dict() for row in _touching(lane, anchor.node_id, anchor.model_id)]
 
 
