@@ -146,9 +146,10 @@ class Lending:
         return rows
 
     def queue_stats(self, lane: str) -> list[dict[str, Any]]:
-        queue = self.queues.get(lane)
-        if queue is None:
+        """Per enrolled model of this node: pending and backlog counts and work, context."""
+        if not self.enrolled.get(lane):
             return []
+        queue = self.queue(lane)
         out = []
         for model_id in sorted(self.enrolled.get(lane, frozenset())):
             stats = queue.stats(model_id)
