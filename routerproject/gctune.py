@@ -12,13 +12,19 @@ request path).
 from __future__ import annotations
 
 import gc
+import sys
 
+# CPython hands the GIL between threads every 5 ms by default: a worker thread writing a batch
+# of rows (analytics, the decision log) could hold the event loop off for that long. 1 ms keeps
+# the loop's worst lag under its 5 ms budget while batches flush (bench/queue.py).
+SWITCH_INTERVAL_SECS = 0.001
 GEN0_THRESHOLD = 50_000
 GEN1_THRESHOLD = 20
 GEN2_THRESHOLD = 20
 
 
 def tune_gc() -> None:
+    sys.setswitchinterval(SWITCH_INTERVAL_SECS)
     gc.collect()
     gc.freeze()
     gc.set_threshold(GEN0_THRESHOLD, GEN1_THRESHOLD, GEN2_THRESHOLD)

@@ -9,7 +9,15 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.harness import CLUSTER_TOKEN, Cluster, ModelSpec, sim_weights, start_cluster, text_model, wait_for
+from tests.harness import (
+    CLUSTER_TOKEN,
+    Cluster,
+    ModelSpec,
+    sim_weights,
+    start_cluster,
+    text_model,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 AUTH = {"Authorization": f"Bearer {CLUSTER_TOKEN}"}
@@ -34,7 +42,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         {
             "s1": [
                 text_model("help", output_ms_per_token=2),
-                ModelSpec("wide", {"contextsize": 4096, "parallel": 2}, {"model_param": sim_weights()}),
+                ModelSpec(
+                    "wide", {"contextsize": 4096, "parallel": 2}, {"model_param": sim_weights()}
+                ),
                 ModelSpec("noctx", {"parallel": 1}, {"model_param": sim_weights(base_ms=6)}),
                 ModelSpec(
                     "seer",
@@ -60,7 +70,9 @@ def slave_status(c: Cluster) -> dict[str, Any]:
         return client.get("/router/v1/node/runtime-status", headers=AUTH).json()
 
 
-def test_candidates_are_labelled_and_ineligible_ones_listed_with_the_reason(cluster: Cluster) -> None:
+def test_candidates_are_labelled_and_ineligible_ones_listed_with_the_reason(
+    cluster: Cluster,
+) -> None:
     with master(cluster) as client:
         doc = client.get(TEXT, params={"node_id": "master", "model_id": "own"}).json()
     cands = {c["model_id"]: c for c in doc["candidates"]}
@@ -70,22 +82,58 @@ def test_candidates_are_labelled_and_ineligible_ones_listed_with_the_reason(clus
     assert "serves requests concurrently" in cands["wide"]["ineligible_reason"]
     assert "context window" in cands["noctx"]["ineligible_reason"]
     assert "multimodal" in cands["seer"]["ineligible_reason"]
-    assert cands["help"]["lends_to"] == {"selected": False, "load_if_unloaded": True, "restore_after_borrow": False}
+    assert cands["help"]["lends_to"] == {
+        "selected": False,
+        "load_if_unloaded": True,
+        "restore_after_borrow": False,
+    }
 
 
 @pytest.mark.parametrize(
     ("body", "fragment"),
     [
-        ({"anchor": {"node_id": "master", "model_id": "own"}, "lends_to": [{"node_id": "s1", "model_id": "wide"}]}, "not eligible"),
-        ({"anchor": {"node_id": "master", "model_id": "own"}, "lends_to": [{"node_id": "master", "model_id": "free"}]}, "own node"),
-        ({"anchor": {"node_id": "master", "model_id": "own"}, "lends_to": [{"node_id": "s1", "model_id": "nope"}]}, "unknown"),
+        (
+            {
+                "anchor": {"node_id": "master", "model_id": "own"},
+                "lends_to": [{"node_id": "s1", "model_id": "wide"}],
+            },
+            "not eligible",
+        ),
+        (
+            {
+                "anchor": {"node_id": "master", "model_id": "own"},
+                "lends_to": [{"node_id": "master", "model_id": "free"}],
+            },
+            "own node",
+        ),
+        (
+            {
+                "anchor": {"node_id": "master", "model_id": "own"},
+                "lends_to": [{"node_id": "s1", "model_id": "nope"}],
+            },
+            "unknown",
+        ),
         ({"anchor": {"node_id": "master", "model_id": "nope"}}, "unknown"),
         ({"anchor": {"node_id": "master", "model_id": "own"}, "lends_to": "s1"}, "must be a list"),
-        ({"anchor": {"node_id": "master", "model_id": "own"}, "lends_to": [{"node_id": "s1", "model_id": "help", "load_if_unloaded": "yes"}]}, "true or false"),
-        ({"anchor": {"node_id": "master", "model_id": "own"}, "lends_to": [{"node_id": "s1", "model_id": "help"}]}, "different weights"),
+        (
+            {
+                "anchor": {"node_id": "master", "model_id": "own"},
+                "lends_to": [{"node_id": "s1", "model_id": "help", "load_if_unloaded": "yes"}],
+            },
+            "true or false",
+        ),
+        (
+            {
+                "anchor": {"node_id": "master", "model_id": "own"},
+                "lends_to": [{"node_id": "s1", "model_id": "help"}],
+            },
+            "different weights",
+        ),
     ],
 )
-def test_bad_link_sets_are_refused_and_change_nothing(cluster: Cluster, body: dict[str, Any], fragment: str) -> None:
+def test_bad_link_sets_are_refused_and_change_nothing(
+    cluster: Cluster, body: dict[str, Any], fragment: str
+) -> None:
     with master(cluster) as client:
         before = client.get(TEXT).json()
         resp = client.post(TEXT, json=body)
@@ -94,7 +142,9 @@ def test_bad_link_sets_are_refused_and_change_nothing(cluster: Cluster, body: di
         assert client.get(TEXT).json() == before
 
 
-def test_a_saved_link_enrolls_both_models_everywhere_at_once_and_delete_undoes_it(cluster: Cluster) -> None:
+def test_a_saved_link_enrolls_both_models_everywhere_at_once_and_delete_undoes_it(
+    cluster: Cluster,
+) -> None:
     body = {
         "anchor": {"node_id": "master", "model_id": "own"},
         "lends_to": [{"node_id": "s1", "model_id": "help", "restore_after_borrow": True}],
@@ -104,11 +154,16 @@ def test_a_saved_link_enrolls_both_models_everywhere_at_once_and_delete_undoes_i
         resp = client.post(TEXT, json=body)
         assert resp.status_code == 200, resp.text
         links = client.get(TEXT).json()["links"]
-        assert links == [{
-            "owner_node_id": "master", "owner_model_id": "own",
-            "helper_node_id": "s1", "helper_model_id": "help",
-            "load_if_unloaded": True, "restore_after_borrow": True,
-        }]
+        assert links == [
+            {
+                "owner_node_id": "master",
+                "owner_model_id": "own",
+                "helper_node_id": "s1",
+                "helper_model_id": "help",
+                "load_if_unloaded": True,
+                "restore_after_borrow": True,
+            }
+        ]
         doc = client.get(TEXT, params={"node_id": "s1", "model_id": "help"}).json()
         own = next(c for c in doc["candidates"] if c["model_id"] == "own")
         assert own["borrows_from"]["selected"] and own["borrows_from"]["restore_after_borrow"]
@@ -129,21 +184,37 @@ def test_image_links_use_image_ids_and_flag_identical_weights(cluster: Cluster) 
     with master(cluster) as client:
         doc = client.get(IMAGE, params={"node_id": "master", "model_id": "pic-pic-sdmodel"}).json()
         cand = doc["candidates"][0]
-        assert (cand["node_id"], cand["model_id"], cand["weights_match"]) == ("s1", "pic-pic-sdmodel", True)
+        assert (cand["node_id"], cand["model_id"], cand["weights_match"]) == (
+            "s1",
+            "pic-pic-sdmodel",
+            True,
+        )
         assert "eligible" not in cand
-        body = {"anchor": {"node_id": "s1", "model_id": "pic-pic-sdmodel"},
-                "borrows_from": [{"node_id": "master", "model_id": "pic-pic-sdmodel"}]}
+        body = {
+            "anchor": {"node_id": "s1", "model_id": "pic-pic-sdmodel"},
+            "borrows_from": [{"node_id": "master", "model_id": "pic-pic-sdmodel"}],
+        }
         assert client.post(IMAGE, json=body).status_code == 200  # same weights: no acknowledgement
         assert client.get(IMAGE).json()["links"][0]["owner_node_id"] == "master"
-        assert client.delete(IMAGE, params={"node_id": "s1", "model_id": "pic-pic-sdmodel"}).json()["deleted"] == 1
+        assert (
+            client.delete(IMAGE, params={"node_id": "s1", "model_id": "pic-pic-sdmodel"}).json()[
+                "deleted"
+            ]
+            == 1
+        )
 
 
 def test_settings_batches_are_all_or_nothing_and_reach_every_slave(cluster: Cluster) -> None:
     path = "/router/v1/site/offload/settings"
     with master(cluster) as client:
         before = client.get(path).json()
-        resp = client.post(path, json={"values": {"offload_probe_idle": "2s", "scheduling_backend_depth": "0"}})
-        assert resp.status_code == 400 and "scheduling_backend_depth" in resp.json()["error"]["message"]
+        resp = client.post(
+            path, json={"values": {"offload_probe_idle": "2s", "scheduling_backend_depth": "0"}}
+        )
+        assert (
+            resp.status_code == 400
+            and "scheduling_backend_depth" in resp.json()["error"]["message"]
+        )
         assert client.get(path).json() == before
         resp = client.post(path, json={"values": {"offload_probe_idle": "2000ms"}})
         assert resp.status_code == 200
@@ -155,7 +226,9 @@ def test_settings_batches_are_all_or_nothing_and_reach_every_slave(cluster: Clus
     with master(cluster) as client:
         summary = client.get("/router/v1/site/offload/summary").json()
         assert {n["node_id"]: n["settings_fingerprint"] for n in summary["nodes"]} == {
-            "master": fingerprint, "s1": fingerprint}
+            "master": fingerprint,
+            "s1": fingerprint,
+        }
         assert summary["leases"] == []
         assert client.delete(path, params={"key": "offload_probe_idle"}).status_code == 200
         assert client.get(path).json()["fingerprint"] == before["fingerprint"]
@@ -168,14 +241,21 @@ def _held(client: httpx.Client) -> list[dict[str, Any]]:
 
 
 def test_an_enrolled_model_is_queued_in_the_router_and_depth_applies_live(cluster: Cluster) -> None:
-    body = {"anchor": {"node_id": "master", "model_id": "own"},
-            "lends_to": [{"node_id": "s1", "model_id": "help"}], "acknowledge_different_weights": True}
+    body = {
+        "anchor": {"node_id": "master", "model_id": "own"},
+        "lends_to": [{"node_id": "s1", "model_id": "help"}],
+        "acknowledge_different_weights": True,
+    }
     statuses: list[int] = []
 
     def call(model: str, stream: bool = False) -> None:
         with httpx.Client(base_url=cluster.master.base_url, timeout=60) as c:
-            payload = {"model": model, "messages": [{"role": "user", "content": "x"}],
-                       "max_tokens": 10, "stream": stream}
+            payload = {
+                "model": model,
+                "messages": [{"role": "user", "content": "x"}],
+                "max_tokens": 10,
+                "stream": stream,
+            }
             statuses.append(c.post("/v1/chat/completions", json=payload).status_code)
 
     with master(cluster) as client:
@@ -189,7 +269,9 @@ def test_an_enrolled_model_is_queued_in_the_router_and_depth_applies_live(cluste
         status = client.get("/router/v1/node/runtime-status", headers=AUTH).json()
         own = next(q for q in status["text_queue"] if q["model_id"] == "own")
         assert own["pending_count"] == 3 and own["backlog_count"] == 5
-        resp = client.post("/router/v1/site/offload/settings", json={"values": {"scheduling_backend_depth": 4}})
+        resp = client.post(
+            "/router/v1/site/offload/settings", json={"values": {"scheduling_backend_depth": 4}}
+        )
         assert resp.status_code == 200
         wait_for(lambda: len(_held(client)) <= 1)
         for t in threads:
@@ -205,7 +287,11 @@ def test_an_unlinked_model_is_never_queued(cluster: Cluster) -> None:
 
     def call() -> None:
         with httpx.Client(base_url=cluster.master.base_url, timeout=60) as c:
-            payload = {"model": "free", "messages": [{"role": "user", "content": "x"}], "max_tokens": 5}
+            payload = {
+                "model": "free",
+                "messages": [{"role": "user", "content": "x"}],
+                "max_tokens": 5,
+            }
             done.append(c.post("/v1/chat/completions", json=payload).status_code)
 
     threads = [threading.Thread(target=call) for _ in range(4)]
@@ -233,8 +319,15 @@ def test_the_decision_log_api_checks_its_filters_and_gathers_every_node(cluster:
     with cluster.slaves["s1"].client() as client:
         assert client.get(path).status_code == 404
         assert client.get("/router/v1/node/offload/decisions", headers=AUTH).status_code == 200
-        assert client.post("/router/v1/node/routing-links", json={}, headers=AUTH).status_code == 204
+        assert (
+            client.post("/router/v1/node/routing-links", json={}, headers=AUTH).status_code == 204
+        )
     with master(cluster) as client:
         # Only a slave runs pushed links and settings.
-        assert client.post("/router/v1/node/routing-links", json={}, headers=AUTH).status_code == 409
-        assert client.post("/router/v1/node/offload/settings", json={}, headers=AUTH).status_code == 409
+        assert (
+            client.post("/router/v1/node/routing-links", json={}, headers=AUTH).status_code == 409
+        )
+        assert (
+            client.post("/router/v1/node/offload/settings", json={}, headers=AUTH).status_code
+            == 409
+        )

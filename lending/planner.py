@@ -1,0 +1,614 @@
+"""The master's lease planner: which helper, if any, each owner may lend held work to.
+
+Pure: no Django, no I/O, no clock. The master builds one ``Endpoint`` per linked model from
+every node's runtime status and link set, calls ``plan_lane`` once per lane on every owner
+event, on its tick and when a probe falls due, replaces its lease book with the leases and
+writes the rows to the decision log (``kind="plan"``). Rules: reference-lending.md 3.3-3.9.
+
+Where we deliberately differ from the reference:
+* means of held work and context use only the entries that have a size estimate
+  (``sized_*``), so unsized entries do not pull the mean towards zero and let a too-small
+  helper past the context gate;
+* plan rows log ``restore_ms`` beside ``switch_ms``, since the restore is part of the price.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from lending.pricing import LANE_IMAGE, LANE_TEXT, CostTable, owner_demand, service_price
+
+__all__ = [
+    "OUTCOME_GRANTED",
+    "OUTCOME_PROBE",
+    "OUTCOME_SKIPPED",
+    "Endpoint",
+    "Lease",
+    "LinkTarget",
+    "PlanResult",
+    "PlanRow",
+    "Settings",
+    "plan_lane",
+]
+
+OUTCOME_GRANTED = "granted"
+OUTCOME_PROBE = "probe"
+OUTCOME_SKIPPED = "skipped"
+
+REASON_NOT_ACCEPTING = "helper_not_accepting"
+REASON_CLAIMED = "helper_claimed"
+REASON_LOAD_FORBIDDEN = "load_forbidden"
+REASON_CONTEXT_TOO_SMALL = "context_too_small"
+REASON_SWITCH_UNPRICED = "switch_unpriced"
+REASON_RESTORE_UNPRICED = "restore_unpriced"
+REASON_SERVICE_UNPRICED = "service_unpriced"
+REASON_RECENTLY_BUSY = "helper_recently_busy"
+REASON_OWNER_UNPRICED = "owner_unpriced"
+REASON_COST_REJECTED = "cost_rejected"
+REASON_OUTRANKED = "outranked"
+
+# A helper that must switch models to take a probe waits this many probe-idle periods: a
+# probe has no price to weigh against the helper's own traffic, and a switch is the costly
+# part of a detour (spec "Probes").
+UNLOADED_PROBE_IDLE_FACTOR = 12
+
+# Work terms per lane, used for the mean of a queue whose entries are all unsized.
+_LANE_WORK_TERMS: Mapping[str, int] = {LANE_IMAGE: 1, LANE_TEXT: 2}
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One model on one node as the planner sees it this instant."""
+
+    node_id: str
+    model_id: str
+    config_filename: str
+    loaded: bool
+    accepting_borrowed: bool
+    idle_for_ms: float
+    context_capacity: int
+    multimodal: bool
+    eligible: bool = True
+    pending_count: int = 0
+    pending_work: tuple[float, ...] = ()
+    pending_context: int = 0
+    sized_count: int = 0
+    sized_work: tuple[float, ...] = ()
+    sized_context: int = 0
+    backlog_count: int = 0
+    backlog_work: tuple[float, ...] = ()
+    displaced_configs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class LinkTarget:
+    """A helper an owner links to, with that link's flags."""
+
+    helper: Endpoint
+    load_if_unloaded: bool
+    restore_after_borrow: bool
+
+
+@dataclass(frozen=True)
+class Settings:
+    probe_idle_ms: float
+    faster_slots: int
+    slower_slots: int
+    probe_slots: int
+    grant_ttl_ms: int
+
+
+def _wire_str(doc: Mapping[str, Any], key: str) -> str:
+    value = doc.get(key)
+    return value if isinstance(value, str) else ""
+
+
+def _wire_bool(doc: Mapping[str, Any], key: str) -> bool:
+    value = doc.get(key)
+    return value if isinstance(value, bool) else False
+
+
+def _wire_int(doc: Mapping[str, Any], key: str, default: int) -> int:
+    value = doc.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return default
+    if not math.isfinite(value):
+        return default
+    return int(value)
+
+
+def _wire_ms(doc: Mapping[str, Any], key: str) -> float | None:
+    value = doc.get(key)
+    # bool is an int subclass, but true/false is never a measurement.
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    result = float(value)
+    return result if math.isfinite(result) and result >= 0 else None
+
+
+@dataclass(frozen=True)
+class Lease:
+    """Permission for an owner to keep up to ``helper_slots`` held requests lent to a helper."""
+
+    lane: str
+    owner_node_id: str
+    owner_model_id: str
+    helper_node_id: str
+    helper_model_id: str
+    load_helper_model: bool
+    restore_helper_model: bool
+    helper_slots: int
+    probe: bool
+    # The owner times the lease on its own clock, so master/owner clock skew cannot end it early.
+    ttl_ms: int
+    owner_job_ms: float | None
+    helper_switch_ms: float | None  # switch plus restore, as planned
+    helper_service_ms: float | None
+
+    def knows_speeds(self) -> bool:
+        """Whether the hold predicate may compare finish times under this lease."""
+        if self.probe:
+            return False
+        return self.owner_job_ms is not None and self.helper_service_ms is not None
+
+    def to_wire(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "lane": self.lane,
+            "owner_node_id": self.owner_node_id,
+            "owner_model_id": self.owner_model_id,
+            "helper_node_id": self.helper_node_id,
+            "helper_model_id": self.helper_model_id,
+            "load_helper_model": self.load_helper_model,
+            "restore_helper_model": self.restore_helper_model,
+            "helper_slots": self.helper_slots,
+            "ttl_ms": self.ttl_ms,
+        }
+        if self.probe:
+            doc["probe"] = True
+        # An unmeasured speed is left out rather than sent as 0, which would read as "instant".
+        for key, value in (
+            ("owner_job_ms", self.owner_job_ms),
+            ("helper_switch_ms", self.helper_switch_ms),
+            ("helper_service_ms", self.helper_service_ms),
+        ):
+            if value is not None:
+                doc[key] = value
+        return doc
+
+    @classmethod
+    def from_wire(cls, doc: Mapping[str, Any]) -> Lease:
+        """Read a lease the master sent; ValueError when it does not say who lends to whom."""
+        if not isinstance(doc, Mapping):
+            raise ValueError("a lease must be a JSON object")
+        for key in ("owner_model_id", "helper_node_id", "helper_model_id"):
+            if not _wire_str(doc, key):
+                raise ValueError(f"lease has no {key}")
+        return cls(
+            lane=_wire_str(doc, "lane"),
+            owner_node_id=_wire_str(doc, "owner_node_id"),
+            owner_model_id=_wire_str(doc, "owner_model_id"),
+            helper_node_id=_wire_str(doc, "helper_node_id"),
+            helper_model_id=_wire_str(doc, "helper_model_id"),
+            load_helper_model=_wire_bool(doc, "load_helper_model"),
+            restore_helper_model=_wire_bool(doc, "restore_helper_model"),
+            # A lease always lets at least one request out (reference 3.9: <1 is treated as 1).
+            helper_slots=max(1, _wire_int(doc, "helper_slots", 1)),
+            probe=_wire_bool(doc, "probe"),
+            ttl_ms=max(0, _wire_int(doc, "ttl_ms", 0)),
+            owner_job_ms=_wire_ms(doc, "owner_job_ms"),
+            helper_switch_ms=_wire_ms(doc, "helper_switch_ms"),
+            helper_service_ms=_wire_ms(doc, "helper_service_ms"),
+        )
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    """One ``plan`` decision-log row: how one helper was judged for one owner."""
+
+    trigger: str
+    lane: str
+    owner_node_id: str
+    owner_model_id: str
+    helper_node_id: str
+    helper_model_id: str
+    outcome: str
+    reason: str
+    pending_count: int
+    backlog_count: int
+    keep_ms: float
+    switch_ms: float
+    restore_ms: float
+    service_ms: float
+    owner_job_ms: float
+    service_source: str
+    helper_idle_ms: float
+    slots: int
+
+    def as_fields(self) -> dict[str, Any]:
+        """The row as ``offload_decisions`` columns (the caller adds ``kind="plan"``)."""
+        return {
+            "trigger": self.trigger,
+            "lane": self.lane,
+            "owner_node_id": self.owner_node_id,
+            "owner_model_id": self.owner_model_id,
+            "helper_node_id": self.helper_node_id,
+            "helper_model_id": self.helper_model_id,
+            "outcome": self.outcome,
+            "reason": self.reason,
+            "pending_count": self.pending_count,
+            "backlog_count": self.backlog_count,
+            "keep_ms": self.keep_ms,
+            "switch_ms": self.switch_ms,
+            "restore_ms": self.restore_ms,
+            "service_ms": self.service_ms,
+            "owner_job_ms": self.owner_job_ms,
+            "service_source": self.service_source,
+            # An INTEGER column.
+            "helper_idle_ms": int(self.helper_idle_ms),
+            "slots": self.slots,
+        }
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    leases: list[Lease] = field(default_factory=list)
+    rows: list[PlanRow] = field(default_factory=list)
+    # Milliseconds until some helper held back only by its idle time may take a probe.
+    probe_due_ms: float | None = None
+
+
+@dataclass(slots=True)
+class _Demand:
+    """What an owner's held work looks like and what it costs the owner alone."""
+
+    mean_work: tuple[float, ...]
+    mean_context: int
+    keep_ms: float | None
+    job_ms: float | None
+
+    @property
+    def priced(self) -> bool:
+        return self.keep_ms is not None and self.job_ms is not None
+
+
+@dataclass(slots=True)
+class _Candidate:
+    """One helper evaluated for one owner."""
+
+    target: LinkTarget
+    ineligible: str  # first failing eligibility check, "" when eligible
+    unpriced: str  # first missing price, "" when fully priced
+    switch_ms: float | None
+    restore_ms: float | None
+    service_ms: float | None
+    service_source: str
+    probe_bar_ms: float
+
+    @property
+    def total_ms(self) -> float | None:
+        if self.switch_ms is None or self.restore_ms is None or self.service_ms is None:
+            return None
+        return self.switch_ms + self.restore_ms + self.service_ms
+
+
+def _backlog_magnitude(owner: Endpoint) -> float:
+    return sum(owner.backlog_work)
+
+
+def _demand(lane: str, owner: Endpoint, costs: CostTable) -> _Demand:
+    # Unsized entries (no token profile, image without a size) carry zero work; averaging
+    # over them as the reference does understates both the job price and the context the
+    # queue needs, so the means use the sized entries whenever there are any.
+    if owner.sized_count > 0:
+        count, work, context = owner.sized_count, owner.sized_work, owner.sized_context
+    else:
+        count, work, context = owner.pending_count, owner.pending_work, owner.pending_context
+        if not work:
+            work = (0.0,) * _LANE_WORK_TERMS.get(lane, 1)
+    mean_work = tuple(w / count for w in work)
+    mean_context = context // count
+    keep_ms, job_ms = owner_demand(
+        costs.fit(owner.node_id, owner.model_id, lane),
+        mean_work=mean_work,
+        backlog_count=owner.backlog_count,
+        backlog_work=owner.backlog_work,
+    )
+    return _Demand(mean_work=mean_work, mean_context=mean_context, keep_ms=keep_ms, job_ms=job_ms)
+
+
+def _restore_ms(helper: Endpoint, costs: CostTable) -> float | None:
+    if helper.loaded:
+        return 0.0
+    total = 0.0
+    for config in helper.displaced_configs:
+        load = costs.load_ms(helper.node_id, config)
+        if load is None:
+            # Displacing a model whose way back is unknown could cost the helper anything.
+            return None
+        total += load
+    return total
+
+
+def _evaluate(
+    *,
+    lane: str,
+    owner: Endpoint,
+    demand: _Demand,
+    target: LinkTarget,
+    claimed: set[str],
+    costs: CostTable,
+    settings: Settings,
+) -> _Candidate:
+    helper = target.helper
+    ineligible = ""
+    if not helper.accepting_borrowed:
+        ineligible = REASON_NOT_ACCEPTING
+    elif helper.node_id in claimed:
+        ineligible = REASON_CLAIMED
+    elif not helper.loaded and not target.load_if_unloaded:
+        ineligible = REASON_LOAD_FORBIDDEN
+    elif (
+        lane == LANE_TEXT
+        and demand.mean_context > 0
+        and helper.context_capacity < demand.mean_context
+    ):
+        ineligible = REASON_CONTEXT_TOO_SMALL
+
+    switch_ms = 0.0 if helper.loaded else costs.load_ms(helper.node_id, helper.config_filename)
+    restore_ms = _restore_ms(helper, costs)
+    owner_fit = costs.fit(owner.node_id, owner.model_id, lane) if demand.priced else None
+    service_ms, source = service_price(
+        costs.fit(helper.node_id, helper.model_id, lane), owner_fit, demand.mean_work
+    )
+    if switch_ms is None:
+        unpriced = REASON_SWITCH_UNPRICED
+    elif restore_ms is None:
+        unpriced = REASON_RESTORE_UNPRICED
+    elif service_ms is None:
+        unpriced = REASON_SERVICE_UNPRICED
+    else:
+        unpriced = ""
+
+    if (
+        not ineligible
+        and not unpriced
+        and not helper.loaded
+        and switch_ms is not None
+        and restore_ms is not None
+        and helper.idle_for_ms < switch_ms + restore_ms
+    ):
+        # Its own traffic is likely back before the detour pays for itself.
+        ineligible = REASON_RECENTLY_BUSY
+
+    bar = settings.probe_idle_ms * (1 if helper.loaded else UNLOADED_PROBE_IDLE_FACTOR)
+    return _Candidate(
+        target=target,
+        ineligible=ineligible,
+        unpriced=unpriced,
+        switch_ms=switch_ms,
+        restore_ms=restore_ms,
+        service_ms=service_ms,
+        service_source=source,
+        probe_bar_ms=bar,
+    )
+
+
+def _cost_reason(candidate: _Candidate, demand: _Demand) -> str:
+    """Why the cost rule did not grant this helper, ignoring the other helpers."""
+    if candidate.ineligible:
+        return candidate.ineligible
+    if not demand.priced:
+        return REASON_OWNER_UNPRICED
+    if candidate.unpriced:
+        return candidate.unpriced
+    total = candidate.total_ms
+    assert total is not None and demand.keep_ms is not None
+    if total >= demand.keep_ms:
+        return REASON_COST_REJECTED
+    return ""
+
+
+def _node_order(candidate: _Candidate) -> tuple[str, str]:
+    helper = candidate.target.helper
+    return helper.node_id, helper.model_id
+
+
+def _row(
+    *,
+    trigger: str,
+    lane: str,
+    owner: Endpoint,
+    demand: _Demand,
+    candidate: _Candidate,
+    outcome: str,
+    reason: str,
+    slots: int,
+) -> PlanRow:
+    helper = candidate.target.helper
+    return PlanRow(
+        trigger=trigger,
+        lane=lane,
+        owner_node_id=owner.node_id,
+        owner_model_id=owner.model_id,
+        helper_node_id=helper.node_id,
+        helper_model_id=helper.model_id,
+        outcome=outcome,
+        reason=reason,
+        pending_count=owner.pending_count,
+        backlog_count=owner.backlog_count,
+        keep_ms=demand.keep_ms or 0.0,
+        switch_ms=candidate.switch_ms or 0.0,
+        restore_ms=candidate.restore_ms or 0.0,
+        service_ms=candidate.service_ms or 0.0,
+        owner_job_ms=demand.job_ms or 0.0,
+        service_source=candidate.service_source,
+        helper_idle_ms=helper.idle_for_ms,
+        slots=slots,
+    )
+
+
+def _lease(
+    *,
+    lane: str,
+    owner: Endpoint,
+    demand: _Demand,
+    candidate: _Candidate,
+    slots: int,
+    probe: bool,
+    settings: Settings,
+) -> Lease:
+    switch = candidate.switch_ms
+    restore = candidate.restore_ms
+    return Lease(
+        lane=lane,
+        owner_node_id=owner.node_id,
+        owner_model_id=owner.model_id,
+        helper_node_id=candidate.target.helper.node_id,
+        helper_model_id=candidate.target.helper.model_id,
+        load_helper_model=candidate.target.load_if_unloaded,
+        restore_helper_model=candidate.target.restore_after_borrow,
+        helper_slots=max(1, slots),
+        probe=probe,
+        ttl_ms=settings.grant_ttl_ms,
+        owner_job_ms=demand.job_ms,
+        # The hold predicate's helper clock starts with the whole detour, restore included.
+        helper_switch_ms=None if switch is None or restore is None else switch + restore,
+        helper_service_ms=candidate.service_ms,
+    )
+
+
+def plan_lane(
+    *,
+    lane: str,
+    trigger: str,
+    owners: Sequence[tuple[Endpoint, Sequence[LinkTarget]]],
+    costs: CostTable | None,
+    settings: Settings,
+) -> PlanResult:
+    """Plan one lane: at most one lease per owner, at most one owner per helper node."""
+    if costs is None:
+        # No cost source yet: the reference plans nothing at all, not even probes.
+        return PlanResult()
+    if lane not in _LANE_WORK_TERMS:
+        raise ValueError(f"unknown lane {lane!r}")
+
+    planned = sorted(
+        (item for item in owners if item[0].pending_count > 0 and item[0].eligible),
+        key=lambda item: (-_backlog_magnitude(item[0]), item[0].node_id, item[0].model_id),
+    )
+    leases: list[Lease] = []
+    rows: list[PlanRow] = []
+    probe_due: float | None = None
+    claimed: set[str] = set()
+
+    for owner, targets in planned:
+        demand = _demand(lane, owner, costs)
+        candidates = [
+            _evaluate(
+                lane=lane,
+                owner=owner,
+                demand=demand,
+                target=target,
+                claimed=claimed,
+                costs=costs,
+                settings=settings,
+            )
+            for target in targets
+            # A model whose config became ineligible is skipped silently, as if unlinked.
+            if target.helper.eligible
+        ]
+        if not candidates:
+            continue
+        reasons = [_cost_reason(candidate, demand) for candidate in candidates]
+
+        chosen: int | None = None
+        outcome = OUTCOME_SKIPPED
+        slots = 0
+        paying = [i for i, reason in enumerate(reasons) if not reason]
+        if paying:
+            chosen = min(
+                paying,
+                key=lambda i: (candidates[i].total_ms, *_node_order(candidates[i])),
+            )
+            outcome = OUTCOME_GRANTED
+            best = candidates[chosen]
+            assert best.service_ms is not None and demand.job_ms is not None
+            slots = (
+                settings.faster_slots if best.service_ms <= demand.job_ms else settings.slower_slots
+            )
+        else:
+            idle_enough = [
+                i
+                for i, candidate in enumerate(candidates)
+                if not candidate.ineligible
+                and candidate.target.helper.idle_for_ms >= candidate.probe_bar_ms
+            ]
+            if idle_enough:
+                chosen = min(
+                    idle_enough,
+                    key=lambda i: (
+                        -candidates[i].target.helper.idle_for_ms,
+                        *_node_order(candidates[i]),
+                    ),
+                )
+                outcome = OUTCOME_PROBE
+                slots = settings.probe_slots
+
+        for i, candidate in enumerate(candidates):
+            if i == chosen:
+                rows.append(
+                    _row(
+                        trigger=trigger,
+                        lane=lane,
+                        owner=owner,
+                        demand=demand,
+                        candidate=candidate,
+                        outcome=outcome,
+                        # A probe keeps the reason the cost rule passed it over.
+                        reason=reasons[i],
+                        slots=slots,
+                    )
+                )
+            else:
+                rows.append(
+                    _row(
+                        trigger=trigger,
+                        lane=lane,
+                        owner=owner,
+                        demand=demand,
+                        candidate=candidate,
+                        outcome=OUTCOME_SKIPPED,
+                        reason=reasons[i] or REASON_OUTRANKED,
+                        slots=0,
+                    )
+                )
+
+        if chosen is not None:
+            best = candidates[chosen]
+            claimed.add(best.target.helper.node_id)
+            leases.append(
+                _lease(
+                    lane=lane,
+                    owner=owner,
+                    demand=demand,
+                    candidate=best,
+                    slots=slots,
+                    probe=outcome == OUTCOME_PROBE,
+                    settings=settings,
+                )
+            )
+            continue
+
+        # Nothing granted: wake the master again once the first helper that is held back
+        # only by its idle time has idled long enough for a probe.
+        for candidate in candidates:
+            if candidate.ineligible:
+                continue
+            wait = candidate.probe_bar_ms - candidate.target.helper.idle_for_ms
+            if wait > 0 and (probe_due is None or wait < probe_due):
+                probe_due = wait
+
+    return PlanResult(leases=leases, rows=rows, probe_due_ms=probe_due)
