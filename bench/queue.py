@@ -19,6 +19,7 @@ from pathlib import Path
 # Run as `python bench/queue.py`, this file's folder comes first on sys.path and its name would
 # shadow the standard library's `queue` (which asyncio and concurrent.futures import).
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
+# ruff: noqa: E402  (the path fix above must run before these imports)
 
 import argparse
 import asyncio
@@ -33,7 +34,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 
-from bench.overhead import free_port, start, stop, wait_http  # noqa: E402
+from bench.overhead import free_port, start, stop, wait_http
 
 TOKEN = "bench-queue-token-0123456789"
 
@@ -178,6 +179,14 @@ async def _wait_held(session: aiohttp.ClientSession, murl: str, count: int) -> N
     raise RuntimeError(f"never saw {count} held requests")
 
 
+async def wait_log(path: Path, mark: str, *, limit_secs: float) -> None:
+    deadline = time.monotonic() + limit_secs
+    while mark not in path.read_text():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{mark!r} never appeared in {path}")
+        await asyncio.sleep(0.05)
+
+
 async def daphne_baseline(n: int) -> float:
     """RSS growth per held connection of Daphne serving an app that does nothing at all."""
     port = free_port()
@@ -198,9 +207,7 @@ async def daphne_baseline(n: int) -> float:
     url = f"http://127.0.0.1:{port}/v1/chat/completions"
     body = {"model": "x", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1}
     try:
-        deadline = time.monotonic() + 30
-        while "Listening" not in log.read_text() and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        await wait_log(log, "Listening", limit_secs=30)
         connector = aiohttp.TCPConnector(limit=0)
         timeout = aiohttp.ClientTimeout(total=None)
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
