@@ -181,7 +181,7 @@ async def _wait_held(session: aiohttp.ClientSession, murl: str, count: int) -> N
 
 async def wait_log(path: Path, mark: str, *, limit_secs: float) -> None:
     deadline = time.monotonic() + limit_secs
-    while mark not in path.read_text():  # noqa: ASYNC110, ASYNC240 (another process writes it)
+    while mark not in path.read_text():  # noqa: ASYNC240 (another process writes it)
         if time.monotonic() > deadline:
             raise RuntimeError(f"{mark!r} never appeared in {path}")
         await asyncio.sleep(0.05)
