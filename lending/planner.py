@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from analytics.fitting import CostFit
 from lending.pricing import LANE_IMAGE, LANE_TEXT, CostTable, owner_demand, service_price
 
 __all__ = [
@@ -204,7 +205,7 @@ class Lease:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PlanRow:
     """One ``plan`` decision-log row: how one helper was judged for one owner."""
 
@@ -268,10 +269,21 @@ class _Demand:
     mean_context: int
     keep_ms: float | None
     job_ms: float | None
+    priced: bool
+    # The owner's fit, set only when the owner is priced: a helper without a fit of its own
+    # is then priced with it (reference 2.6).
+    fallback_fit: CostFit | None
 
-    @property
-    def priced(self) -> bool:
-        return self.keep_ms is not None and self.job_ms is not None
+
+@dataclass(slots=True)
+class _HelperCost:
+    """The part of a helper's price that does not depend on the owner (once per plan)."""
+
+    endpoint: Endpoint
+    fit: CostFit | None
+    switch_ms: float | None
+    restore_ms: float | None
+    probe_bar_ms: float
 
 
 @dataclass(slots=True)
@@ -285,13 +297,8 @@ class _Candidate:
     restore_ms: float | None
     service_ms: float | None
     service_source: str
+    total_ms: float | None  # switch + restore + service, None unless fully priced
     probe_bar_ms: float
-
-    @property
-    def total_ms(self) -> float | None:
-        if self.switch_ms is None or self.restore_ms is None or self.service_ms is None:
-            return None
-        return self.switch_ms + self.restore_ms + self.service_ms
 
 
 def _backlog_magnitude(owner: Endpoint) -> float:
@@ -309,14 +316,22 @@ def _demand(lane: str, owner: Endpoint, costs: CostTable) -> _Demand:
         if not work:
             work = (0.0,) * _LANE_WORK_TERMS.get(lane, 1)
     mean_work = tuple(w / count for w in work)
-    mean_context = context // count
+    fit = costs.fit(owner.node_id, owner.model_id, lane)
     keep_ms, job_ms = owner_demand(
-        costs.fit(owner.node_id, owner.model_id, lane),
+        fit,
         mean_work=mean_work,
         backlog_count=owner.backlog_count,
         backlog_work=owner.backlog_work,
     )
-    return _Demand(mean_work=mean_work, mean_context=mean_context, keep_ms=keep_ms, job_ms=job_ms)
+    priced = keep_ms is not None and job_ms is not None
+    return _Demand(
+        mean_work=mean_work,
+        mean_context=context // count,
+        keep_ms=keep_ms,
+        job_ms=job_ms,
+        priced=priced,
+        fallback_fit=fit if priced else None,
+    )
 
 
 def _restore_ms(helper: Endpoint, costs: CostTable) -> float | None:
@@ -332,15 +347,23 @@ def _restore_ms(helper: Endpoint, costs: CostTable) -> float | None:
     return total
 
 
+def _helper_cost(lane: str, helper: Endpoint, costs: CostTable, settings: Settings) -> _HelperCost:
+    return _HelperCost(
+        endpoint=helper,
+        fit=costs.fit(helper.node_id, helper.model_id, lane),
+        switch_ms=0.0 if helper.loaded else costs.load_ms(helper.node_id, helper.config_filename),
+        restore_ms=_restore_ms(helper, costs),
+        probe_bar_ms=settings.probe_idle_ms * (1 if helper.loaded else UNLOADED_PROBE_IDLE_FACTOR),
+    )
+
+
 def _evaluate(
     *,
     lane: str,
-    owner: Endpoint,
     demand: _Demand,
     target: LinkTarget,
+    cost: _HelperCost,
     claimed: set[str],
-    costs: CostTable,
-    settings: Settings,
 ) -> _Candidate:
     helper = target.helper
     ineligible = ""
@@ -357,12 +380,10 @@ def _evaluate(
     ):
         ineligible = REASON_CONTEXT_TOO_SMALL
 
-    switch_ms = 0.0 if helper.loaded else costs.load_ms(helper.node_id, helper.config_filename)
-    restore_ms = _restore_ms(helper, costs)
-    owner_fit = costs.fit(owner.node_id, owner.model_id, lane) if demand.priced else None
-    service_ms, source = service_price(
-        costs.fit(helper.node_id, helper.model_id, lane), owner_fit, demand.mean_work
-    )
+    switch_ms = cost.switch_ms
+    restore_ms = cost.restore_ms
+    service_ms, source = service_price(cost.fit, demand.fallback_fit, demand.mean_work)
+    total_ms: float | None = None
     if switch_ms is None:
         unpriced = REASON_SWITCH_UNPRICED
     elif restore_ms is None:
@@ -371,19 +392,11 @@ def _evaluate(
         unpriced = REASON_SERVICE_UNPRICED
     else:
         unpriced = ""
+        total_ms = switch_ms + restore_ms + service_ms
+        if not ineligible and not helper.loaded and helper.idle_for_ms < switch_ms + restore_ms:
+            # Its own traffic is likely back before the detour pays for itself.
+            ineligible = REASON_RECENTLY_BUSY
 
-    if (
-        not ineligible
-        and not unpriced
-        and not helper.loaded
-        and switch_ms is not None
-        and restore_ms is not None
-        and helper.idle_for_ms < switch_ms + restore_ms
-    ):
-        # Its own traffic is likely back before the detour pays for itself.
-        ineligible = REASON_RECENTLY_BUSY
-
-    bar = settings.probe_idle_ms * (1 if helper.loaded else UNLOADED_PROBE_IDLE_FACTOR)
     return _Candidate(
         target=target,
         ineligible=ineligible,
@@ -392,7 +405,8 @@ def _evaluate(
         restore_ms=restore_ms,
         service_ms=service_ms,
         service_source=source,
-        probe_bar_ms=bar,
+        total_ms=total_ms,
+        probe_bar_ms=cost.probe_bar_ms,
     )
 
 
@@ -414,40 +428,6 @@ def _cost_reason(candidate: _Candidate, demand: _Demand) -> str:
 def _node_order(candidate: _Candidate) -> tuple[str, str]:
     helper = candidate.target.helper
     return helper.node_id, helper.model_id
-
-
-def _row(
-    *,
-    trigger: str,
-    lane: str,
-    owner: Endpoint,
-    demand: _Demand,
-    candidate: _Candidate,
-    outcome: str,
-    reason: str,
-    slots: int,
-) -> PlanRow:
-    helper = candidate.target.helper
-    return PlanRow(
-        trigger=trigger,
-        lane=lane,
-        owner_node_id=owner.node_id,
-        owner_model_id=owner.model_id,
-        helper_node_id=helper.node_id,
-        helper_model_id=helper.model_id,
-        outcome=outcome,
-        reason=reason,
-        pending_count=owner.pending_count,
-        backlog_count=owner.backlog_count,
-        keep_ms=demand.keep_ms or 0.0,
-        switch_ms=candidate.switch_ms or 0.0,
-        restore_ms=candidate.restore_ms or 0.0,
-        service_ms=candidate.service_ms or 0.0,
-        owner_job_ms=demand.job_ms or 0.0,
-        service_source=candidate.service_source,
-        helper_idle_ms=helper.idle_for_ms,
-        slots=slots,
-    )
 
 
 def _lease(
@@ -503,23 +483,25 @@ def plan_lane(
     rows: list[PlanRow] = []
     probe_due: float | None = None
     claimed: set[str] = set()
+    helper_costs: dict[int, _HelperCost] = {}
 
     for owner, targets in planned:
         demand = _demand(lane, owner, costs)
-        candidates = [
-            _evaluate(
-                lane=lane,
-                owner=owner,
-                demand=demand,
-                target=target,
-                claimed=claimed,
-                costs=costs,
-                settings=settings,
+        candidates: list[_Candidate] = []
+        for target in targets:
+            helper = target.helper
+            if not helper.eligible:
+                # A model whose config became ineligible is skipped silently, as if unlinked.
+                continue
+            # A helper linked from several owners is priced once. Keyed by identity (hashing
+            # the whole frozen Endpoint costs more than pricing it); the stored endpoint
+            # guards against an id reused by a caller that builds endpoints on the fly.
+            cost = helper_costs.get(id(helper))
+            if cost is None or cost.endpoint is not helper:
+                cost = helper_costs[id(helper)] = _helper_cost(lane, helper, costs, settings)
+            candidates.append(
+                _evaluate(lane=lane, demand=demand, target=target, cost=cost, claimed=claimed)
             )
-            for target in targets
-            # A model whose config became ineligible is skipped silently, as if unlinked.
-            if target.helper.eligible
-        ]
         if not candidates:
             continue
         reasons = [_cost_reason(candidate, demand) for candidate in candidates]
@@ -558,33 +540,39 @@ def plan_lane(
                 slots = settings.probe_slots
 
         for i, candidate in enumerate(candidates):
+            helper = candidate.target.helper
             if i == chosen:
-                rows.append(
-                    _row(
-                        trigger=trigger,
-                        lane=lane,
-                        owner=owner,
-                        demand=demand,
-                        candidate=candidate,
-                        outcome=outcome,
-                        # A probe keeps the reason the cost rule passed it over.
-                        reason=reasons[i],
-                        slots=slots,
-                    )
-                )
+                # A probe keeps the reason the cost rule passed it over.
+                row_outcome, row_reason, row_slots = outcome, reasons[i], slots
             else:
-                rows.append(
-                    _row(
-                        trigger=trigger,
-                        lane=lane,
-                        owner=owner,
-                        demand=demand,
-                        candidate=candidate,
-                        outcome=OUTCOME_SKIPPED,
-                        reason=reasons[i] or REASON_OUTRANKED,
-                        slots=0,
-                    )
+                row_outcome, row_reason, row_slots = (
+                    OUTCOME_SKIPPED,
+                    reasons[i] or REASON_OUTRANKED,
+                    0,
                 )
+            # Positional: this runs once per evaluated pair on every owner event.
+            rows.append(
+                PlanRow(
+                    trigger,
+                    lane,
+                    owner.node_id,
+                    owner.model_id,
+                    helper.node_id,
+                    helper.model_id,
+                    row_outcome,
+                    row_reason,
+                    owner.pending_count,
+                    owner.backlog_count,
+                    demand.keep_ms or 0.0,
+                    candidate.switch_ms or 0.0,
+                    candidate.restore_ms or 0.0,
+                    candidate.service_ms or 0.0,
+                    demand.job_ms or 0.0,
+                    candidate.service_source,
+                    helper.idle_for_ms,
+                    row_slots,
+                )
+            )
 
         if chosen is not None:
             best = candidates[chosen]

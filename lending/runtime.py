@@ -114,20 +114,36 @@ class Lending:
             self.queues[lane] = queue
         return queue
 
-    async def admit(self, lane: str, entry: Entry) -> None:
-        """Queue `entry` and wait until the lane admits it to the backend."""
+    async def admit(
+        self,
+        lane: str,
+        entry: Entry,
+        *,
+        requeued: bool = False,
+        on_enqueued: Callable[[], None] | None = None,
+    ) -> Any:
+        """Queue `entry` (unless it is already back in the queue) and wait for its turn.
+
+        Returns None when the lane admits it to the backend; otherwise whatever ended the wait
+        instead: the Lease it was lent under (owner side) or RETURNED (a borrowed entry handed
+        back because the helper's own work arrived).
+        """
         queue = self.queue(lane)
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         entry.payload = future
-        _wake(queue.enqueue(entry))
+        if not requeued:
+            _wake(queue.enqueue(entry))
+            if on_enqueued is not None:
+                on_enqueued()
         if entry.state is State.ADMITTED:
-            return
+            return None
         try:
-            await future
+            return await future
         except asyncio.CancelledError:
             # The client went away while waiting (or just as it was admitted): its place, or its
             # slot, goes to the next entry at once.
-            _wake(queue.cancel(entry))
+            if entry.state is not State.LENT:
+                _wake(queue.cancel(entry))
             raise
 
     def release(self, lane: str, entry: Entry) -> None:
@@ -153,6 +169,7 @@ class Lending:
         out = []
         for model_id in sorted(self.enrolled.get(lane, frozenset())):
             stats = queue.stats(model_id)
+            sized_count, sized_work, sized_context = queue.sized_pending(model_id)
             out.append(
                 {
                     "model_id": model_id,
@@ -162,6 +179,9 @@ class Lending:
                     "backlog_count": stats.backlog_count,
                     "backlog_work": list(stats.backlog_work),
                     "lent_count": stats.lent_count,
+                    "sized_count": sized_count,
+                    "sized_work": list(sized_work),
+                    "sized_context": sized_context,
                 }
             )
         return out
@@ -204,6 +224,10 @@ class Lending:
             "settings_source": self.settings_source,
             "held_requests": self.held_requests(self.clock()),
         }
+
+
+RETURNED = "returned"
+"""Resolves a borrowed entry's wait when the helper hands it back to its owner."""
 
 
 def _wake(entries: Iterable[Entry]) -> None:

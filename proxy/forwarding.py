@@ -16,11 +16,12 @@ from typing import Any
 import aiohttp
 import orjson
 
+from lending.flow import helper_turn, owner_turn
 from proxy import translate, work
 from proxy.backends import Lane, Launch
 from proxy.httpclient import get_session
 from proxy.node import Node
-from proxy.queue import Entry
+from proxy.queue import Entry, State
 from proxy.rewrite import (
     InvalidBackendJSON,
     NDJSONRewriter,
@@ -64,6 +65,10 @@ class Ctx:
     finished: bool = False
     disconnected: bool = False
     status: int = 0
+    borrowed: bool = False
+    """A lent request from another node (set by the node protocol, never by a client header)."""
+    offload_load: bool = False
+    offload_restore: bool = False
     t0: float = field(default_factory=time.monotonic)
     wall0: float = field(default_factory=time.time)
 
@@ -147,10 +152,13 @@ class Job:
     usage: dict[str, Any] | None = None
 
 
-async def _acquire(node: Node, job: Job) -> tuple[Launch, Callable[[], None]]:
+async def _acquire(
+    node: Node, job: Job, *, borrowed: bool = False
+) -> tuple[Launch, Callable[[], None]]:
     runtime = node.runtimes.runtime_for(job.cfg, job.lane)
     try:
-        launch = await runtime.acquire(job.cfg)
+        # A load done for borrowed work is not the node's own work (it does not reset idle).
+        launch = await runtime.acquire(job.cfg, reason="borrowed" if borrowed else "own")
     except BackendError as exc:
         raise RouterError(502, str(exc), type="backend_error", code="backend_unavailable") from exc
     return launch, runtime.release
@@ -188,6 +196,7 @@ def _record(ctx: Ctx, node: Node, job: Job) -> None:
             duration_ms=(time.monotonic() - ctx.t0) * 1000.0,
             started_at=ctx.wall0,
             finished_at=time.time(),
+            borrowed=ctx.borrowed,
         )
     )
 
@@ -205,13 +214,21 @@ async def forward(ctx: Ctx, node: Node, job: Job, shape: Shaper) -> None:
     busy_key = (node.node_id, job.cfg.local_id, job.lane)
     node.busy[busy_key] += 1
     lending = node.lending
-    lending.own_begin()
+    borrowed = ctx.borrowed
+    if not borrowed:
+        lending.own_begin()
     entry: Entry | None = None
     try:
-        if lending.is_enrolled(job.lane, job.model_id):
+        if borrowed:
+            entry = await helper_turn(ctx, node, job)
+            node.restore.borrowed_started(job, ctx.offload_restore)
+        elif lending.is_enrolled(job.lane, job.model_id):
             entry = queue_entry(node, job, ctx)
-            await lending.admit(job.lane, entry)
-        launch, release = await _acquire(node, job)
+            if await owner_turn(ctx, node, job, entry, shape):
+                return
+        if not borrowed:
+            node.restore.own_started(job)
+        launch, release = await _acquire(node, job, borrowed=borrowed)
         try:
             url = launch.base_url + launch.backend_path(job.backend_path)
             session = get_session()
@@ -230,8 +247,14 @@ async def forward(ctx: Ctx, node: Node, job: Job, shape: Shaper) -> None:
             release()
     finally:
         if entry is not None:
+            admitted = entry.state is State.ADMITTED
             lending.release(job.lane, entry)
-        lending.own_end()
+            if admitted and not borrowed:
+                node.owner.report(job.lane, job.model_id, "completed")
+        if borrowed:
+            node.restore.borrowed_finished(job)
+        else:
+            lending.own_end()
         node.busy[busy_key] -= 1
         _record(ctx, node, job)
 

@@ -116,7 +116,7 @@ async def handle_ping(ctx: Ctx, node: Node) -> None:
 async def handle_openai_text(ctx: Ctx, node: Node) -> None:
     doc = parse_json_body(ctx)
     model = require_model(doc)
-    replica = resolve(node, model, "llm")
+    replica = resolve(node, model, "llm", borrowed=ctx.borrowed)
     _check_image_input(replica.record, doc, model)
     await _serve(
         ctx,
@@ -141,7 +141,7 @@ async def handle_embeddings(ctx: Ctx, node: Node) -> None:
         body = orjson.dumps(doc)
     else:
         model = require_model(doc)
-    replica = resolve(node, model, "embeddings")
+    replica = resolve(node, model, "embeddings", borrowed=ctx.borrowed)
     await _serve(
         ctx,
         node,
@@ -194,7 +194,7 @@ async def handle_images(ctx: Ctx, node: Node) -> None:
         image = work.image_work(doc)
     except ValueError as exc:
         raise RouterError(400, str(exc)) from exc
-    replica = resolve(node, model, "image")
+    replica = resolve(node, model, "image", borrowed=ctx.borrowed)
     await _serve(
         ctx,
         node,
@@ -215,7 +215,7 @@ async def handle_transcriptions(ctx: Ctx, node: Node) -> None:
     model_field = work.multipart_field(ctx.body, ctype.decode("latin-1"), "model")
     model = model_field.decode("utf-8", "replace").strip() if model_field else ""
     if model:
-        replica = resolve(node, model, "voice")
+        replica = resolve(node, model, "voice", borrowed=ctx.borrowed)
         body = ctx.body
         if replica.local_id != model:
             body = stt.replace_multipart_model(ctx.body, model, replica.local_id)
@@ -248,7 +248,7 @@ async def handle_transcriptions(ctx: Ctx, node: Node) -> None:
 async def handle_ollama(ctx: Ctx, node: Node) -> None:
     doc = parse_json_body(ctx)
     model = require_model(doc)
-    replica = resolve(node, model, "llm")
+    replica = resolve(node, model, "llm", borrowed=ctx.borrowed)
     if replica.cfg is None:
         _check_image_input(replica.record, doc, model)
         await _serve(
@@ -293,7 +293,7 @@ async def handle_kobold(ctx: Ctx, node: Node) -> None:
         model = _loaded_text_model(node)
     if not isinstance(model, str):
         raise RouterError(400, "model must be a string", param="model")
-    replica = resolve(node, model, "llm")
+    replica = resolve(node, model, "llm", borrowed=ctx.borrowed)
     if replica.cfg is None:
         await _serve(
             ctx,

@@ -17,6 +17,8 @@ from django.conf import settings
 
 from analytics.recorder import Recorder
 from lending.decisions import DecisionLog
+from lending.owner import OwnerLending
+from lending.restore import Restorer
 from lending.runtime import Lending
 from proxy.httpclient import CONNECT_TIMEOUT_SECS
 from proxy.runtimes import RuntimeManager
@@ -36,6 +38,8 @@ class Node:
     cluster: ClusterState = field(init=False)
     lending: Lending = field(init=False)
     decisions: DecisionLog = field(init=False)
+    owner: OwnerLending = field(init=False)
+    restore: Restorer = field(init=False)
     client: NodeClient | None = None
     started_at: float = field(default_factory=time.time)
     request_timeout: aiohttp.ClientTimeout = field(default_factory=aiohttp.ClientTimeout)
@@ -124,6 +128,8 @@ def build_node(
         on_assignments=on_assignments,
     )
     node.lending = Lending(node_id=c.node_id, file_values=config.lending_file_values())
+    node.owner = OwnerLending(node)
+    node.restore = Restorer(node)
     node.decisions = DecisionLog(
         node_id=c.node_id,
         router_version=settings.ROUTER_VERSION,

@@ -145,6 +145,81 @@ async def handle_offload_decisions(ctx: Ctx, node: Node) -> None:
     await ctx.json(200, {"records": records})
 
 
+async def handle_offload_event(ctx: Ctx, node: Node) -> None:
+    from lending.master import get_master
+
+    if node.role != "master":
+        raise RouterError(409, "only the master decides on lending", code="not_master")
+    doc = parse_json_body(ctx)
+    for key in ("owner_node_id", "model_id"):
+        if not isinstance(doc.get(key), str) or not doc.get(key):
+            raise RouterError(400, f"{key} is required", param=key)
+    lease = await get_master(node).on_event(doc)
+    await ctx.json(200, {"lease": lease.to_wire()} if lease is not None else {})
+
+
+async def handle_offload_grant(ctx: Ctx, node: Node) -> None:
+    from lending.planner import Lease
+
+    doc = parse_json_body(ctx)
+    try:
+        lease = Lease.from_wire(doc)
+    except ValueError as exc:
+        raise RouterError(400, str(exc)) from exc
+    if lease.owner_node_id and lease.owner_node_id != node.node_id:
+        raise RouterError(400, "the lease names another owner node", param="owner_node_id")
+    node.owner.apply(lease.lane, lease.owner_model_id, lease)
+    await ctx.json(200, lease.to_wire())
+
+
+async def handle_offload_request(ctx: Ctx, node: Node) -> None:
+    """Relay a lent request to the leased helper (master only); 409 when it cannot."""
+    from lending.flow import offload_returned
+    from lending.master import RelayRefused, get_master
+    from proxy.rewrite import set_body_model
+
+    if node.role != "master":
+        raise RouterError(409, "only the master relays lent requests", code="not_master")
+    owner = (ctx.header(b"x-tensors-offload-owner") or b"").decode()
+    model = (ctx.header(b"x-tensors-offload-owner-model") or b"").decode()
+    path = (ctx.header(b"x-tensors-offload-path") or b"").decode()
+    lane = "text" if ctx.header(b"x-tensors-offload-lane") == b"text" else "image"
+    route = ROUTES.get(path)
+    if not owner or not model or route is None or not path.startswith("/") or path.startswith("//"):
+        raise RouterError(400, "lent request needs owner, model and a valid inference path")
+    master = get_master(node)
+    lease = master.lease_for(lane, owner, model)
+    content_type = (ctx.header(b"content-type") or b"application/json").decode("latin-1")
+    if lease is not None and lease.helper_node_id == node.node_id:
+        # The helper is this master: serve in-process, no public_url needed.
+        ctx.path = path
+        ctx.borrowed = True
+        ctx.offload_load = lease.load_helper_model
+        ctx.offload_restore = lease.restore_helper_model
+        try:
+            ctx.body = set_body_model(ctx.body, lease.helper_model_id)
+        except ValueError:
+            pass
+        await route[1](ctx, node)
+        return
+    try:
+        async with master.open_helper(
+            lane=lane,
+            owner_node=owner,
+            owner_model=model,
+            path=path,
+            body=ctx.body,
+            content_type=content_type,
+        ) as resp:
+            ctype = resp.headers.get("Content-Type", "application/json").encode("latin-1")
+            await ctx.start(resp.status, [(b"content-type", ctype)])
+            async for chunk in resp.content.iter_any():
+                await ctx.chunk(chunk)
+            await ctx.end()
+    except RelayRefused as exc:
+        raise offload_returned(str(exc)) from exc
+
+
 async def handle_not_found(ctx: Ctx, node: Node) -> None:
     raise RouterError(404, "endpoint not found", type="not_found")
 
@@ -160,13 +235,21 @@ NODE_ROUTES: dict[str, Route] = {
     "/router/v1/node/offload/settings": (POST, handle_offload_settings, False),
     "/router/v1/node/offload/summary": (GET, handle_offload_summary, False),
     "/router/v1/node/offload/decisions": (GET, handle_offload_decisions, False),
+    "/router/v1/node/offload/event": (POST, handle_offload_event, False),
+    "/router/v1/node/offload/grant": (POST, handle_offload_grant, False),
+    "/router/v1/node/offload/request": (POST, handle_offload_request, False),
 }
 
 
 def _inner(handler: Handler, inner_path: str) -> Handler:
     async def run(ctx: Ctx, node: Node) -> None:
         # Served through this node's own pipeline, exactly as a client request to it would be.
+        # Only here, behind the cluster token, is the borrowed mark read from a header.
         ctx.path = inner_path
+        if ctx.header(b"x-tensors-offload") == b"1":
+            ctx.borrowed = True
+            ctx.offload_load = ctx.header(b"x-tensors-offload-load") == b"1"
+            ctx.offload_restore = ctx.header(b"x-tensors-offload-restore") == b"1"
         await handler(ctx, node)
 
     return run

@@ -73,8 +73,18 @@ def choose(node: Node, public_id: str, kind: Kind, replicas: list[Replica]) -> R
     raise RouterError(502, f'{label} "{public_id}" has no available replicas', type="backend_error")
 
 
-def resolve(node: Node, public_id: str, kind: Kind) -> Replica:
+def resolve(node: Node, public_id: str, kind: Kind, *, borrowed: bool = False) -> Replica:
     replicas = candidates(node, public_id, kind)
+    if borrowed:
+        # Borrowed work is served here or handed back; it is never forwarded onward.
+        replicas = [r for r in replicas if r.is_local]
+        if not replicas:
+            raise RouterError(
+                409,
+                f'model "{public_id}" is not served on this node',
+                type="offload_returned",
+                code="offload_returned",
+            )
     if not replicas:
         raise not_found(public_id)
     return choose(node, public_id, kind, replicas)

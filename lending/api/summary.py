@@ -13,6 +13,14 @@ from proxy.nodeapi import lending_summary
 from registry.api.views import admin_api
 
 
+def _leases(node: Any) -> list[dict[str, Any]]:
+    if node.role != "master":
+        return []
+    from lending.master import get_master
+
+    return get_master(node).live_leases()
+
+
 @admin_api(("GET",), site=True)
 async def summary(request: HttpRequest) -> HttpResponse:
     node = get_node()
@@ -22,7 +30,7 @@ async def summary(request: HttpRequest) -> HttpResponse:
     doc: dict[str, Any] = {
         "master_fingerprint": node.lending.fingerprint,
         "nodes": nodes,
-        "leases": node.lending.live_leases(),
+        "leases": _leases(node),
     }
     if errors:
         doc["node_errors"] = errors

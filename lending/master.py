@@ -1,0 +1,419 @@
+"""The master's side of lending: plan leases, keep the lease book, relay lent requests.
+
+On every owner event (coalesced per owner model), on the tick and when a probe falls due, the
+master polls every node's runtime status concurrently (a node that does not answer in time
+contributes nothing and never stalls the plan), merges the cost fits the nodes publish, builds
+the planner's view of each lane from the registry and the link set, runs the pure planner
+(lending/planner.py), replaces its lease book with the result, logs one `plan` row per
+evaluated pair, re-arms the probe timer, and delivers every lease: to the asking owner as the
+answer to its event, to the others through `offload/grant`.
+
+Lent requests come back through the master (`offload/request`): it checks its own live lease,
+rewrites the model to the helper's own ID and forwards to the helper, or serves in-process
+when the helper is itself. It logs `relay_refused` for every request it cannot pass on and
+answers 409, so the owner runs the request itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+
+from analytics.fitting import fits_from_wire
+from lending.planner import Endpoint, Lease, LinkTarget, PlanResult, Settings, plan_lane
+from lending.pricing import CostTable
+from registry.nodeclient import NodeCallError
+
+if TYPE_CHECKING:
+    from proxy.node import Node
+
+logger = logging.getLogger(__name__)
+
+STATUS_TIMEOUT_SECS = 2.0
+LANES = ("image", "text")
+
+
+class RelayRefused(Exception):
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class MasterLending:
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.book: dict[tuple[str, str, str], tuple[Lease, float]] = {}
+        """(lane, owner node, owner model) → (lease, expires_at on the master's clock)."""
+        self._plan_lock = asyncio.Lock()
+        self._inflight: dict[tuple[str, str, str], asyncio.Future[Lease | None]] = {}
+        self._queued: dict[tuple[str, str, str], tuple[str, asyncio.Future[Lease | None]]] = {}
+        self._probe_timer: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.last_plan_ms = 0.0
+
+    # -- events ---------------------------------------------------------------------------
+
+    async def on_event(self, body: Mapping[str, Any]) -> Lease | None:
+        """One owner event → a plan (coalesced per owner model) → that owner's lease or None."""
+        lane = "text" if body.get("lane") == "text" else "image"
+        owner_node = str(body.get("owner_node_id", ""))
+        model_id = str(body.get("model_id", ""))
+        trigger = str(body.get("trigger") or "enqueued")
+        key = (lane, owner_node, model_id)
+        if key in self._inflight:
+            # One decision in flight, one queued behind it; later events join the queued one.
+            queued = self._queued.get(key)
+            if queued is None:
+                future: asyncio.Future[Lease | None] = asyncio.get_running_loop().create_future()
+                self._queued[key] = (trigger, future)
+            else:
+                future = queued[1]
+                self._queued[key] = (trigger, future)
+            return await asyncio.shield(future)
+        return await self._decide(key, trigger)
+
+    async def _decide(self, key: tuple[str, str, str], trigger: str) -> Lease | None:
+        future: asyncio.Future[Lease | None] = asyncio.get_running_loop().create_future()
+        self._inflight[key] = future
+        try:
+            await self.plan(trigger, asking=key)
+            result = self.lease_for(*key)
+            future.set_result(result)
+            return result
+        except Exception as exc:
+            future.set_exception(exc)
+            raise
+        finally:
+            del self._inflight[key]
+            queued = self._queued.pop(key, None)
+            if queued is not None:
+                next_trigger, waiter = queued
+                task = asyncio.ensure_future(self._decide(key, next_trigger))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+                task.add_done_callback(functools.partial(_settle, waiter))
+
+    def lease_for(self, lane: str, owner_node: str, model_id: str) -> Lease | None:
+        held = self.book.get((lane, owner_node, model_id))
+        if held is None or held[1] <= time.monotonic():
+            return None
+        return held[0]
+
+    def live_leases(self) -> list[dict[str, Any]]:
+        now = time.monotonic()
+        out = []
+        for (_, _, _), (lease, expires) in sorted(self.book.items()):
+            if expires > now:
+                doc = lease.to_wire()
+                doc["expires_in_ms"] = int((expires - now) * 1000)
+                out.append(doc)
+        return out
+
+    # -- planning -------------------------------------------------------------------------
+
+    async def plan(self, trigger: str, *, asking: tuple[str, str, str] | None = None) -> None:
+        async with self._plan_lock:
+            started = time.perf_counter()
+            statuses = await self._statuses()
+            costs = self._costs(statuses)
+            results: dict[str, PlanResult] = {}
+            settings = self._settings()
+            for lane in LANES:
+                owners = self._owners(lane, statuses)
+                results[lane] = plan_lane(
+                    lane=lane, trigger=trigger, owners=owners, costs=costs, settings=settings
+                )
+            now = time.monotonic()
+            book: dict[tuple[str, str, str], tuple[Lease, float]] = {}
+            due: list[float] = []
+            for lane, result in results.items():
+                for lease in result.leases:
+                    key = (lane, lease.owner_node_id, lease.owner_model_id)
+                    book[key] = (lease, now + lease.ttl_ms / 1000.0)
+                for row in result.rows:
+                    self.node.decisions.record(kind="plan", **row.as_fields())
+                if result.probe_due_ms is not None:
+                    due.append(result.probe_due_ms)
+            self.book = book
+            self.last_plan_ms = (time.perf_counter() - started) * 1000.0
+            self._arm_probe(min(due) if due else None)
+        self._deliver(results, asking)
+
+    def _settings(self) -> Settings:
+        s = self.node.lending.settings
+        return Settings(
+            probe_idle_ms=s.probe_idle_secs * 1000.0,
+            faster_slots=s.faster_slots,
+            slower_slots=s.slower_slots,
+            probe_slots=s.probe_slots,
+            grant_ttl_ms=int(s.grant_ttl_secs * 1000),
+        )
+
+    async def _statuses(self) -> dict[str, dict[str, Any]]:
+        from proxy.stt import runtime_status
+
+        node = self.node
+        statuses: dict[str, dict[str, Any]] = {node.node_id: runtime_status(node)}
+        client = node.client
+        if client is None:
+            return statuses
+
+        async def one(node_id: str, url: str) -> tuple[str, Any]:
+            try:
+                doc = await client.call_ok(
+                    "GET", url, "/router/v1/node/runtime-status", timeout=STATUS_TIMEOUT_SECS
+                )
+            except NodeCallError:
+                return node_id, None
+            return node_id, doc
+
+        targets = [(n.node_id, n.node_url) for n in node.cluster.nodes.values() if n.healthy]
+        for node_id, doc in await asyncio.gather(*(one(nid, url) for nid, url in targets)):
+            if isinstance(doc, dict):
+                statuses[node_id] = doc
+        return statuses
+
+    @staticmethod
+    def _costs(statuses: Mapping[str, Mapping[str, Any]]) -> CostTable | None:
+        fits: dict[tuple[str, str, str], Any] = {}
+        loads: dict[tuple[str, str], float] = {}
+        seen = False
+        for node_id, status in statuses.items():
+            wire = status.get("costs")
+            if not isinstance(wire, dict):
+                continue
+            seen = True
+            models, node_loads, _tokens = fits_from_wire(wire)
+            for (model_id, section), fit in models.items():
+                fits[(node_id, model_id, section)] = fit
+            for config, ms in node_loads.items():
+                loads[(node_id, config)] = ms
+        return CostTable(fits=fits, loads=loads) if seen else None
+
+    def _owners(
+        self, lane: str, statuses: Mapping[str, Mapping[str, Any]]
+    ) -> list[tuple[Endpoint, list[LinkTarget]]]:
+        from lending.links import lane_endpoints, pair_ineligible_reason
+
+        records = self.node.cluster.records()
+        endpoints = lane_endpoints(records, lane)  # type: ignore[arg-type]
+        built: dict[tuple[str, str], Endpoint] = {}
+
+        def endpoint(key: tuple[str, str]) -> Endpoint | None:
+            if key in built:
+                return built[key]
+            end = endpoints.get(key)
+            status = statuses.get(key[0])
+            if end is None or status is None:
+                return None
+            made = _endpoint(lane, end.record, key[1], status)
+            built[key] = made
+            return made
+
+        owners: dict[tuple[str, str], list[LinkTarget]] = {}
+        for link in self.node.lending.links.get(lane, []):
+            owner_key = (link["owner_node_id"], link["owner_model_id"])
+            helper_key = (link["helper_node_id"], link["helper_model_id"])
+            owner, helper = endpoint(owner_key), endpoint(helper_key)
+            if owner is None or helper is None:
+                continue
+            if pair_ineligible_reason(lane, endpoints[owner_key], endpoints[helper_key]):  # type: ignore[arg-type]
+                # A config that became ineligible is skipped at the next plan, not just at save.
+                continue
+            owners.setdefault(owner_key, []).append(
+                LinkTarget(
+                    helper, bool(link["load_if_unloaded"]), bool(link["restore_after_borrow"])
+                )
+            )
+        return [(built[key], targets) for key, targets in owners.items()]
+
+    def _arm_probe(self, due_ms: float | None) -> None:
+        if self._probe_timer is not None:
+            self._probe_timer.cancel()
+            self._probe_timer = None
+        if due_ms is None:
+            return
+        loop = asyncio.get_running_loop()
+        self._probe_timer = loop.call_later(max(0.0, due_ms / 1000.0), self._probe_due)
+
+    def _probe_due(self) -> None:
+        self._probe_timer = None
+        task = asyncio.ensure_future(self.plan("probe_due"))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _deliver(
+        self, results: Mapping[str, PlanResult], asking: tuple[str, str, str] | None
+    ) -> None:
+        for result in results.values():
+            for lease in result.leases:
+                key = (lease.lane, lease.owner_node_id, lease.owner_model_id)
+                if key == asking:
+                    continue  # it gets the lease as the answer to its event
+                task = asyncio.ensure_future(self._grant(lease))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+    async def _grant(self, lease: Lease) -> None:
+        node = self.node
+        if lease.owner_node_id == node.node_id:
+            node.owner.apply(lease.lane, lease.owner_model_id, lease)
+            return
+        remote = node.cluster.nodes.get(lease.owner_node_id)
+        if remote is None or node.client is None:
+            return
+        try:
+            await node.client.call_ok(
+                "POST", remote.node_url, "/router/v1/node/offload/grant", json=lease.to_wire()
+            )
+        except NodeCallError as exc:
+            logger.warning("grant to %s failed: %s", lease.owner_node_id, exc)
+
+    # -- relaying lent requests -------------------------------------------------------------
+
+    def _refuse(
+        self, lane: str, owner_node: str, owner_model: str, reason: str, lease: Lease | None = None
+    ) -> RelayRefused:
+        self.node.decisions.record(
+            kind="dispatch",
+            lane=lane,
+            owner_node_id=owner_node,
+            owner_model_id=owner_model,
+            helper_node_id=lease.helper_node_id if lease else "",
+            helper_model_id=lease.helper_model_id if lease else "",
+            outcome="relay_refused",
+            reason=reason,
+        )
+        return RelayRefused(reason, f"lent request refused: {reason}")
+
+    @contextlib.asynccontextmanager
+    async def open_helper(
+        self,
+        *,
+        lane: str,
+        owner_node: str,
+        owner_model: str,
+        path: str,
+        body: bytes,
+        content_type: str,
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """Forward a lent request to the leased helper; yields the helper's response.
+
+        Raises RelayRefused (after logging `relay_refused`) when there is no live lease, the
+        helper cannot be reached, or forwarding fails before the helper answers.
+        """
+        from proxy.httpclient import get_session
+        from proxy.rewrite import set_body_model
+
+        lease = self.lease_for(lane, owner_node, owner_model)
+        if lease is None:
+            raise self._refuse(lane, owner_node, owner_model, "no_live_lease")
+        node = self.node
+        if lease.helper_node_id == node.node_id:
+            raise self._refuse(lane, owner_node, owner_model, "helper_is_master", lease)
+        remote = node.cluster.nodes.get(lease.helper_node_id)
+        client = node.client
+        if remote is None or not remote.healthy or client is None:
+            raise self._refuse(lane, owner_node, owner_model, "helper_unreachable", lease)
+        try:
+            body = set_body_model(body, lease.helper_model_id)
+        except ValueError:
+            pass  # not JSON: the helper sees the body as the owner sent it
+        headers = {
+            "Content-Type": content_type,
+            "Authorization": client.authorization,
+            "X-Tensors-Offload": "1",
+        }
+        if lease.load_helper_model:
+            headers["X-Tensors-Offload-Load"] = "1"
+        if lease.restore_helper_model:
+            headers["X-Tensors-Offload-Restore"] = "1"
+        try:
+            url = client.checked_url(remote.node_url, "/router/v1/node/inference" + path)
+            ctx = get_session().post(url, data=body, headers=headers, allow_redirects=False)
+            resp = await ctx.__aenter__()
+        except (NodeCallError, aiohttp.ClientError, OSError, TimeoutError) as exc:
+            logger.warning("relay to %s failed: %s", lease.helper_node_id, exc)
+            raise self._refuse(lane, owner_node, owner_model, "forward_failed", lease) from exc
+        try:
+            yield resp
+        finally:
+            await ctx.__aexit__(None, None, None)
+
+    async def close(self) -> None:
+        if self._probe_timer is not None:
+            self._probe_timer.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+
+def _settle(waiter: asyncio.Future[Lease | None], task: asyncio.Task[Lease | None]) -> None:
+    if waiter.done():
+        return
+    if task.cancelled():
+        waiter.cancel()
+    elif task.exception() is not None:
+        waiter.set_exception(task.exception())  # type: ignore[arg-type]
+    else:
+        waiter.set_result(task.result())
+
+
+def _endpoint(
+    lane: str, record: Mapping[str, Any], model_id: str, status: Mapping[str, Any]
+) -> Endpoint:
+    from lending.links import text_ineligible_reason
+
+    config = str(record.get("filename", ""))
+    active_text = status.get("active_text_config", "")
+    active_image = status.get("active_image_config", "")
+    loaded = config == (active_image if lane == "image" else active_text)
+    held = [c for c in (active_text, active_image) if isinstance(c, str) and c and c != config]
+    queue = next(
+        (
+            q
+            for q in status.get(f"{lane}_queue", []) or []
+            if isinstance(q, dict) and q.get("model_id") == model_id
+        ),
+        {},
+    )
+    context = record.get("context_size")
+    return Endpoint(
+        node_id=str(record.get("node_id", "")),
+        model_id=model_id,
+        config_filename=config,
+        loaded=loaded,
+        accepting_borrowed=bool(status.get(f"accepting_borrowed_{lane}")),
+        idle_for_ms=float(status.get("idle_for_ms", 0) or 0),
+        context_capacity=context if isinstance(context, int) else 0,
+        multimodal=bool(record.get("has_multimodal")),
+        eligible=lane != "text" or text_ineligible_reason(record) is None,
+        pending_count=int(queue.get("pending_count", 0)),
+        pending_work=tuple(queue.get("pending_work", ())),
+        pending_context=int(queue.get("pending_context", 0)),
+        sized_count=int(queue.get("sized_count", 0)),
+        sized_work=tuple(queue.get("sized_work", ())),
+        sized_context=int(queue.get("sized_context", 0)),
+        backlog_count=int(queue.get("backlog_count", 0)),
+        backlog_work=tuple(queue.get("backlog_work", ())),
+        displaced_configs=() if loaded else tuple(dict.fromkeys(held)),
+    )
+
+
+_masters: dict[int, MasterLending] = {}
+
+
+def get_master(node: Node) -> MasterLending:
+    master = _masters.get(id(node))
+    if master is None:
+        master = _masters[id(node)] = MasterLending(node)
+    return master

@@ -1,0 +1,271 @@
+"""The owner's side of lending: report queue events, install leases, lend held requests.
+
+The master decides; the owner executes. An owner reports every queue event of a model that
+lends (a new held request, a finished own job, a finished or returned lent job) to the master,
+coalesced per (lane, model): one report in flight, one queued behind it, the latest trigger
+wins. Each answer is a lease (helper, slots, ttl) or none. Under a live lease the owner lends
+its newest held requests (never pinned or returned ones) until `slots` are out; it never
+recalls one. A lease lapses at its TTL on the owner's own clock.
+
+A lent request stays with the client's own coroutine: its wait for admission ends with the
+lease instead of a slot, and that coroutine relays the request through the master and answers
+its client. If the request comes back (409, or the helper fails before answering), it goes to
+the head of the queue with its first arrival time and the owner runs it itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from lending.planner import Lease
+from proxy.queue import Entry
+
+if TYPE_CHECKING:
+    from proxy.node import Node
+
+logger = logging.getLogger(__name__)
+
+EVENT_TIMEOUT_SECS = 10.0
+
+
+@dataclass
+class LiveLease:
+    lease: Lease
+    expires_at: float  # on this owner's clock
+
+
+class OwnerLending:
+    """Per router process: live leases by (lane, model) and the event coalescer."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.leases: dict[tuple[str, str], LiveLease] = {}
+        self._inflight: set[tuple[str, str]] = set()
+        self._queued: dict[tuple[str, str], str] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # -- leases -------------------------------------------------------------------------------
+
+    def live(self, lane: str, model_id: str) -> Lease | None:
+        held = self.leases.get((lane, model_id))
+        if held is None:
+            return None
+        if held.expires_at <= self.node.lending.clock():
+            del self.leases[(lane, model_id)]
+            return None
+        return held.lease
+
+    def lent_out(self, lane: str, model_id: str) -> int:
+        queue = self.node.lending.queues.get(lane)
+        return len(queue.lent(model_id)) if queue is not None else 0
+
+    def apply(self, lane: str, model_id: str, lease: Lease | None) -> None:
+        """The master's answer for (lane, model): install the lease and lend, or clear it."""
+        lending = self.node.lending
+        log = self.node.decisions
+        key = (lane, model_id)
+        if lease is None:
+            if self.leases.pop(key, None) is not None:
+                log.record(
+                    kind="dispatch",
+                    lane=lane,
+                    owner_node_id=self.node.node_id,
+                    owner_model_id=model_id,
+                    outcome="lease_cleared",
+                    lent_out=self.lent_out(lane, model_id),
+                )
+            self._reevaluate(lane)
+            return
+        if not lending.is_owner(lane, lease.owner_model_id):
+            # A helper-only model never lends (spec): refuse whatever the master says.
+            log.record(
+                kind="dispatch",
+                lane=lane,
+                owner_node_id=self.node.node_id,
+                owner_model_id=lease.owner_model_id,
+                helper_node_id=lease.helper_node_id,
+                helper_model_id=lease.helper_model_id,
+                outcome="lease_refused",
+                reason="not_an_owner",
+            )
+            return
+        self.leases[key] = LiveLease(lease, lending.clock() + lease.ttl_ms / 1000.0)
+        log.record(
+            kind="dispatch",
+            lane=lane,
+            owner_node_id=self.node.node_id,
+            owner_model_id=model_id,
+            helper_node_id=lease.helper_node_id,
+            helper_model_id=lease.helper_model_id,
+            outcome="lease_updated",
+            slots=lease.helper_slots,
+            lent_out=self.lent_out(lane, model_id),
+            switch_ms=lease.helper_switch_ms or 0,
+            service_ms=lease.helper_service_ms or 0,
+            owner_job_ms=lease.owner_job_ms or 0,
+        )
+        self.lend(lane, model_id)
+
+    def lend(self, lane: str, model_id: str) -> None:
+        """Lend newest held requests until the live lease's slots are all out."""
+        lease = self.live(lane, model_id)
+        queue = self.node.lending.queues.get(lane)
+        if lease is None or queue is None:
+            return
+        free = max(1, lease.helper_slots) - len(queue.lent(model_id))
+        if free <= 0:
+            return
+        capacity = self._helper_context(lease)
+        fits = None
+        if lane == "text" and capacity:
+            # The dispatch-time context gate: a request too large for the helper stays here.
+            def fits(entry: Entry) -> bool:
+                return entry.context <= 0 or entry.context <= capacity
+
+        taken = queue.withdraw(
+            model_id, free, fits=fits, helper=(lease.helper_node_id, lease.helper_model_id)
+        )
+        now = self.node.lending.clock()
+        for entry in taken:
+            self.node.decisions.record(
+                kind="dispatch",
+                lane=lane,
+                owner_node_id=self.node.node_id,
+                owner_model_id=model_id,
+                helper_node_id=lease.helper_node_id,
+                helper_model_id=lease.helper_model_id,
+                outcome="lent",
+                slots=lease.helper_slots,
+                lent_out=len(queue.lent(model_id)),
+                wait_ms=int((now - entry.arrived_at) * 1000),
+            )
+            future = entry.payload
+            if isinstance(future, asyncio.Future) and not future.done():
+                future.set_result(lease)
+        if taken:
+            self._reevaluate(lane)
+
+    def _helper_context(self, lease: Lease) -> int:
+        for replicas in self.node.cluster.by_public_id.values():
+            for replica in replicas:
+                if (replica.node_id, replica.local_id) == (
+                    lease.helper_node_id,
+                    lease.helper_model_id,
+                ):
+                    value = replica.record.get("context_size")
+                    return value if isinstance(value, int) else 0
+        return 0
+
+    def _reevaluate(self, lane: str) -> None:
+        from lending.runtime import _wake
+
+        queue = self.node.lending.queues.get(lane)
+        if queue is not None:
+            _wake(queue.reevaluate())
+
+    def returned(self, lane: str, entry: Entry, lease: Lease) -> None:
+        queue = self.node.lending.queue(lane)
+        self.node.decisions.record(
+            kind="dispatch",
+            lane=lane,
+            owner_node_id=self.node.node_id,
+            owner_model_id=entry.model_id,
+            helper_node_id=lease.helper_node_id,
+            helper_model_id=lease.helper_model_id,
+            outcome="returned",
+            lent_out=max(0, len(queue.lent(entry.model_id)) - 1),
+        )
+
+    # -- events ---------------------------------------------------------------------------------
+
+    def report(self, lane: str, model_id: str, trigger: str) -> None:
+        """A queue event of a model that lends: ask the master for a decision (coalesced)."""
+        node = self.node
+        if node.role == "standalone" or not node.lending.is_owner(lane, model_id):
+            return
+        key = (lane, model_id)
+        if key in self._inflight:
+            self._queued[key] = trigger  # the latest trigger wins
+            return
+        self._inflight.add(key)
+        task = asyncio.ensure_future(self._report(key, trigger))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _report(self, key: tuple[str, str], trigger: str) -> None:
+        lane, model_id = key
+        try:
+            while True:
+                lease, answered = await self._ask(lane, model_id, trigger)
+                if answered:
+                    self.apply(lane, model_id, lease)
+                nxt = self._queued.pop(key, None)
+                if nxt is None:
+                    return
+                trigger = nxt
+        finally:
+            self._inflight.discard(key)
+
+    async def _ask(self, lane: str, model_id: str, trigger: str) -> tuple[Lease | None, bool]:
+        node = self.node
+        body = {
+            "lane": lane,
+            "owner_node_id": node.node_id,
+            "model_id": model_id,
+            "trigger": trigger,
+        }
+        if node.role == "master":
+            from lending.master import get_master
+
+            lease = await get_master(node).on_event(body)
+            return lease, True
+        client = node.client
+        assert client is not None
+        from registry.nodeclient import NodeCallError
+
+        try:
+            status, doc = await client.call_json(
+                "POST",
+                node.config.cluster.master_url,
+                "/router/v1/node/offload/event",
+                json=body,
+                timeout=EVENT_TIMEOUT_SECS,
+            )
+        except NodeCallError as exc:
+            # The master is down: no answer, so the lease (if any) lapses at its TTL and the
+            # owner keeps serving its own work.
+            logger.warning("offload event to the master failed: %s", exc)
+            return None, False
+        if status != 200 or not isinstance(doc, dict):
+            logger.warning("offload event answered %s: %s", status, doc)
+            return None, False
+        raw = doc.get("lease")
+        if not raw:
+            return None, True
+        try:
+            return Lease.from_wire(raw), True
+        except ValueError as exc:
+            logger.warning("the master sent a malformed lease: %s", exc)
+            return None, True
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        now = self.node.lending.clock()
+        out = []
+        for (lane, model_id), held in sorted(self.leases.items()):
+            if held.expires_at > now:
+                doc = held.lease.to_wire()
+                doc["expires_in_ms"] = int((held.expires_at - now) * 1000)
+                doc["lent_out"] = self.lent_out(lane, model_id)
+                out.append(doc)
+        return out

@@ -1,0 +1,115 @@
+"""Reloading the model that borrowed work displaced ("restore after borrow").
+
+Per runtime: a borrowed request whose link asks for restore and that finds a different config
+loaded records that config as the restore target — only the first displacement of a run, so a
+chain of borrowed requests restores what was loaded before the run started, not a model in
+between. Every borrowed request (re)starts a one-shot timer of `offload_restore_delay`. The
+node's own request on that runtime cancels the pending restore instead of competing with it.
+When the timer fires with no borrowed work in flight and none of the node's own work running,
+the target is loaded (as the node's own work: it resets idle); otherwise it checks again every
+delay until the node is quiet. Without the flag nothing is restored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from registry.kcpps import ModelConfig
+
+if TYPE_CHECKING:
+    from proxy.forwarding import Job
+    from proxy.node import Node
+    from proxy.runtimes import Runtime
+
+logger = logging.getLogger(__name__)
+
+
+class Restorer:
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.targets: dict[int, ModelConfig] = {}
+        self.timers: dict[int, asyncio.TimerHandle] = {}
+        self.borrowed_in_flight = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def _runtime(self, job: Job) -> Runtime:
+        return self.node.runtimes.runtime_for(job.cfg, job.lane)
+
+    def borrowed_started(self, job: Job, restore: bool) -> None:
+        self.borrowed_in_flight += 1
+        runtime = self._runtime(job)
+        key = id(runtime)
+        self._cancel_timer(key)
+        current = runtime.current
+        displaced = current is not None and current.filename != job.cfg.filename
+        if restore and displaced and key not in self.targets:
+            assert current is not None
+            self.targets[key] = current
+
+    def borrowed_finished(self, job: Job) -> None:
+        self.borrowed_in_flight = max(0, self.borrowed_in_flight - 1)
+        runtime = self._runtime(job)
+        if id(runtime) in self.targets:
+            self._arm(runtime)
+
+    def own_started(self, job: Job) -> None:
+        runtime = self._runtime(job)
+        key = id(runtime)
+        if key in self.targets:
+            self.targets.pop(key)
+            self._cancel_timer(key)
+
+    def _cancel_timer(self, key: int) -> None:
+        timer = self.timers.pop(key, None)
+        if timer is not None:
+            timer.cancel()
+
+    def _arm(self, runtime: Runtime) -> None:
+        key = id(runtime)
+        self._cancel_timer(key)
+        delay = self.node.lending.settings.restore_delay_secs
+        loop = asyncio.get_running_loop()
+        self.timers[key] = loop.call_later(delay, self._fire, runtime)
+
+    def _fire(self, runtime: Runtime) -> None:
+        key = id(runtime)
+        self.timers.pop(key, None)
+        target = self.targets.get(key)
+        if target is None:
+            return
+        lending = self.node.lending
+        quiet = (
+            self.borrowed_in_flight == 0
+            and not lending.own_work_running()
+            and self.node.runtimes.active_requests() == 0
+            and self.node.runtimes.waiting_requests() == 0
+        )
+        if not quiet:
+            self._arm(runtime)
+            return
+        self.targets.pop(key, None)
+        if runtime.current is not None and runtime.current.filename == target.filename:
+            return
+        task = asyncio.ensure_future(self._restore(runtime, target))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _restore(self, runtime: Runtime, target: ModelConfig) -> None:
+        lending = self.node.lending
+        lending.own_begin()
+        try:
+            await runtime.load(target, reason="restore")
+            logger.info("restored %s after borrowed work", target.local_id)
+        except Exception as exc:
+            logger.warning("restoring %s failed: %s", target.local_id, exc)
+        finally:
+            lending.own_end()
+
+    def close(self) -> None:
+        for timer in self.timers.values():
+            timer.cancel()
+        self.timers.clear()
+        for task in self._tasks:
+            task.cancel()
