@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -153,7 +154,10 @@ async def relay(ctx: Ctx, node: Node, job: Job, lease: Lease, shape: Shaper) -> 
                 )
             if resp.status == 409 or resp.status >= 500:
                 return False
-            await shape(ctx, job, resp)
+            # The helper answers under its own model ID; the client sees the ID it asked for.
+            lent_job = dataclasses.replace(job, model_id=lease.helper_model_id)
+            await shape(ctx, lent_job, resp)
+            job.lent = True
             return True
     except (aiohttp.ClientError, OSError, TimeoutError, NodeCallError):
         if ctx.started:

@@ -24,12 +24,16 @@ logger = logging.getLogger(__name__)
 _last_outcome: dict[tuple[str, str], str] = {}
 
 
-async def _push(node: Node, path: str, body: Any) -> dict[str, str]:
-    """POST `body` to `path` on every registered slave; returns node_id → error for failures."""
+async def _push(node: Node, path: str, body: Any, *, only: str | None = None) -> dict[str, str]:
+    """POST `body` to `path` on every registered slave (or just `only`); node_id → error."""
     client = node.client
     if node.role != "master" or client is None:
         return {}
-    targets = [(n.node_id, n.node_url) for n in node.cluster.nodes.values()]
+    targets = [
+        (n.node_id, n.node_url)
+        for n in node.cluster.nodes.values()
+        if only is None or n.node_id == only
+    ]
 
     async def one(node_id: str, url: str) -> tuple[str, str]:
         try:
@@ -78,3 +82,21 @@ async def settings_publish(node: Node) -> dict[str, str]:
     values = await database_sync_to_async(_effective_values)(node)
     node.lending.apply_settings(values, source="local")
     return await _push(node, "/router/v1/node/offload/settings", values)
+
+
+async def node_catch_up(node: Node, node_id: str) -> None:
+    """Bring one slave that just (re)registered up to the master's links and settings."""
+    if node.role != "master":
+        return
+    links = await database_sync_to_async(links_snapshot)()
+    await _push(node, "/router/v1/node/routing-links", links, only=node_id)
+    await _push(node, "/router/v1/node/offload/settings", dict(node.lending.values), only=node_id)
+
+
+_catch_up_tasks: set[asyncio.Task[None]] = set()
+
+
+def schedule_catch_up(node: Node, node_id: str) -> None:
+    task = asyncio.ensure_future(node_catch_up(node, node_id))
+    _catch_up_tasks.add(task)
+    task.add_done_callback(_catch_up_tasks.discard)

@@ -150,6 +150,8 @@ class Job:
     image: work.ImageWork | None = None
     max_tokens: int | None = None
     usage: dict[str, Any] | None = None
+    lent: bool = False
+    """Answered by a helper: the helper records it; the owner's own fits must not see it."""
 
 
 async def _acquire(
@@ -171,6 +173,8 @@ def _backend_headers(job: Job) -> dict[str, str]:
 def _record(ctx: Ctx, node: Node, job: Job) -> None:
     from analytics.recorder import RequestSample
 
+    if job.lent:
+        return
     usage = job.usage or {}
     prompt_tokens = _int(usage.get("prompt_tokens", usage.get("input_tokens")))
     output_tokens = _int(usage.get("completion_tokens", usage.get("output_tokens")))

@@ -80,6 +80,7 @@ class Node:
             "protocol_version": PROTOCOL_VERSION,
             "minimum_protocol_version": MINIMUM_PROTOCOL_VERSION,
             "build_version": settings.ROUTER_VERSION,
+            "settings_fingerprint": self.lending.fingerprint,
         }
 
     def rescan(self) -> None:

@@ -34,9 +34,15 @@ async def handle_register(ctx: Ctx, node: Node) -> None:
     if node.role != "master":
         raise RouterError(400, "cluster registry is not enabled", type="cluster_error")
     try:
-        node.cluster.register(doc)
+        remote = node.cluster.register(doc)
     except SnapshotRejected as exc:
         raise RouterError(exc.status, exc.message, type=exc.type, code=exc.code) from exc
+    if doc.get("settings_fingerprint") != node.lending.fingerprint:
+        # A slave that restarted or joined late runs defaults until told otherwise: tell it now
+        # rather than at the next tick.
+        from lending.propagate import schedule_catch_up
+
+        schedule_catch_up(node, remote.node_id)
     await ctx.json(
         200,
         {

@@ -107,9 +107,17 @@ class ClusterSync:
                 continue
             self.last_poll_errors.pop(url, None)
             try:
-                node.cluster.apply_poll(url, doc)
+                remote = node.cluster.apply_poll(url, doc)
             except SnapshotRejected as exc:
                 logger.warning("snapshot from %s refused: %s", url, exc.message)
+                continue
+            if (
+                isinstance(doc, dict)
+                and doc.get("settings_fingerprint") != node.lending.fingerprint
+            ):
+                from lending.propagate import schedule_catch_up
+
+                schedule_catch_up(node, remote.node_id)
 
     async def _master_loop(self) -> None:
         interval = self.node.config.cluster.health_interval
