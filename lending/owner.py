@@ -94,6 +94,7 @@ class OwnerLending:
             )
             return
         self.leases[key] = LiveLease(lease, lending.clock() + lease.ttl_ms / 1000.0)
+        self._arm_expiry(lane, model_id, lease.ttl_ms / 1000.0)
         log.record(
             kind="dispatch",
             lane=lane,
@@ -109,6 +110,11 @@ class OwnerLending:
             owner_job_ms=lease.owner_job_ms or 0,
         )
         self.lend(lane, model_id)
+
+    def _arm_expiry(self, lane: str, model_id: str, ttl_secs: float) -> None:
+        # A held request must not wait on a lease that lapsed: re-run admission at expiry.
+        loop = asyncio.get_running_loop()
+        loop.call_later(ttl_secs + 0.001, self._reevaluate, lane)
 
     def lend(self, lane: str, model_id: str) -> None:
         """Lend newest held requests until the live lease's slots are all out."""

@@ -50,10 +50,14 @@ class Lending:
         self.enrolled: dict[str, frozenset[str]] = {lane: frozenset() for lane in LENDING_LANES}
         self.owners: dict[str, frozenset[str]] = {lane: frozenset() for lane in LENDING_LANES}
         self.queues: dict[str, LaneQueue] = {}
+        self.policies: dict[str, Any] = {}
         self.costs: NodeCosts | None = None
         self.own_idle_since = clock()
         self.own_active = 0
+        self.last_completion_ms: dict[tuple[str, str], float] = {}
         self.listeners: list[Callable[[], None]] = []
+        self.hold_policy: Callable[[str], Any] | None = None
+        """Builds the lane's hold policy (lending/hold.py); set by the node."""
 
     # -- links ----------------------------------------------------------------------------
 
@@ -99,9 +103,11 @@ class Lending:
         self.settings = EffectiveSettings.from_values(merged)
         self.fingerprint = fingerprint(merged)
         self.settings_source = source
-        if self.settings.backend_depth != old_depth:
-            for queue in self.queues.values():
+        for queue in self.queues.values():
+            if self.settings.backend_depth != old_depth:
                 _wake(queue.set_depth(self.settings.backend_depth))
+            # e.g. hold-for-faster-helper switched off: held requests go at once.
+            _wake(queue.reevaluate())
         for callback in self.listeners:
             callback()
 
@@ -110,8 +116,16 @@ class Lending:
     def queue(self, lane: str) -> LaneQueue:
         queue = self.queues.get(lane)
         if queue is None:
-            queue = LaneQueue(lane, depth=self.settings.backend_depth, clock=self.clock)
+            policy = self.hold_policy(lane) if self.hold_policy is not None else None
+            queue = LaneQueue(
+                lane,
+                depth=self.settings.backend_depth,
+                clock=self.clock,
+                hold=policy,
+                on_held=policy.on_held if policy is not None else None,
+            )
             self.queues[lane] = queue
+            self.policies[lane] = policy
         return queue
 
     async def admit(
@@ -150,7 +164,12 @@ class Lending:
         queue = self.queues.get(lane)
         if queue is None:
             return
+        policy = self.policies.get(lane)
+        if policy is not None:
+            policy.forget(entry)
         if entry.state is State.ADMITTED:
+            if not entry.borrowed:
+                self.last_completion_ms[(lane, entry.model_id)] = self.clock() * 1000.0
             _wake(queue.complete(entry))
         elif entry.state is not State.DONE:
             _wake(queue.cancel(entry))

@@ -17,6 +17,7 @@ from django.conf import settings
 
 from analytics.recorder import Recorder
 from lending.decisions import DecisionLog
+from lending.hold import HoldPolicy
 from lending.owner import OwnerLending
 from lending.restore import Restorer
 from lending.runtime import Lending
@@ -130,6 +131,7 @@ def build_node(
     )
     node.lending = Lending(node_id=c.node_id, file_values=config.lending_file_values())
     node.owner = OwnerLending(node)
+    node.lending.hold_policy = lambda lane: HoldPolicy(node, lane)
     node.restore = Restorer(node)
     node.decisions = DecisionLog(
         node_id=c.node_id,

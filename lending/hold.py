@@ -1,0 +1,120 @@
+"""Holding a request for a faster helper (owner side, `offload_hold_for_faster_helper`).
+
+An owner that is already generating does not always fill its second backend slot with the
+next waiting request: if a lease is live, every lent slot is busy, the lease knows both speeds
+(never a probe), and the helper is predicted to finish that request strictly sooner than the
+owner would (the owner's current job plus this one, against the helper's remaining lent jobs
+plus this one), the request keeps waiting and goes to the helper on the master's next answer.
+The queue consults this only for a slot behind a running job of the same model, so the owner
+never idles because of a hold.
+
+A held request is released once the helper has taken longer than its predicted finish plus one
+job: a timer re-runs admission at that moment, so the release does not wait for another queue
+event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from lending.pricing import helper_finish_ms, owner_finish_ms
+from proxy.queue import Entry, LaneQueue
+
+if TYPE_CHECKING:
+    from proxy.node import Node
+
+
+class HoldPolicy:
+    def __init__(self, node: Node, lane: str) -> None:
+        self.node = node
+        self.lane = lane
+        self.deadline_ms: dict[int, float] = {}
+        """Held entry → the moment (ms) past which it is released regardless."""
+        self._timers: dict[int, asyncio.TimerHandle] = {}
+
+    def _predict(self, entry: Entry, queue: LaneQueue, now_ms: float) -> tuple[float, float] | None:
+        lending = self.node.lending
+        if not lending.settings.hold_for_faster_helper:
+            return None
+        lease = self.node.owner.live(self.lane, entry.model_id)
+        if lease is None or not lease.knows_speeds():
+            return None
+        lent = queue.lent(entry.model_id)
+        if len(lent) < max(1, lease.helper_slots):
+            return None  # a free lent slot: lending, not holding, is the answer
+        admitted = queue.admitted(entry.model_id)
+        starts = [e.admitted_at * 1000.0 for e in admitted if e.admitted_at is not None]
+        job = lease.owner_job_ms or 0.0
+        last = lending.last_completion_ms.get((self.lane, entry.model_id))
+        owner = owner_finish_ms(
+            now_ms=now_ms,
+            oldest_admitted_start_ms=min(starts) if starts else now_ms,
+            last_own_completion_ms=last,
+            in_flight=len(admitted),
+            job_ms=job,
+        )
+        helper = helper_finish_ms(
+            now_ms=now_ms,
+            lent_at_ms=[e.lent_at * 1000.0 for e in lent if e.lent_at is not None],
+            switch_ms=lease.helper_switch_ms or 0.0,
+            service_ms=lease.helper_service_ms or 0.0,
+        )
+        return owner, helper
+
+    def __call__(self, entry: Entry, queue: LaneQueue, now: float) -> bool:
+        now_ms = now * 1000.0
+        deadline = self.deadline_ms.get(id(entry))
+        if deadline is not None and now_ms > deadline:
+            return False
+        predicted = self._predict(entry, queue, now_ms)
+        if predicted is None:
+            return False
+        owner, helper = predicted
+        return helper < owner
+
+    def on_held(self, entry: Entry, now: float) -> None:
+        """First hold of an entry: log it and arm its release timer."""
+        queue = self.node.lending.queue(self.lane)
+        now_ms = now * 1000.0
+        predicted = self._predict(entry, queue, now_ms)
+        lease = self.node.owner.live(self.lane, entry.model_id)
+        if predicted is None or lease is None:
+            return
+        owner, helper = predicted
+        service = lease.helper_service_ms or 0.0
+        self.deadline_ms[id(entry)] = helper + service
+        self.node.decisions.record(
+            kind="dispatch",
+            lane=self.lane,
+            owner_node_id=self.node.node_id,
+            owner_model_id=entry.model_id,
+            helper_node_id=lease.helper_node_id,
+            helper_model_id=lease.helper_model_id,
+            outcome="held_for_helper",
+            reason="helper_finishes_sooner",
+            keep_ms=owner - now_ms,
+            switch_ms=lease.helper_switch_ms or 0.0,
+            service_ms=service,
+            owner_job_ms=lease.owner_job_ms or 0.0,
+            slots=lease.helper_slots,
+            lent_out=len(queue.lent(entry.model_id)),
+            wait_ms=int(now_ms - entry.arrived_at * 1000.0),
+        )
+        delay = max(0.0, (helper + service - now_ms) / 1000.0) + 0.001
+        loop = asyncio.get_running_loop()
+        self._timers[id(entry)] = loop.call_later(delay, self._release, id(entry))
+
+    def _release(self, key: int) -> None:
+        from lending.runtime import _wake
+
+        self._timers.pop(key, None)
+        queue = self.node.lending.queues.get(self.lane)
+        if queue is not None:
+            _wake(queue.reevaluate())
+
+    def forget(self, entry: Entry) -> None:
+        self.deadline_ms.pop(id(entry), None)
+        timer = self._timers.pop(id(entry), None)
+        if timer is not None:
+            timer.cancel()

@@ -1,0 +1,138 @@
+"""The hold-for-faster-helper predicate with exact numbers (fake clock, no I/O)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from lending.hold import HoldPolicy
+from lending.planner import Lease
+from proxy.queue import Entry, LaneQueue
+
+
+class FakeLog:
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+
+    def record(self, **fields: Any) -> None:
+        self.rows.append(fields)
+
+
+def lease(**overrides: Any) -> Lease:
+    base = dict(
+        lane="text",
+        owner_node_id="o",
+        owner_model_id="a",
+        helper_node_id="h",
+        helper_model_id="b",
+        load_helper_model=True,
+        restore_helper_model=False,
+        helper_slots=1,
+        probe=False,
+        ttl_ms=30_000,
+        owner_job_ms=1000.0,
+        helper_switch_ms=0.0,
+        helper_service_ms=200.0,
+    )
+    base.update(overrides)
+    return Lease(**base)
+
+
+def setup(
+    live: Lease | None, *, hold_setting: bool = True
+) -> tuple[HoldPolicy, LaneQueue, list[float], FakeLog]:
+    now = [0.0]
+    log = FakeLog()
+    lending = SimpleNamespace(
+        settings=SimpleNamespace(hold_for_faster_helper=hold_setting),
+        last_completion_ms={},
+        queue=lambda lane: queue,
+        queues={},
+    )
+    node = SimpleNamespace(
+        lending=lending,
+        owner=SimpleNamespace(live=lambda lane, model: live),
+        decisions=log,
+        node_id="o",
+    )
+    policy = HoldPolicy(node, "text")  # type: ignore[arg-type]
+    queue = LaneQueue("text", depth=2, clock=lambda: now[0], hold=policy, on_held=policy.on_held)
+    lending.queues["text"] = queue
+    return policy, queue, now, log
+
+
+def busy_pipe(queue: LaneQueue) -> Entry:
+    """Two admitted jobs of model a, one more lent (the one lent slot busy), one slot freed."""
+    queue.enqueue(Entry("a", 0.0))
+    second = Entry("a", 0.0)
+    queue.enqueue(second)
+    lent = Entry("a", 0.0)
+    queue.enqueue(lent)
+    assert queue.withdraw("a", 1) == [lent]
+    queue.complete(second)  # the owner's first job (admitted at t=0, 1000 ms) still runs
+    return lent
+
+
+async def test_it_holds_the_second_slot_when_the_busy_helper_finishes_sooner() -> None:
+    policy, queue, now, log = setup(lease())
+    busy_pipe(queue)
+    now[0] = 0.1
+    candidate = Entry("a", 0.05)
+    queue.enqueue(candidate)
+    # owner: running job done at 1000 ms, this one at 2000; helper: 200 + 200 = 400 ms
+    assert candidate.state.value == "held"
+    assert policy(candidate, queue, 0.1) is True
+    row = log.rows[0]
+    assert row["outcome"] == "held_for_helper" and row["reason"] == "helper_finishes_sooner"
+    assert row["keep_ms"] == pytest.approx(1900.0)
+    assert (row["wait_ms"], row["slots"], row["lent_out"]) == (50, 1, 1)
+    policy.forget(candidate)
+
+
+def test_it_never_holds_for_a_probe_or_unmeasured_lease_or_when_switched_off() -> None:
+    for live, setting in (
+        (lease(probe=True), True),
+        (lease(helper_service_ms=None), True),
+        (lease(), False),
+        (None, True),
+    ):
+        policy, queue, now, _ = setup(live, hold_setting=setting)
+        busy_pipe(queue)
+        candidate = Entry("a", 0.05)
+        queue.enqueue(candidate)
+        assert candidate.state.value == "admitted"
+
+
+def test_it_does_not_hold_while_a_lent_slot_is_free() -> None:
+    policy, queue, _, _ = setup(lease(helper_slots=2))
+    busy_pipe(queue)
+    candidate = Entry("a", 0.05)
+    queue.enqueue(candidate)
+    assert candidate.state.value == "admitted"
+
+
+def test_a_slower_helper_is_not_waited_for() -> None:
+    policy, queue, _, _ = setup(lease(helper_service_ms=3000.0))
+    busy_pipe(queue)
+    candidate = Entry("a", 0.05)
+    queue.enqueue(candidate)
+    assert candidate.state.value == "admitted"
+
+
+async def test_a_held_request_is_released_past_the_predicted_finish_plus_one_job() -> None:
+    policy, queue, now, _ = setup(lease())
+    busy_pipe(queue)
+    now[0] = 0.1
+    candidate = Entry("a", 0.05)
+    queue.enqueue(candidate)
+    assert candidate.state.value == "held"
+    # helper predicted at 400 ms (+200 ms one job) → released once past 600 ms
+    now[0] = 0.5
+    queue.reevaluate()
+    assert candidate.state.value == "held"
+    now[0] = 0.61
+    assert queue.reevaluate() == [candidate]
+    assert candidate.state.value == "admitted"
+    policy.forget(candidate)
