@@ -98,7 +98,7 @@ def test_it_never_holds_for_a_probe_or_unmeasured_lease_or_when_switched_off() -
         (lease(), False),
         (None, True),
     ):
-        policy, queue, now, _ = setup(live, hold_setting=setting)
+        _policy, queue, _now, _ = setup(live, hold_setting=setting)
         busy_pipe(queue)
         candidate = Entry("a", 0.05)
         queue.enqueue(candidate)
@@ -106,7 +106,7 @@ def test_it_never_holds_for_a_probe_or_unmeasured_lease_or_when_switched_off() -
 
 
 def test_it_does_not_hold_while_a_lent_slot_is_free() -> None:
-    policy, queue, _, _ = setup(lease(helper_slots=2))
+    _policy, queue, _, _ = setup(lease(helper_slots=2))
     busy_pipe(queue)
     candidate = Entry("a", 0.05)
     queue.enqueue(candidate)
@@ -114,7 +114,7 @@ def test_it_does_not_hold_while_a_lent_slot_is_free() -> None:
 
 
 def test_a_slower_helper_is_not_waited_for() -> None:
-    policy, queue, _, _ = setup(lease(helper_service_ms=3000.0))
+    _policy, queue, _, _ = setup(lease(helper_service_ms=3000.0))
     busy_pipe(queue)
     candidate = Entry("a", 0.05)
     queue.enqueue(candidate)
