@@ -57,6 +57,11 @@ class MasterLending:
         self._probe_timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self.last_plan_ms = 0.0
+        # Stall check: relays in flight per helper node and when that set last changed.
+        self.relays: dict[str, set[asyncio.Task[Any]]] = {}
+        self.relay_changed: dict[str, float] = {}
+        self.stalled: set[asyncio.Task[Any]] = set()
+        self._stall_task: asyncio.Task[None] | None = None
 
     # -- events ---------------------------------------------------------------------------
 
@@ -335,21 +340,83 @@ class MasterLending:
             headers["X-Tensors-Offload-Load"] = "1"
         if lease.restore_helper_model:
             headers["X-Tensors-Offload-Restore"] = "1"
+        helper = lease.helper_node_id
+        task = asyncio.current_task()
+        assert task is not None
+        self._relay_begin(helper, task)
         try:
-            url = client.checked_url(remote.node_url, "/router/v1/node/inference" + path)
-            ctx = get_session().post(url, data=body, headers=headers, allow_redirects=False)
-            resp = await ctx.__aenter__()
-        except (NodeCallError, aiohttp.ClientError, OSError, TimeoutError) as exc:
-            logger.warning("relay to %s failed: %s", lease.helper_node_id, exc)
-            raise self._refuse(lane, owner_node, owner_model, "forward_failed", lease) from exc
-        try:
-            yield resp
+            try:
+                url = client.checked_url(remote.node_url, "/router/v1/node/inference" + path)
+                ctx = get_session().post(url, data=body, headers=headers, allow_redirects=False)
+                resp = await ctx.__aenter__()
+            except (NodeCallError, aiohttp.ClientError, OSError, TimeoutError) as exc:
+                logger.warning("relay to %s failed: %s", helper, exc)
+                raise self._refuse(lane, owner_node, owner_model, "forward_failed", lease) from exc
+            except asyncio.CancelledError:
+                if task not in self.stalled:
+                    raise
+                self.stalled.discard(task)
+                task.uncancel()
+                raise self._refuse(lane, owner_node, owner_model, "helper_stalled", lease) from None
+            try:
+                yield resp
+            finally:
+                await ctx.__aexit__(None, None, None)
         finally:
-            await ctx.__aexit__(None, None, None)
+            self._relay_end(helper, task)
+
+    # -- stall check --------------------------------------------------------------------------
+    # If the requests lent to a helper show no change for `offload_lent_stall_timeout`, ask
+    # the helper whether it still runs borrowed work. Yes (or no answer, or an older build
+    # without the query): it keeps them. No: every request lent to it comes back at once and
+    # the owners serve them.
+
+    def _relay_begin(self, helper: str, task: asyncio.Task[Any]) -> None:
+        self.relays.setdefault(helper, set()).add(task)
+        self.relay_changed[helper] = time.monotonic()
+        if self._stall_task is None or self._stall_task.done():
+            self._stall_task = asyncio.ensure_future(self._stall_loop())
+
+    def _relay_end(self, helper: str, task: asyncio.Task[Any]) -> None:
+        self.relays.get(helper, set()).discard(task)
+        self.relay_changed[helper] = time.monotonic()
+
+    async def _stall_loop(self) -> None:
+        while any(self.relays.values()):
+            timeout = self.node.lending.settings.lent_stall_timeout_secs
+            await asyncio.sleep(max(0.05, min(timeout / 4, 5.0)))
+            now = time.monotonic()
+            for helper, tasks in list(self.relays.items()):
+                if tasks and now - self.relay_changed.get(helper, now) >= timeout:
+                    await self._check_stalled(helper)
+
+    async def _check_stalled(self, helper: str) -> None:
+        node = self.node
+        remote = node.cluster.nodes.get(helper)
+        if remote is None or node.client is None:
+            return
+        try:
+            doc = await node.client.call_ok(
+                "GET",
+                remote.node_url,
+                "/router/v1/node/offload/borrowed",
+                timeout=STATUS_TIMEOUT_SECS,
+            )
+        except NodeCallError:
+            self.relay_changed[helper] = time.monotonic()  # treated as busy: check again later
+            return
+        if isinstance(doc, dict) and int(doc.get("borrowed", 1) or 0) == 0:
+            logger.warning("helper %s runs no borrowed work: its lent requests go back", helper)
+            for task in list(self.relays.get(helper, set())):
+                self.stalled.add(task)
+                task.cancel()
+        self.relay_changed[helper] = time.monotonic()
 
     async def close(self) -> None:
         if self._probe_timer is not None:
             self._probe_timer.cancel()
+        if self._stall_task is not None:
+            self._stall_task.cancel()
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):

@@ -226,6 +226,12 @@ async def handle_offload_request(ctx: Ctx, node: Node) -> None:
         raise offload_returned(str(exc)) from exc
 
 
+async def handle_offload_borrowed(ctx: Ctx, node: Node) -> None:
+    """The stall check's question: does this node still run borrowed work?"""
+    queued = sum(1 for queue in node.lending.queues.values() for e in queue.pending() if e.borrowed)
+    await ctx.json(200, {"borrowed": node.restore.borrowed_in_flight + queued})
+
+
 async def handle_not_found(ctx: Ctx, node: Node) -> None:
     raise RouterError(404, "endpoint not found", type="not_found")
 
@@ -244,6 +250,7 @@ NODE_ROUTES: dict[str, Route] = {
     "/router/v1/node/offload/event": (POST, handle_offload_event, False),
     "/router/v1/node/offload/grant": (POST, handle_offload_grant, False),
     "/router/v1/node/offload/request": (POST, handle_offload_request, False),
+    "/router/v1/node/offload/borrowed": (GET, handle_offload_borrowed, False),
 }
 
 

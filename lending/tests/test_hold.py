@@ -21,7 +21,7 @@ class FakeLog:
 
 
 def lease(**overrides: Any) -> Lease:
-    base = dict(
+    base: dict[str, Any] = dict(
         lane="text",
         owner_node_id="o",
         owner_model_id="a",
@@ -45,6 +45,7 @@ def setup(
 ) -> tuple[HoldPolicy, LaneQueue, list[float], FakeLog]:
     now = [0.0]
     log = FakeLog()
+    queue: LaneQueue
     lending = SimpleNamespace(
         settings=SimpleNamespace(hold_for_faster_helper=hold_setting),
         last_completion_ms={},
