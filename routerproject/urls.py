@@ -9,6 +9,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("router/v1/site/", include("lending.api.urls")),
     path("router/v1/", include("registry.api.urls")),
+    path("ui/lending", views.lending_tab, name="ui-lending"),
     path("", views.index, name="index"),
 ]
 

@@ -1,14 +1,27 @@
 from __future__ import annotations
 
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
 
 from routerproject.errors import error_envelope
 
 
 def index(request: HttpRequest) -> HttpResponse:
     return JsonResponse(
-        {"service": "cluster router", "endpoints": ["/v1/models", "/router/v1/models"]}
+        {
+            "service": "cluster router",
+            "endpoints": ["/v1/models", "/router/v1/models"],
+            "webui": ["/ui/lending"],
+        }
     )
+
+
+def lending_tab(request: HttpRequest) -> HttpResponse:
+    """The Lending tab: a static page that reads the site API from the browser."""
+    if settings.ROUTER.cluster.role == "slave":
+        return not_found(request)
+    return render(request, "ui/lending.html")
 
 
 def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:

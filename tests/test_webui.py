@@ -1,0 +1,108 @@
+"""The Lending tab in headless Chromium (Debian's build, driven by Playwright)."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.harness import REPO, Cluster, start_cluster, text_model
+
+pytestmark = pytest.mark.integration
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARTIFACTS = REPO / "test-artifacts"
+
+playwright_api = pytest.importorskip("playwright.sync_api")
+if not Path(CHROMIUM).exists():
+    pytest.skip("chromium is not installed (apt-get install chromium)", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    c = start_cluster(
+        tmp_path_factory.mktemp("webui"),
+        [],
+        {
+            "o": [text_model("big", base_ms=5, output_ms_per_token=30)],
+            "h": [text_model("fast", base_ms=5, output_ms_per_token=2)],
+        },
+        master_sections={"cluster": {"offload_probe_idle": "100ms"}},
+    )
+    try:
+        with c.master.client() as client:
+            link = {"anchor": {"node_id": "o", "model_id": "big"},
+                    "lends_to": [{"node_id": "h", "model_id": "fast"}],
+                    "acknowledge_different_weights": True}
+            assert client.post("/router/v1/site/text-routing-groups", json=link).status_code == 200
+            client.post("/router/v1/load", json={"model": "fast"}).raise_for_status()
+
+        def call() -> None:
+            with c.slaves["o"].client() as oc:
+                body = {"model": "big", "messages": [{"role": "user", "content": "x"}],
+                        "max_tokens": 8}
+                oc.post("/v1/chat/completions", json=body).raise_for_status()
+
+        threads = [threading.Thread(target=call) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        yield c
+    finally:
+        c.cleanup()
+
+
+@pytest.fixture
+def page(cluster: Cluster) -> Iterator[object]:
+    with playwright_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
+        )
+        try:
+            tab = browser.new_page()
+            tab.goto(cluster.master.base_url + "/ui/lending")
+            yield tab
+        finally:
+            browser.close()
+
+
+def test_the_lending_tab_shows_every_node_in_sync_and_the_folded_decision_log(
+    cluster: Cluster, page: object
+) -> None:
+    tab = page  # playwright Page
+    tab.wait_for_selector("#nodes tbody tr:nth-child(3)")  # type: ignore[attr-defined]
+    rows = tab.locator("#nodes tbody tr").all_inner_texts()  # type: ignore[attr-defined]
+    assert sorted(r.split("\t")[0] for r in rows) == ["h", "master", "o"]
+    assert all("in sync" in r for r in rows)
+    tab.wait_for_selector("#decisions tbody tr.group")  # type: ignore[attr-defined]
+    groups = tab.locator("#decisions tbody tr.group")  # type: ignore[attr-defined]
+    texts = groups.all_inner_texts()
+    assert any("lent" in t for t in texts) and any("probe" in t or "granted" in t for t in texts)
+    assert any("×" in t for t in texts)
+    groups.first.click()
+    tab.wait_for_selector("#decisions tr.detail")  # type: ignore[attr-defined]
+    assert "router" in tab.locator("#decisions tr.detail").first.inner_text()  # type: ignore[attr-defined]
+    ARTIFACTS.mkdir(exist_ok=True)
+    tab.screenshot(path=str(ARTIFACTS / "lending-tab.png"), full_page=True)  # type: ignore[attr-defined]
+
+
+def test_settings_typed_in_the_tab_are_saved_and_reach_the_cluster(
+    cluster: Cluster, page: object
+) -> None:
+    tab = page
+    box = tab.locator('input[data-key="offload_probe_idle"]')  # type: ignore[attr-defined]
+    box.wait_for()
+    box.fill("750ms")
+    tab.click("#save")  # type: ignore[attr-defined]
+    tab.wait_for_function(  # type: ignore[attr-defined]
+        "document.querySelector('#settings').innerText.includes('750ms · db')"
+    )
+    with cluster.master.client() as client:
+        entries = client.get("/router/v1/site/offload/settings").json()["entries"]
+        assert next(e for e in entries if e["key"] == "offload_probe_idle")["effective"] == "750ms"
+        assert httpx.delete(cluster.master.base_url + "/router/v1/site/offload/settings").status_code == 200
