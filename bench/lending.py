@@ -145,7 +145,7 @@ def wait_costs(ops: ClusterOps, node: str, check: Callable[[dict[str, Any]], boo
 def wait_helper_idle(ops: ClusterOps, idle_ms: float) -> float:
     doc = wait_until(
         lambda: (
-            (s := runtime_status(ops.node("h"))).get("idle_for_ms", 0) >= idle_ms and s or None
+            ((s := runtime_status(ops.node("h"))).get("idle_for_ms", 0) >= idle_ms and s) or None
         ),
         timeout_secs=IDLE_TIMEOUT_SECS,
         what=f"helper idle for {idle_ms:.0f} ms",
@@ -228,7 +228,9 @@ def scenario_fast(root: Path) -> dict[str, Any]:
     ops = new_cluster(
         root,
         {
-            "o": [text_model("A", load_ms=FAST_LOAD_MS, base_ms=S1_OWNER_MS, output_ms_per_token=0)],
+            "o": [
+                text_model("A", load_ms=FAST_LOAD_MS, base_ms=S1_OWNER_MS, output_ms_per_token=0)
+            ],
             "h": [
                 text_model("B", load_ms=FAST_LOAD_MS, base_ms=S1_HELPER_MS, output_ms_per_token=0)
             ],
@@ -300,7 +302,9 @@ def scenario_switch(root: Path) -> dict[str, Any]:
     ops = new_cluster(
         root,
         {
-            "o": [text_model("A", load_ms=FAST_LOAD_MS, base_ms=S2_OWNER_MS, output_ms_per_token=0)],
+            "o": [
+                text_model("A", load_ms=FAST_LOAD_MS, base_ms=S2_OWNER_MS, output_ms_per_token=0)
+            ],
             "h": [
                 text_model(
                     "B", load_ms=SWITCH_LOAD_MS, base_ms=S2_HELPER_MS, output_ms_per_token=0
@@ -377,7 +381,9 @@ def scenario_slow(root: Path) -> dict[str, Any]:
     ops = new_cluster(
         root,
         {
-            "o": [text_model("A", load_ms=FAST_LOAD_MS, base_ms=S3_OWNER_MS, output_ms_per_token=0)],
+            "o": [
+                text_model("A", load_ms=FAST_LOAD_MS, base_ms=S3_OWNER_MS, output_ms_per_token=0)
+            ],
             "h": [
                 text_model("B", load_ms=FAST_LOAD_MS, base_ms=S3_HELPER_MS, output_ms_per_token=0)
             ],

@@ -34,16 +34,21 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     )
     try:
         with c.master.client() as client:
-            link = {"anchor": {"node_id": "o", "model_id": "big"},
-                    "lends_to": [{"node_id": "h", "model_id": "fast"}],
-                    "acknowledge_different_weights": True}
+            link = {
+                "anchor": {"node_id": "o", "model_id": "big"},
+                "lends_to": [{"node_id": "h", "model_id": "fast"}],
+                "acknowledge_different_weights": True,
+            }
             assert client.post("/router/v1/site/text-routing-groups", json=link).status_code == 200
             client.post("/router/v1/load", json={"model": "fast"}).raise_for_status()
 
         def call() -> None:
             with c.slaves["o"].client() as oc:
-                body = {"model": "big", "messages": [{"role": "user", "content": "x"}],
-                        "max_tokens": 8}
+                body = {
+                    "model": "big",
+                    "messages": [{"role": "user", "content": "x"}],
+                    "max_tokens": 8,
+                }
                 oc.post("/v1/chat/completions", json=body).raise_for_status()
 
         threads = [threading.Thread(target=call) for _ in range(6)]
@@ -105,4 +110,7 @@ def test_settings_typed_in_the_tab_are_saved_and_reach_the_cluster(
     with cluster.master.client() as client:
         entries = client.get("/router/v1/site/offload/settings").json()["entries"]
         assert next(e for e in entries if e["key"] == "offload_probe_idle")["effective"] == "750ms"
-        assert httpx.delete(cluster.master.base_url + "/router/v1/site/offload/settings").status_code == 200
+        assert (
+            httpx.delete(cluster.master.base_url + "/router/v1/site/offload/settings").status_code
+            == 200
+        )
