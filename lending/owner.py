@@ -47,6 +47,8 @@ class OwnerLending:
         self._inflight: set[tuple[str, str]] = set()
         self._queued: dict[tuple[str, str], str] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self.image_entries: set[int] = set()
+        """Queue entries whose request carries an image (by id)."""
 
     # -- leases -------------------------------------------------------------------------------
 
@@ -125,12 +127,15 @@ class OwnerLending:
         free = max(1, lease.helper_slots) - len(queue.lent(model_id))
         if free <= 0:
             return
-        capacity = self._helper_context(lease)
-        fits = None
-        if lane == "text" and capacity:
-            # The dispatch-time context gate: a request too large for the helper stays here.
-            def fits(entry: Entry) -> bool:
-                return entry.context <= 0 or entry.context <= capacity
+        capacity, vision = self._helper_traits(lease)
+        images = self.image_entries
+
+        def fits(entry: Entry) -> bool:
+            # The dispatch-time gates: a request too large for the helper's context window, or
+            # carrying an image the helper cannot read, stays with the owner.
+            if lane == "text" and capacity and entry.context > capacity:
+                return False
+            return vision or id(entry) not in images
 
         taken = queue.withdraw(
             model_id, free, fits=fits, helper=(lease.helper_node_id, lease.helper_model_id)
@@ -155,16 +160,16 @@ class OwnerLending:
         if taken:
             self._reevaluate(lane)
 
-    def _helper_context(self, lease: Lease) -> int:
+    def _helper_traits(self, lease: Lease) -> tuple[int, bool]:
+        """(context window, reads images) of the leased helper model, from the registry."""
+        wanted = (lease.helper_node_id, lease.helper_model_id)
         for replicas in self.node.cluster.by_public_id.values():
             for replica in replicas:
-                if (replica.node_id, replica.local_id) == (
-                    lease.helper_node_id,
-                    lease.helper_model_id,
-                ):
+                if (replica.node_id, replica.local_id) == wanted:
                     value = replica.record.get("context_size")
-                    return value if isinstance(value, int) else 0
-        return 0
+                    context = value if isinstance(value, int) else 0
+                    return context, bool(replica.record.get("has_multimodal"))
+        return 0, False
 
     def _reevaluate(self, lane: str) -> None:
         from lending.runtime import _wake

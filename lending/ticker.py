@@ -52,6 +52,11 @@ class LendingTicker:
                 await settings_publish(self.node)
                 await links_publish(self.node)
             await self.refit()
+            if self.node.role == "master":
+                # The fallback for lost events: every lease is replanned on the tick.
+                from lending.master import get_master
+
+                await get_master(self.node).plan("tick")
         except Exception:
             logger.exception("lending tick failed")
         logger.debug("lending tick took %.1f ms", (time.monotonic() - started) * 1000)

@@ -152,6 +152,8 @@ class Job:
     usage: dict[str, Any] | None = None
     lent: bool = False
     """Answered by a helper: the helper records it; the owner's own fits must not see it."""
+    has_image: bool = False
+    """Carries an image: never lent to a helper without vision."""
 
 
 async def _acquire(
@@ -228,8 +230,13 @@ async def forward(ctx: Ctx, node: Node, job: Job, shape: Shaper) -> None:
             node.restore.borrowed_started(job, ctx.offload_restore)
         elif lending.is_enrolled(job.lane, job.model_id):
             entry = queue_entry(node, job, ctx)
-            if await owner_turn(ctx, node, job, entry, shape):
-                return
+            if job.has_image:
+                node.owner.image_entries.add(id(entry))
+            try:
+                if await owner_turn(ctx, node, job, entry, shape):
+                    return
+            finally:
+                node.owner.image_entries.discard(id(entry))
         if not borrowed:
             node.restore.own_started(job)
         launch, release = await _acquire(node, job, borrowed=borrowed)

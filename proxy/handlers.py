@@ -70,6 +70,7 @@ async def _serve(
     content_type: bytes = b"application/json",
     image: work.ImageWork | None = None,
     max_tokens: int | None = None,
+    has_image: bool = False,
 ) -> None:
     """Run the request where `replica` lives: this node's runtime, or its own node."""
     lane = lane_of(kind)
@@ -105,6 +106,7 @@ async def _serve(
         prompt_bytes=len(body),
         image=image,
         max_tokens=max_tokens,
+        has_image=has_image,
     )
     await forward(ctx, node, job, shape)
 
@@ -129,6 +131,7 @@ async def handle_openai_text(ctx: Ctx, node: Node) -> None:
         shape=shape_openai,
         stream=doc.get("stream") is True,
         max_tokens=work.requested_output_tokens(doc),
+        has_image=body_has_image(doc),
     )
 
 
@@ -283,6 +286,7 @@ async def handle_ollama(ctx: Ctx, node: Node) -> None:
         shape=_ollama_shaper(kind),
         stream=stream,
         max_tokens=work.requested_output_tokens(body_doc),
+        has_image=body_has_image(body_doc),
     )
 
 
