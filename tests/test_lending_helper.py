@@ -136,7 +136,7 @@ def test_a_helper_reloads_the_model_borrowed_work_displaced(tmp_path: Path) -> N
             }
             assert client.post("/v1/chat/completions", json=body).status_code == 200
         assert loaded(c, "h") == ["mine"]
-        # The helper must switch, so its probe bar is 12 × 100 ms of its own idle time.
+        # The helper must switch, so its probe bar is 12 x 100 ms of its own idle time.
         statuses, joiner = burst(c.slaves["o"], "big", 10, 20)
         joiner.join(120)
         assert statuses == [200] * 10
