@@ -52,12 +52,19 @@ def percentile(values: Iterable[float], pct: float) -> float:
     return ordered[rank]
 
 
-def chat_body(model: str, max_tokens: int, content: str = "hi") -> dict[str, Any]:
-    return {
+JSON_HEADERS = {"Content-Type": "application/json"}
+
+
+def chat_body(model: str, max_tokens: int, content: str = "hi") -> bytes:
+    """One encoding for every request: the fits are uniform and price only work within 10 %
+    of what they saw, so warm-up and burst bodies must be byte for byte the same size (httpx
+    and aiohttp serialise JSON with different separators)."""
+    body = {
         "model": model,
         "messages": [{"role": "user", "content": content}],
         "max_tokens": max_tokens,
     }
+    return json.dumps(body, separators=(",", ":")).encode()
 
 
 @dataclass
@@ -76,9 +83,9 @@ class Burst:
 
 
 async def _one(
-    session: aiohttp.ClientSession, url: str, body: dict[str, Any], t0: float
+    session: aiohttp.ClientSession, url: str, body: bytes, t0: float
 ) -> tuple[int, str, float]:
-    async with session.post(url, json=body) as resp:
+    async with session.post(url, data=body, headers=JSON_HEADERS) as resp:
         raw = await resp.read()
         status = resp.status
     model = ""
@@ -145,6 +152,15 @@ def priced(status: Mapping[str, Any], model_id: str, *, tokens: bool = False) ->
     return fit and any(row.get("model_id") == model_id for row in costs.get("tokens", []))
 
 
+def fitted_ms(status: Mapping[str, Any], model_id: str) -> float | None:
+    """The published per-job price (fit base) of ``model_id``; work is uniform in this bench."""
+    costs = status.get("costs") or {}
+    for row in costs.get("models", []):
+        if row.get("model_id") == model_id and row.get("section") == "llm":
+            return round(float(row.get("base_ms", 0.0)), 1)
+    return None
+
+
 def load_priced(status: Mapping[str, Any], config_filename: str) -> bool:
     costs = status.get("costs") or {}
     return any(row.get("config_filename") == config_filename for row in costs.get("loads", []))
@@ -179,7 +195,9 @@ class ClusterOps:
         """One direct request to a slave; its latency in ms."""
         t0 = time.perf_counter()
         with self.node(node_name).client(timeout=HTTP_TIMEOUT_SECS) as client:
-            resp = client.post("/v1/chat/completions", json=chat_body(model, max_tokens))
+            resp = client.post(
+                "/v1/chat/completions", content=chat_body(model, max_tokens), headers=JSON_HEADERS
+            )
         if resp.status_code != 200:
             raise RuntimeError(f"{model} on {node_name}: {resp.status_code} {resp.text}")
         return (time.perf_counter() - t0) * 1000.0

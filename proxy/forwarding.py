@@ -154,6 +154,8 @@ class Job:
     """Answered by a helper: the helper records it; the owner's own fits must not see it."""
     has_image: bool = False
     """Carries an image: never lent to a helper without vision."""
+    service_ms: float | None = None
+    """The backend's own time for this job (set on success; see _service_ms)."""
 
 
 async def _acquire(
@@ -199,7 +201,11 @@ def _record(ctx: Ctx, node: Node, job: Job) -> None:
             image_height=image.height if image else 0,
             image_steps=image.steps if image else 0,
             image_count=image.n if image else 0,
-            duration_ms=(time.monotonic() - ctx.t0) * 1000.0,
+            duration_ms=(
+                job.service_ms
+                if job.service_ms is not None
+                else (time.monotonic() - ctx.t0) * 1000.0
+            ),
             started_at=ctx.wall0,
             finished_at=time.time(),
             borrowed=ctx.borrowed,
@@ -240,13 +246,16 @@ async def forward(ctx: Ctx, node: Node, job: Job, shape: Shaper) -> None:
         if not borrowed:
             node.restore.own_started(job)
         launch, release = await _acquire(node, job, borrowed=borrowed)
+        runtime = node.runtimes.runtime_for(job.cfg, job.lane)
         try:
             url = launch.base_url + launch.backend_path(job.backend_path)
             session = get_session()
+            sent = time.monotonic()
             async with session.post(
                 url, data=job.body, headers=_backend_headers(job), timeout=node.request_timeout
             ) as resp:
                 await shape(ctx, job, resp)
+            job.service_ms = _service_ms(runtime, launch, sent)
         except (TimeoutError, aiohttp.ClientError, ConnectionError) as exc:
             raise RouterError(
                 502,
@@ -268,6 +277,21 @@ async def forward(ctx: Ctx, node: Node, job: Job, shape: Shaper) -> None:
             lending.own_end()
         node.busy[busy_key] -= 1
         _record(ctx, node, job)
+
+
+def _service_ms(runtime: Any, launch: Launch, sent: float) -> float:
+    """How long the backend worked on this request: what the cost fits must learn from.
+
+    Not the client's latency: time held in the router queue, waiting for a model load, or
+    waiting inside a one-slot backend behind the job before it (depth 2 keeps one there) is
+    not this job's cost. A one-at-a-time backend starts a job when it sent it or when the
+    previous job finished, whichever is later; a server that runs requests concurrently (an
+    upstream) starts it when it is sent.
+    """
+    done = time.monotonic()
+    start = sent if launch.family == "upstream" else max(sent, runtime.last_done)
+    runtime.last_done = done
+    return (done - start) * 1000.0
 
 
 def queue_entry(node: Node, job: Job, ctx: Ctx) -> Entry:

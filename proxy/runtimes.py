@@ -114,6 +114,8 @@ class Runtime:
         self.loading: ModelConfig | None = None
         self.last_error = ""
         self.generation = 0
+        self.last_done = 0.0
+        """When the backend last finished a request (monotonic): where the next one started."""
         self._waiters: deque[_Waiter] = deque()
         self._switch_task: asyncio.Task[None] | None = None
         self._exit_task: asyncio.Task[None] | None = None

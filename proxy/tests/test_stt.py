@@ -49,7 +49,7 @@ def test_then_a_loaded_remote_config_with_the_least_work() -> None:
         cand("r2", "w.kcpps", active=1, loaded="w.kcpps"),
         cand("r3", "w.kcpps"),
     ]
-    assert stt.choose(local, remote).replica.node_id == "r2"
+    assert node_of(stt.choose(local, remote)) == "r2"
 
 
 def test_then_any_wholly_idle_node_then_a_local_queue_then_the_shortest_remote_queue() -> None:
@@ -63,10 +63,14 @@ def test_then_any_wholly_idle_node_then_a_local_queue_then_the_shortest_remote_q
     assert stt.choose([], []) is None
 
 
+def node_of(picked: stt._Candidate | None) -> str:
+    assert picked is not None
+    return picked.replica.node_id
+
+
 def test_equal_candidates_rotate() -> None:
     picks = {
-        stt.choose([], [cand("a", "w.kcpps"), cand("b", "w.kcpps")]).replica.node_id
-        for _ in range(4)
+        node_of(stt.choose([], [cand("a", "w.kcpps"), cand("b", "w.kcpps")])) for _ in range(4)
     }
     assert picks == {"a", "b"}
 
@@ -74,7 +78,7 @@ def test_equal_candidates_rotate() -> None:
 def test_a_reservation_counts_as_work_so_concurrent_picks_spread() -> None:
     stt._reserved["a"] += 1
     try:
-        assert stt.choose([], [cand("a", "w.kcpps"), cand("b", "w.kcpps")]).replica.node_id == "b"
+        assert node_of(stt.choose([], [cand("a", "w.kcpps"), cand("b", "w.kcpps")])) == "b"
     finally:
         stt._reserved["a"] -= 1
 
