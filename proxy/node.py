@@ -27,6 +27,7 @@ from registry.catalog import LocalCatalog
 from registry.cluster import MINIMUM_PROTOCOL_VERSION, PROTOCOL_VERSION, ClusterState
 from registry.identity import Assignment, IdentityKey
 from registry.nodeclient import AllowList, NodeClient
+from registry.recipes import Recipe, load_recipes
 from routerproject.config import RouterConfig
 
 
@@ -45,6 +46,8 @@ class Node:
     started_at: float = field(default_factory=time.time)
     request_timeout: aiohttp.ClientTimeout = field(default_factory=aiohttp.ClientTimeout)
     """Bounds one whole backend request (`backend.request_timeout`); built once, not per call."""
+    recipes: dict[str, Recipe] = field(default_factory=dict)
+    """Split recipes by public ID (master only)."""
     busy: Counter[tuple[str, str, str]] = field(default_factory=Counter)
     """In-flight requests per (node_id, local_id, lane), local and forwarded, for replica choice."""
 
@@ -130,6 +133,8 @@ def build_node(
         on_assignments=on_assignments,
     )
     node.lending = Lending(node_id=c.node_id, file_values=config.lending_file_values())
+    if c.role == "master":
+        node.recipes = load_recipes(Path(c.store_dir))
     node.owner = OwnerLending(node)
     node.lending.hold_policy = lambda lane: HoldPolicy(node, lane)
     node.restore = Restorer(node)

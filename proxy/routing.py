@@ -73,7 +73,38 @@ def choose(node: Node, public_id: str, kind: Kind, replicas: list[Replica]) -> R
     raise RouterError(502, f'{label} "{public_id}" has no available replicas', type="backend_error")
 
 
+def recipe_replica(node: Node, public_id: str, kind: Kind) -> Replica | None:
+    """The replica of a split recipe's component for this kind of request, if one is named."""
+    recipe = node.recipes.get(public_id)
+    if recipe is None:
+        return None
+    comp = recipe.component("voice" if kind == "voice" else kind if kind != "llm" else "text")
+    if comp is None:
+        raise not_found(public_id)
+    wanted = comp.image_id if kind == "image" else comp.model_id
+    table = node.cluster.by_public_image_id if kind == "image" else node.cluster.by_public_id
+    for replicas in table.values():
+        for replica in replicas:
+            model = replica.record.get("image_id") if kind == "image" else replica.local_id
+            if replica.node_id == comp.node_id and model == wanted:
+                if not replica.available:
+                    raise RouterError(
+                        503,
+                        f'recipe "{recipe.id}" needs node {comp.node_id}, which is not healthy',
+                        type="backend_error",
+                        code="node_unavailable",
+                    )
+                return replica
+    raise RouterError(
+        404, f'recipe "{recipe.id}" uses a model that is not available', type="not_found"
+    )
+
+
 def resolve(node: Node, public_id: str, kind: Kind, *, borrowed: bool = False) -> Replica:
+    if node.recipes and not borrowed:
+        picked = recipe_replica(node, public_id, kind)
+        if picked is not None:
+            return picked
     replicas = candidates(node, public_id, kind)
     if borrowed:
         # Borrowed work is served here or handed back; it is never forwarded onward.

@@ -365,3 +365,33 @@ def test_standalone_node_routes_answer_401_cluster_token_required(tmp_path: Path
             assert resp.json()["error"]["message"] == "cluster token is required"
     finally:
         node.cleanup()
+
+
+def test_a_split_recipe_routes_each_kind_to_its_components_node(tmp_path: Path) -> None:
+    import json
+
+    store = tmp_path / "master" / "store"
+    store.mkdir(parents=True)
+    recipe = {
+        "id": "combo",
+        "public_id": "combo",
+        "text": {
+            "kind": "text",
+            "node_id": "w1",
+            "model_id": "words",
+            "config_filename": "words.kcpps",
+        },
+    }
+    (store / "split-recipes.json").write_text(json.dumps({"recipes": [recipe]}))
+    c = start_cluster(tmp_path, [], {"w1": [text_model("words")]})
+    try:
+        with c.master.client() as client:
+            resp = client.post("/v1/chat/completions", json=chat("combo"))
+            assert resp.status_code == 200 and resp.json()["model"] == "combo"
+            c.slaves["w1"].kill()
+            wait_for(
+                lambda: client.post("/v1/chat/completions", json=chat("combo")).status_code == 503,
+                timeout=15,
+            )
+    finally:
+        c.cleanup()
