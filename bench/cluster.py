@@ -25,7 +25,11 @@ from typing import Any
 
 import yaml
 
+# Run as a script, bench/ is first on sys.path, and bench/queue.py would shadow the standard
+# library's `queue`: swap that entry for the repository root.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# ruff: noqa: E402  (imports below need the path fix above)
 
 from bench.overhead import free_port, latency, percentile, start, stop, wait_http
 

@@ -20,7 +20,11 @@ from pathlib import Path
 
 import numpy as np
 
+# Run as a script, bench/ is first on sys.path, and bench/queue.py would shadow the standard
+# library's `queue`: swap that entry for the repository root.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# ruff: noqa: E402  (imports below need the path fix above)
 
 from analytics.fitting import fit_durations, token_profile
 

@@ -25,8 +25,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+# Run as a script, bench/ is first on sys.path, and bench/queue.py would shadow the standard
+# library's `queue`: swap that entry for the repository root.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO / "bench"]
+sys.path.insert(0, str(REPO))
 
 from proxy.queue import Entry, HoldPredicate, LaneQueue  # noqa: E402
 

@@ -50,3 +50,18 @@ def disable_twisted_form_parsing() -> None:
 
     WebRequest.__init__ = init
     WebRequest._router_no_form_parse = True
+
+
+def disable_twisted_access_log() -> None:
+    """Skip Twisted's own access-log line, which Daphne never shows.
+
+    Twisted's HTTPFactory formats a combined-log line for every request and hands it to
+    Twisted's logging, which Daphne routes to nowhere (it keeps its own access log through
+    `action_logger`): measured at ~2.5% of a master's CPU under load, for nothing.
+    """
+    from daphne.http_protocol import HTTPFactory
+
+    def log(self: HTTPFactory, request: object) -> None:
+        return None
+
+    HTTPFactory.log = log

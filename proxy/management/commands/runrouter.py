@@ -134,9 +134,14 @@ class NodeRunner:
             ready_callable=self._install_signals,
             verbosity=0,
         )
-        from routerproject.gctune import disable_twisted_form_parsing, tune_gc
+        from routerproject.gctune import (
+            disable_twisted_access_log,
+            disable_twisted_form_parsing,
+            tune_gc,
+        )
 
         disable_twisted_form_parsing()
+        disable_twisted_access_log()
         tune_gc()
         self.server.run()
         return self.exit_code
