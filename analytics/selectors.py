@@ -5,41 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from analytics.models import LoadRecord, RequestRecord
+from analytics.recorder import LOAD_COLUMNS, REQUEST_COLUMNS
 
-REQUEST_FIELDS = (
-    "id",
-    "node_id",
-    "model_id",
-    "config_filename",
-    "lane",
-    "path",
-    "status",
-    "success",
-    "borrowed",
-    "stream",
-    "prompt_bytes",
-    "prompt_tokens",
-    "output_tokens",
-    "image_width",
-    "image_height",
-    "image_steps",
-    "image_count",
-    "duration_ms",
-    "started_at",
-    "finished_at",
-)
-LOAD_FIELDS = (
-    "id",
-    "node_id",
-    "model_id",
-    "config_filename",
-    "lane",
-    "reason",
-    "success",
-    "error",
-    "duration_ms",
-    "finished_at",
-)
+# The columns the recorder writes, plus the id: one list, so the two never drift apart.
+REQUEST_FIELDS = ("id", *REQUEST_COLUMNS)
+LOAD_FIELDS = ("id", *LOAD_COLUMNS)
 
 
 def analytics_recent(*, kind: str, limit: int) -> list[dict[str, Any]]:

@@ -37,14 +37,10 @@ from routerproject.errors import RouterError
 Handler = Callable[[Ctx, Node], Awaitable[None]]
 
 
-def _check_image_input(record: Any, doc: dict[str, Any], model: str) -> None:
+def _check_image_input(record: Any, has_image: bool, model: str) -> None:
     # A text-only model cannot read images: a clear 400 before any backend beats an error deep
     # in generation. (Guardian models, which answer such requests instead, hook in here.)
-    if (
-        not record.get("has_multimodal")
-        and record.get("backend_mode") != "upstream"
-        and body_has_image(doc)
-    ):
+    if has_image and not record.get("has_multimodal") and record.get("backend_mode") != "upstream":
         raise RouterError(
             400,
             f'model "{model}" does not accept image input (image input is not supported)',
@@ -119,7 +115,8 @@ async def handle_openai_text(ctx: Ctx, node: Node) -> None:
     doc = parse_json_body(ctx)
     model = require_model(doc)
     replica = resolve(node, model, "llm", borrowed=ctx.borrowed)
-    _check_image_input(replica.record, doc, model)
+    has_image = body_has_image(doc)
+    _check_image_input(replica.record, has_image, model)
     await _serve(
         ctx,
         node,
@@ -131,7 +128,7 @@ async def handle_openai_text(ctx: Ctx, node: Node) -> None:
         shape=shape_openai,
         stream=doc.get("stream") is True,
         max_tokens=work.requested_output_tokens(doc),
-        has_image=body_has_image(doc),
+        has_image=has_image,
     )
 
 
@@ -253,7 +250,7 @@ async def handle_ollama(ctx: Ctx, node: Node) -> None:
     model = require_model(doc)
     replica = resolve(node, model, "llm", borrowed=ctx.borrowed)
     if replica.cfg is None:
-        _check_image_input(replica.record, doc, model)
+        _check_image_input(replica.record, body_has_image(doc), model)
         await _serve(
             ctx,
             node,
@@ -274,7 +271,8 @@ async def handle_ollama(ctx: Ctx, node: Node) -> None:
     except translate.TranslationError as exc:
         raise RouterError(400, str(exc), param=exc.param) from exc
     body_doc["model"] = replica.local_id
-    _check_image_input(replica.record, body_doc, model)
+    has_image = body_has_image(body_doc)
+    _check_image_input(replica.record, has_image, model)
     await _serve(
         ctx,
         node,
@@ -286,7 +284,7 @@ async def handle_ollama(ctx: Ctx, node: Node) -> None:
         shape=_ollama_shaper(kind),
         stream=stream,
         max_tokens=work.requested_output_tokens(body_doc),
-        has_image=body_has_image(body_doc),
+        has_image=has_image,
     )
 
 
