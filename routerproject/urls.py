@@ -10,6 +10,7 @@ urlpatterns = [
     path("router/v1/site/", include("lending.api.urls")),
     path("router/v1/", include("registry.api.urls")),
     path("ui/lending", views.lending_tab, name="ui-lending"),
+    path("ui/nodes", views.nodes_page, name="ui-nodes"),
     path("", views.index, name="index"),
 ]
 

@@ -12,7 +12,7 @@ def index(request: HttpRequest) -> HttpResponse:
         {
             "service": "cluster router",
             "endpoints": ["/v1/models", "/router/v1/models"],
-            "webui": ["/ui/lending"],
+            "webui": ["/ui/nodes", "/ui/lending"],
         }
     )
 
@@ -22,6 +22,13 @@ def lending_tab(request: HttpRequest) -> HttpResponse:
     if settings.ROUTER.cluster.role == "slave":
         return not_found(request)
     return render(request, "ui/lending.html")
+
+
+def nodes_page(request: HttpRequest) -> HttpResponse:
+    """The Nodes page: one card per node with loaded models, active and held requests."""
+    if settings.ROUTER.cluster.role == "slave":
+        return not_found(request)
+    return render(request, "ui/nodes.html")
 
 
 def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:

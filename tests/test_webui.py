@@ -15,6 +15,7 @@ from tests.harness import REPO, Cluster, start_cluster, text_model
 pytestmark = pytest.mark.integration
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = REPO / "test-artifacts"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 if not Path(CHROMIUM).exists():
@@ -66,7 +67,7 @@ def page(cluster: Cluster) -> Iterator[object]:
     with playwright_api.sync_playwright() as pw:
         browser = pw.chromium.launch(
             executable_path=CHROMIUM,
-            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
+            args=CHROMIUM_ARGS,
         )
         try:
             tab = browser.new_page()
@@ -114,3 +115,46 @@ def test_settings_typed_in_the_tab_are_saved_and_reach_the_cluster(
             httpx.delete(cluster.master.base_url + "/router/v1/site/offload/settings").status_code
             == 200
         )
+
+
+def test_the_nodes_page_lists_held_requests_with_their_state(cluster: Cluster) -> None:
+    done: list[int] = []
+
+    def call() -> None:
+        with cluster.slaves["o"].client(timeout=120) as oc:
+            body: dict[str, object] = {
+                "model": "big",
+                "messages": [{"role": "user", "content": "x"}],
+                "max_tokens": 100,
+            }
+            done.append(oc.post("/v1/chat/completions", json=body).status_code)
+
+    # No probes for now (the helper would drain the queue in a blink): eight 3-second jobs at
+    # depth 2 then stay queued for several seconds.
+    settings_path = cluster.master.base_url + "/router/v1/site/offload/settings"
+    httpx.post(settings_path, json={"values": {"offload_probe_idle": "10m"}}).raise_for_status()
+    threads = [threading.Thread(target=call) for _ in range(8)]
+    for t in threads:
+        t.start()
+    try:
+        with playwright_api.sync_playwright() as pw:
+            browser = pw.chromium.launch(
+                executable_path=CHROMIUM,
+                args=CHROMIUM_ARGS,
+            )
+            try:
+                tab = browser.new_page()
+                tab.goto(cluster.master.base_url + "/ui/nodes")
+                tab.wait_for_selector('section[data-node="o"] ul.held li', timeout=30_000)
+                text = tab.locator('section[data-node="o"] ul.held').inner_text()
+                assert "big" in text and "queued" in text
+                assert tab.locator("section.card").count() == 3
+                ARTIFACTS.mkdir(exist_ok=True)
+                tab.screenshot(path=str(ARTIFACTS / "nodes-page.png"), full_page=True)
+            finally:
+                browser.close()
+    finally:
+        httpx.delete(settings_path)
+        for t in threads:
+            t.join()
+    assert done == [200] * 8
