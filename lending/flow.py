@@ -44,8 +44,6 @@ async def owner_turn(ctx: Ctx, node: Node, job: Job, entry: Entry, shape: Shaper
     lane, model_id = job.lane, job.model_id
     requeued = False
     while True:
-        if not requeued:
-            _yield_borrowed(node, lane)
         outcome = await lending.admit(
             lane, entry, requeued=requeued, on_enqueued=lambda: report_enqueued(node, lane, entry)
         )
@@ -70,7 +68,7 @@ def report_enqueued(node: Node, lane: str, entry: Entry) -> None:
         node.owner.report(lane, entry.model_id, "enqueued")
 
 
-def _yield_borrowed(node: Node, lane: str) -> None:
+def yield_borrowed(node: Node, lane: str) -> None:
     """A native request arrived: every borrowed request not yet running goes back to its owner."""
     queue = node.lending.queues.get(lane)
     if queue is None:

@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from lending.flow import helper_turn, owner_turn
+from lending.flow import helper_turn, owner_turn, yield_borrowed
 from proxy import translate, work
 from proxy.backends import Lane, Launch
 from proxy.httpclient import get_session
@@ -231,6 +231,10 @@ async def forward(ctx: Ctx, node: Node, job: Job, shape: Shaper) -> None:
         lending.own_begin()
     entry: Entry | None = None
     try:
+        if not borrowed:
+            # The node's own request, enrolled or not: borrowed work it has not started goes
+            # back to its owners now, so its own work goes first.
+            yield_borrowed(node, job.lane)
         if borrowed:
             entry = await helper_turn(ctx, node, job)
             node.restore.borrowed_started(job, ctx.offload_restore)
