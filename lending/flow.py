@@ -69,7 +69,15 @@ def report_enqueued(node: Node, lane: str, entry: Entry) -> None:
 
 
 def yield_borrowed(node: Node, lane: str) -> None:
-    """A native request arrived: every borrowed request not yet running goes back to its owner."""
+    """A native request arrived: every borrowed request not yet running goes back to its owner.
+
+    That covers borrowed requests still queued in the router and those admitted but still
+    waiting for the runtime or for the helper model to load; one that holds the runtime and
+    generates always finishes.
+    """
+    for takeback in list(node.lending.borrowed_waiting.get(lane, ())):
+        if not takeback.done():
+            takeback.set_result(None)
     queue = node.lending.queues.get(lane)
     if queue is None:
         return
@@ -176,6 +184,29 @@ def _helper_row(node: Node, lane: str, model_id: str, reason: str, **fields: Any
         reason=reason,
         **fields,
     )
+
+
+async def borrowed_acquire(node: Node, job: Job, acquiring: Awaitable[Any]) -> Any:
+    """Wait for the runtime (maybe a model load) unless the helper's own work takes it back."""
+    lane = job.lane
+    takeback: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    waiting = node.lending.borrowed_waiting.setdefault(lane, set())
+    waiting.add(takeback)
+    task = asyncio.ensure_future(acquiring)
+    try:
+        await asyncio.wait({task, takeback}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        waiting.discard(takeback)
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    _helper_row(node, lane, job.model_id, "own_work_arrived")
+    raise offload_returned("the helper's own work arrived before this request started")
 
 
 async def helper_turn(ctx: Ctx, node: Node, job: Job) -> Entry:

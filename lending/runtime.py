@@ -51,6 +51,8 @@ class Lending:
         self.owners: dict[str, frozenset[str]] = {lane: frozenset() for lane in LENDING_LANES}
         self.queues: dict[str, LaneQueue] = {}
         self.policies: dict[str, Any] = {}
+        self.borrowed_waiting: dict[str, set[asyncio.Future[None]]] = {}
+        """Per lane: admitted borrowed requests still waiting for the runtime or a load."""
         self.costs: NodeCosts | None = None
         self.own_idle_since = clock()
         self.own_active = 0

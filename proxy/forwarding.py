@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from lending.flow import helper_turn, owner_turn, yield_borrowed
+from lending.flow import borrowed_acquire, helper_turn, owner_turn, yield_borrowed
 from proxy import translate, work
 from proxy.backends import Lane, Launch
 from proxy.httpclient import get_session
@@ -249,7 +249,10 @@ async def forward(ctx: Ctx, node: Node, job: Job, shape: Shaper) -> None:
                 node.owner.image_entries.discard(id(entry))
         if not borrowed:
             node.restore.own_started(job)
-        launch, release = await _acquire(node, job, borrowed=borrowed)
+        if borrowed:
+            launch, release = await borrowed_acquire(node, job, _acquire(node, job, borrowed=True))
+        else:
+            launch, release = await _acquire(node, job)
         runtime = node.runtimes.runtime_for(job.cfg, job.lane)
         try:
             url = launch.base_url + launch.backend_path(job.backend_path)
