@@ -201,6 +201,10 @@ class Runtime:
                 continue
             if self.state in ("loading", "stopping") or self.active > 0 or self._closed:
                 return
+            # Marked loading here, not when the task first runs: another waiter's pump in the
+            # same loop iteration must see the switch under way, or it would start a second one.
+            self.state = "loading"
+            self.loading = head.cfg
             self._switch_task = asyncio.ensure_future(self._switch(head.cfg, head.reason))
             return
 
