@@ -23,15 +23,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 # Run as a script, bench/ is first on sys.path, and bench/queue.py would shadow the standard
 # library's `queue`: swap that entry for the repository root.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 # ruff: noqa: E402  (imports below need the path fix above)
 
-from bench.overhead import free_port, latency, percentile, start, stop, wait_http
+from bench.overhead import (
+    free_port,
+    latency,
+    percentile,
+    router_env,
+    start,
+    stop,
+    wait_http,
+    write_two_node_configs,
+)
 
 TOKEN = "bench-cluster-token-0123456789"
 
@@ -95,38 +102,14 @@ def main() -> None:
     (root / "slave" / "kcpps" / "bench.kcpps").write_text(
         json.dumps({"backend_mode": "upstream", "upstream_url": f"http://127.0.0.1:{up_port}"})
     )
-    common = {"token": TOKEN, "health_interval": "5s", "sync_interval": "5s"}
-    configs = {
-        "master": {
-            "server": {"bind": f"127.0.0.1:{master_port}"},
-            "cluster": {
-                "role": "master",
-                "node_id": "master",
-                "public_url": master_url,
-                "slave_urls": [slave_url],
-                "store_dir": str(root / "master" / "store"),
-                **common,
-            },
-            "models": {"config_dir": str(root / "master" / "kcpps")},
-            "backend": {"mode": "llama_sdcpp"},
-        },
-        "slave": {
-            "server": {"bind": f"127.0.0.1:{slave_port}"},
-            "cluster": {
-                "role": "slave",
-                "node_id": "slave",
-                "public_url": slave_url,
-                "master_url": master_url,
-                "store_dir": str(root / "slave" / "store"),
-                **common,
-            },
-            "models": {"config_dir": str(root / "slave" / "kcpps")},
-            "backend": {"mode": "sim"},
-        },
-    }
-    for name, cfg in configs.items():
-        (root / name / "config.yaml").write_text(yaml.safe_dump(cfg))
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "ROUTER_CONFIG")}
+    write_two_node_configs(
+        root,
+        master_port=master_port,
+        slave_port=slave_port,
+        token=TOKEN,
+        master_mode="llama_sdcpp",
+    )
+    env = router_env()
     procs = [
         start(
             [sys.executable, "-m", "proxy.sim", "-m", str(weights), "--port", str(up_port)],

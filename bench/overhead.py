@@ -136,6 +136,60 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
+def write_two_node_configs(
+    root: Path,
+    *,
+    master_port: int,
+    slave_port: int,
+    token: str,
+    master_mode: str = "sim",
+    master_extra: dict[str, Any] | None = None,
+) -> None:
+    """`root/master/config.yaml` and `root/slave/config.yaml` for a master and one slave.
+
+    Each node's model configs go in `root/<name>/kcpps` (created here, left for the caller).
+    """
+    master_url = f"http://127.0.0.1:{master_port}"
+    slave_url = f"http://127.0.0.1:{slave_port}"
+    common = {"token": token, "health_interval": "2s", "sync_interval": "2s"}
+    configs = {
+        "master": (
+            master_port,
+            master_mode,
+            {
+                "role": "master",
+                "public_url": master_url,
+                "slave_urls": [slave_url],
+                **(master_extra or {}),
+            },
+        ),
+        "slave": (
+            slave_port,
+            "sim",
+            {"role": "slave", "public_url": slave_url, "master_url": master_url},
+        ),
+    }
+    for name, (port, mode, cluster) in configs.items():
+        (root / name / "kcpps").mkdir(parents=True, exist_ok=True)
+        doc = {
+            "server": {"bind": f"127.0.0.1:{port}"},
+            "cluster": {
+                "node_id": name,
+                "store_dir": str(root / name / "store"),
+                **common,
+                **cluster,
+            },
+            "models": {"config_dir": str(root / name / "kcpps")},
+            "backend": {"mode": mode},
+        }
+        (root / name / "config.yaml").write_text(yaml.safe_dump(doc))
+
+
+def router_env() -> dict[str, str]:
+    """The environment for a benchmark's router: its own SQLite, its own config."""
+    return {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "ROUTER_CONFIG")}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--n", type=int, default=1000, help="latency requests each way")

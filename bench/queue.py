@@ -34,7 +34,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 
-from bench.overhead import free_port, start, stop, wait_http
+from bench.overhead import free_port, router_env, start, stop, wait_http, write_two_node_configs
 
 TOKEN = "bench-queue-token-0123456789"
 
@@ -72,39 +72,15 @@ async def held_memory(n: int) -> dict[str, float]:
                 }
             )
         )
-    common = {"token": TOKEN, "health_interval": "2s", "sync_interval": "2s"}
-    configs = {
-        "master": {
-            "server": {"bind": f"127.0.0.1:{mport}"},
-            "cluster": {
-                "role": "master",
-                "node_id": "master",
-                "public_url": murl,
-                "slave_urls": [surl],
-                "store_dir": str(root / "master" / "st"),
-                "scheduling_backend_depth": 1,
-                **common,
-            },
-            "models": {"config_dir": str(root / "master" / "kcpps")},
-            "backend": {"mode": "sim"},
-        },
-        "slave": {
-            "server": {"bind": f"127.0.0.1:{sport}"},
-            "cluster": {
-                "role": "slave",
-                "node_id": "slave",
-                "public_url": surl,
-                "master_url": murl,
-                "store_dir": str(root / "slave" / "st"),
-                **common,
-            },
-            "models": {"config_dir": str(root / "slave" / "kcpps")},
-            "backend": {"mode": "sim"},
-        },
-    }
-    for name, cfg in configs.items():
-        (root / name / "config.yaml").write_text(yaml.safe_dump(cfg))
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "ROUTER_CONFIG")}
+    write_two_node_configs(
+        root,
+        master_port=mport,
+        slave_port=sport,
+        token=TOKEN,
+        master_mode="sim",
+        master_extra={"scheduling_backend_depth": 1},
+    )
+    env = router_env()
     procs = [
         start(
             [
