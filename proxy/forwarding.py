@@ -30,7 +30,7 @@ from proxy.rewrite import (
     rewrite_json_model,
     usage_from_json,
 )
-from proxy.runtimes import BackendError
+from proxy.runtimes import BackendError, Runtime
 from registry.cluster import Replica
 from registry.kcpps import ModelConfig
 from registry.nodeclient import NodeCallError
@@ -158,16 +158,12 @@ class Job:
     """The backend's own time for this job (set on success; see _service_ms)."""
 
 
-async def _acquire(
-    node: Node, job: Job, *, borrowed: bool = False
-) -> tuple[Launch, Callable[[], None]]:
-    runtime = node.runtimes.runtime_for(job.cfg, job.lane)
+async def _acquire(runtime: Runtime, job: Job, *, borrowed: bool = False) -> Launch:
     try:
         # A load done for borrowed work is not the node's own work (it does not reset idle).
-        launch = await runtime.acquire(job.cfg, reason="borrowed" if borrowed else "own")
+        return await runtime.acquire(job.cfg, reason="borrowed" if borrowed else "own")
     except BackendError as exc:
         raise RouterError(502, str(exc), type="backend_error", code="backend_unavailable") from exc
-    return launch, runtime.release
 
 
 def _backend_headers(job: Job) -> dict[str, str]:
@@ -230,30 +226,27 @@ async def forward(ctx: Ctx, node: Node, job: Job, shape: Shaper) -> None:
     if not borrowed:
         lending.own_begin()
     entry: Entry | None = None
+    runtime = node.runtimes.runtime_for(job.cfg, job.lane)
     try:
-        if not borrowed:
-            # The node's own request, enrolled or not: borrowed work it has not started goes
-            # back to its owners now, so its own work goes first.
-            yield_borrowed(node, job.lane)
         if borrowed:
             entry = await helper_turn(ctx, node, job)
             node.restore.borrowed_started(job, ctx.offload_restore)
-        elif lending.is_enrolled(job.lane, job.model_id):
-            entry = queue_entry(node, job, ctx)
-            if job.has_image:
-                node.owner.image_entries.add(id(entry))
-            try:
-                if await owner_turn(ctx, node, job, entry, shape):
-                    return
-            finally:
-                node.owner.image_entries.discard(id(entry))
-        if not borrowed:
-            node.restore.own_started(job)
-        if borrowed:
-            launch, release = await borrowed_acquire(node, job, _acquire(node, job, borrowed=True))
+            launch = await borrowed_acquire(node, job, _acquire(runtime, job, borrowed=True))
         else:
-            launch, release = await _acquire(node, job)
-        runtime = node.runtimes.runtime_for(job.cfg, job.lane)
+            # The node's own request, enrolled or not: borrowed work it has not started goes
+            # back to its owners now, so its own work goes first.
+            yield_borrowed(node, job.lane)
+            if lending.is_enrolled(job.lane, job.model_id):
+                entry = queue_entry(node, job, ctx)
+                if job.has_image:
+                    node.owner.image_entries.add(id(entry))
+                try:
+                    if await owner_turn(ctx, node, job, entry, shape):
+                        return
+                finally:
+                    node.owner.image_entries.discard(id(entry))
+            node.restore.own_started(job)
+            launch = await _acquire(runtime, job)
         try:
             url = launch.base_url + launch.backend_path(job.backend_path)
             session = get_session()
@@ -271,7 +264,7 @@ async def forward(ctx: Ctx, node: Node, job: Job, shape: Shaper) -> None:
                 code="backend_failed",
             ) from exc
         finally:
-            release()
+            runtime.release()
     finally:
         if entry is not None:
             admitted = entry.state is State.ADMITTED
