@@ -32,6 +32,9 @@ def get_session() -> aiohttp.ClientSession:
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_SECS),
             auto_decompress=False,
             skip_auto_headers=("User-Agent",),
+            # Backends and nodes set no cookies the router should replay; the real jar filters
+            # every request's and answer's headers for nothing.
+            cookie_jar=aiohttp.DummyCookieJar(),
         )
         _session_loop = loop
     return _session
