@@ -1,4 +1,4 @@
-"""The master publishes links and lending settings to every slave.
+"""The master publishes links, lending settings and guardians to every slave.
 
 At once after any change, and again on every tick, so a slave that restarted or missed a push
 converges within one refresh interval. Slaves then run exactly what the master runs.
@@ -24,7 +24,9 @@ logger = logging.getLogger(__name__)
 _last_outcome: dict[tuple[str, str], str] = {}
 
 
-async def _push(node: Node, path: str, body: Any, *, only: str | None = None) -> dict[str, str]:
+async def push_to_slaves(
+    node: Node, path: str, body: Any, *, only: str | None = None
+) -> dict[str, str]:
     """POST `body` to `path` on every registered slave (or just `only`); node_id → error."""
     client = node.client
     if node.role != "master" or client is None:
@@ -72,7 +74,7 @@ async def links_publish(node: Node) -> dict[str, str]:
         return {}
     snapshot = await database_sync_to_async(links_snapshot)()
     node.lending.set_links(snapshot)
-    return await _push(node, "/router/v1/node/routing-links", snapshot)
+    return await push_to_slaves(node, "/router/v1/node/routing-links", snapshot)
 
 
 async def settings_publish(node: Node) -> dict[str, str]:
@@ -81,16 +83,32 @@ async def settings_publish(node: Node) -> dict[str, str]:
         return {}
     values = await database_sync_to_async(_effective_values)(node)
     node.lending.apply_settings(values, source="local")
-    return await _push(node, "/router/v1/node/offload/settings", values)
+    return await push_to_slaves(node, "/router/v1/node/offload/settings", values)
+
+
+GUARDIANS_PATH = "/router/v1/node/guardians"
+
+
+async def guardians_publish(node: Node) -> dict[str, str]:
+    """Load the guardian settings from the database, route with them here, push them."""
+    from guardians.store import guardians_load
+
+    if node.role == "slave":
+        return {}
+    node.guardians = await database_sync_to_async(guardians_load)()
+    return await push_to_slaves(node, GUARDIANS_PATH, node.guardians.as_dict())
 
 
 async def node_catch_up(node: Node, node_id: str) -> None:
-    """Bring one slave that just (re)registered up to the master's links and settings."""
+    """Bring one slave that just (re)registered up to the master's links, settings, guardians."""
     if node.role != "master":
         return
     links = await database_sync_to_async(links_snapshot)()
-    await _push(node, "/router/v1/node/routing-links", links, only=node_id)
-    await _push(node, "/router/v1/node/offload/settings", dict(node.lending.values), only=node_id)
+    await push_to_slaves(node, "/router/v1/node/routing-links", links, only=node_id)
+    await push_to_slaves(
+        node, "/router/v1/node/offload/settings", dict(node.lending.values), only=node_id
+    )
+    await push_to_slaves(node, GUARDIANS_PATH, node.guardians.as_dict(), only=node_id)
 
 
 _catch_up_tasks: set[asyncio.Task[None]] = set()

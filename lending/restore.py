@@ -8,6 +8,10 @@ node's own request on that runtime cancels the pending restore instead of compet
 When the timer fires with no borrowed work in flight and none of the node's own work running,
 the target is loaded (as the node's own work: it resets idle); otherwise it checks again every
 delay until the node is quiet. Without the flag nothing is restored.
+
+A guardian answering image requests for a text-only model of this node displaces that model
+the same way and always restores it (guardian models, see guardians/routing.py); a guardian
+request is the node's own work, so it keeps the node from counting as quiet while it runs.
 """
 
 from __future__ import annotations
@@ -50,6 +54,19 @@ class Restorer:
 
     def borrowed_finished(self, job: Job) -> None:
         self.borrowed_in_flight = max(0, self.borrowed_in_flight - 1)
+        runtime = self._runtime(job)
+        if id(runtime) in self.targets:
+            self._arm(runtime)
+
+    def guardian_started(self, job: Job) -> None:
+        runtime = self._runtime(job)
+        key = id(runtime)
+        self._cancel_timer(key)
+        current = runtime.current
+        if current is not None and current.filename != job.cfg.filename and key not in self.targets:
+            self.targets[key] = current
+
+    def guardian_finished(self, job: Job) -> None:
         runtime = self._runtime(job)
         if id(runtime) in self.targets:
             self._arm(runtime)
@@ -101,7 +118,7 @@ class Restorer:
         lending.own_begin()
         try:
             await runtime.load(target, reason="restore")
-            logger.info("restored %s after borrowed work", target.local_id)
+            logger.info("restored %s after borrowed or guardian work", target.local_id)
         except Exception as exc:
             logger.warning("restoring %s failed: %s", target.local_id, exc)
         finally:

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from channels.db import database_sync_to_async
 
 from analytics.costs import node_costs_compute
-from lending.propagate import links_publish, settings_publish
+from lending.propagate import guardians_publish, links_publish, settings_publish
 from proxy.node import Node
 
 logger = logging.getLogger(__name__)
@@ -51,6 +51,7 @@ class LendingTicker:
             if self.node.role != "slave":
                 await settings_publish(self.node)
                 await links_publish(self.node)
+                await guardians_publish(self.node)
             await self.refit()
             if self.node.role == "master":
                 # The fallback for lost events: every lease is replanned on the tick.

@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from guardians.routing import REFUSAL_STATUSES, ImageRefused, is_image_refusal
 from lending.flow import borrowed_acquire, helper_turn, owner_turn, yield_borrowed
 from proxy import translate, work
 from proxy.backends import Lane, Launch
@@ -69,6 +70,8 @@ class Ctx:
     """A lent request from another node (set by the node protocol, never by a client header)."""
     offload_load: bool = False
     offload_restore: bool = False
+    guardian_restore: bool = False
+    """Answering for a text-only model of this node as its guardian: load that model back after."""
     t0: float = field(default_factory=time.monotonic)
     wall0: float = field(default_factory=time.time)
 
@@ -156,6 +159,10 @@ class Job:
     """Carries an image: never lent to a helper without vision."""
     service_ms: float | None = None
     """The backend's own time for this job (set on success; see _service_ms)."""
+    guardian_fallback: bool = False
+    """A guardian is set: a backend's refusal of the image raises ImageRefused instead."""
+    guardian_restore: bool = False
+    """Run as the guardian of a text-only model here: the displaced model is loaded back."""
 
 
 async def _acquire(runtime: Runtime, job: Job, *, borrowed: bool = False) -> Launch:
@@ -226,6 +233,7 @@ async def forward(ctx: Ctx, node: Node, job: Job, shape: Shaper) -> None:
     if not borrowed:
         lending.own_begin()
     entry: Entry | None = None
+    guarding = False
     runtime = node.runtimes.runtime_for(job.cfg, job.lane)
     try:
         if borrowed:
@@ -245,7 +253,11 @@ async def forward(ctx: Ctx, node: Node, job: Job, shape: Shaper) -> None:
                         return
                 finally:
                     node.owner.image_entries.discard(id(entry))
-            node.restore.own_started(job)
+            if job.guardian_restore:
+                node.restore.guardian_started(job)
+                guarding = True
+            else:
+                node.restore.own_started(job)
             launch = await _acquire(runtime, job)
         try:
             url = launch.base_url + launch.backend_path(job.backend_path)
@@ -254,6 +266,8 @@ async def forward(ctx: Ctx, node: Node, job: Job, shape: Shaper) -> None:
             async with session.post(
                 url, data=job.body, headers=_backend_headers(job), timeout=node.request_timeout
             ) as resp:
+                if job.guardian_fallback and resp.status in REFUSAL_STATUSES:
+                    await _check_refusal(ctx, resp)
                 await shape(ctx, job, resp)
             job.service_ms = _service_ms(runtime, launch, sent)
         except (TimeoutError, aiohttp.ClientError, ConnectionError) as exc:
@@ -274,9 +288,23 @@ async def forward(ctx: Ctx, node: Node, job: Job, shape: Shaper) -> None:
         if borrowed:
             node.restore.borrowed_finished(job)
         else:
+            if guarding:
+                node.restore.guardian_finished(job)
             lending.own_end()
         node.busy[busy_key] -= 1
         _record(ctx, node, job)
+
+
+async def _check_refusal(ctx: Ctx, resp: aiohttp.ClientResponse) -> None:
+    """Raise ImageRefused when the backend's error says it cannot read the image.
+
+    Error bodies are small and read once; aiohttp keeps the bytes, so the shaper still passes
+    any other error through unchanged.
+    """
+    data = await resp.read()
+    if is_image_refusal(resp.status, data):
+        ctx.status = resp.status  # the refused attempt's analytics row shows the refusal
+        raise ImageRefused(resp.status, data, _content_type(resp))
 
 
 def _service_ms(runtime: Any, launch: Launch, sent: float) -> float:
@@ -430,6 +458,8 @@ async def forward_remote(
     public_id: str,
     served_id: str,
     content_type: bytes = JSON,
+    guardian_fallback: bool = False,
+    guardian_restore: bool = False,
 ) -> None:
     """Send the request to the node holding `replica` and stream its answer back.
 
@@ -449,6 +479,8 @@ async def forward_remote(
         "Content-Type": content_type.decode("latin-1"),
         "Authorization": client.authorization,
     }
+    if guardian_restore:
+        headers["X-Tensors-Guardian-Restore"] = "1"
     try:
         # The hot path uses the process's aiohttp session (measured ~2 ms faster per hop than
         # httpx over its aiohttp transport); the node client's allow-list still decides where
@@ -460,6 +492,9 @@ async def forward_remote(
             ctype = _content_type(resp)
             if not ctype.startswith((SSE, NDJSON)):
                 data = await resp.read()
+                if guardian_fallback and is_image_refusal(resp.status, data):
+                    ctx.status = resp.status
+                    raise ImageRefused(resp.status, data, ctype)
                 if rewrite and ctype.startswith(JSON):
                     try:
                         data = rewrite_json_model(data, public_id)

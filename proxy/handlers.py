@@ -7,6 +7,7 @@ a local runtime (`forward`) or to the node that holds the model (`forward_remote
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -14,7 +15,9 @@ from typing import Any
 import orjson
 from django.conf import settings
 
+from guardians import routing as guardians
 from guardians.detect import body_has_image
+from guardians.routing import ImageRefused
 from proxy import stt, translate, work
 from proxy.forwarding import (
     Ctx,
@@ -35,17 +38,51 @@ from registry.cluster import Replica
 from routerproject.errors import RouterError
 
 Handler = Callable[[Ctx, Node], Awaitable[None]]
+logger = logging.getLogger(__name__)
 
 
-def _check_image_input(record: Any, has_image: bool, model: str) -> None:
-    # A text-only model cannot read images: a clear 400 before any backend beats an error deep
-    # in generation. (Guardian models, which answer such requests instead, hook in here.)
-    if has_image and not record.get("has_multimodal") and record.get("backend_mode") != "upstream":
-        raise RouterError(
-            400,
-            f'model "{model}" does not accept image input (image input is not supported)',
-            param="messages",
+RunOn = Callable[[Replica, bool], Awaitable[None]]
+
+
+async def _guarded(
+    ctx: Ctx, node: Node, public_id: str, replica: Replica, has_image: bool, run: RunOn
+) -> None:
+    """Run a text request on `replica`, or on the model's guardian when it cannot read images.
+
+    `run(target, restore)` serves the request on `target`; `restore` asks the target's node to
+    load its text-only model back afterwards.
+    """
+    if ctx.borrowed or not has_image:
+        # Lent work reached a helper with vision (the owner checked); a slave serving its
+        # master's guardian choice is told so by the restore flag.
+        await run(replica, ctx.guardian_restore)
+        return
+    route = guardians.before_dispatch(node, public_id, replica, has_image)
+    if route is not None:
+        logger.info(
+            "image request for %s (no vision) goes to its guardian %s on %s",
+            public_id,
+            route.guardian_id,
+            route.replica.node_id,
         )
+        await run(route.replica, route.restore)
+        return
+    try:
+        await run(replica, ctx.guardian_restore)
+    except ImageRefused as refusal:
+        # Raised only while a guardian is set, and before any byte reached the client.
+        route = guardians.guardian_route(node, public_id, replica)
+        if route is None:  # the guardian was cleared meanwhile: the refusal is the answer
+            await ctx.respond(refusal.status, refusal.body, refusal.content_type)
+            return
+        logger.info(
+            "%s refused an image (HTTP %d); its guardian %s on %s answers instead",
+            public_id,
+            refusal.status,
+            route.guardian_id,
+            route.replica.node_id,
+        )
+        await run(route.replica, route.restore)
 
 
 def _with_model(body: bytes, public_id: str, served_id: str) -> bytes:
@@ -67,6 +104,7 @@ async def _serve(
     image: work.ImageWork | None = None,
     max_tokens: int | None = None,
     has_image: bool = False,
+    guardian_restore: bool = False,
 ) -> None:
     """Run the request where `replica` lives: this node's runtime, or its own node."""
     lane = lane_of(kind)
@@ -75,6 +113,13 @@ async def _serve(
         served_id = str(replica.record.get("image_id") or replica.local_id)
     if content_type.startswith(b"application/json"):
         body = _with_model(body, public_id, served_id)
+    # Only a request that could still go elsewhere watches for the backend refusing its image:
+    # a guardian must be set, and this must not already be that guardian.
+    fallback = (
+        has_image
+        and not ctx.borrowed
+        and node.guardians.for_model(public_id, replica.node_id) not in (None, replica.public_id)
+    )
     if replica.cfg is None:
         # Another node serves it; it translates Ollama/Kobold itself, so the client's own path
         # and shape go over the wire unchanged apart from the model ID.
@@ -88,6 +133,8 @@ async def _serve(
             public_id=public_id,
             served_id=served_id,
             content_type=content_type,
+            guardian_fallback=fallback,
+            guardian_restore=guardian_restore,
         )
         return
     job = Job(
@@ -103,6 +150,8 @@ async def _serve(
         image=image,
         max_tokens=max_tokens,
         has_image=has_image,
+        guardian_fallback=fallback,
+        guardian_restore=guardian_restore,
     )
     await forward(ctx, node, job, shape)
 
@@ -116,20 +165,24 @@ async def handle_openai_text(ctx: Ctx, node: Node) -> None:
     model = require_model(doc)
     replica = resolve(node, model, "llm", borrowed=ctx.borrowed)
     has_image = body_has_image(doc)
-    _check_image_input(replica.record, has_image, model)
-    await _serve(
-        ctx,
-        node,
-        replica,
-        kind="llm",
-        public_id=model,
-        path=ctx.path,
-        body=ctx.body,
-        shape=shape_openai,
-        stream=doc.get("stream") is True,
-        max_tokens=work.requested_output_tokens(doc),
-        has_image=has_image,
-    )
+
+    async def run(target: Replica, restore: bool) -> None:
+        await _serve(
+            ctx,
+            node,
+            target,
+            kind="llm",
+            public_id=model,
+            path=ctx.path,
+            body=ctx.body,
+            shape=shape_openai,
+            stream=doc.get("stream") is True,
+            max_tokens=work.requested_output_tokens(doc),
+            has_image=has_image,
+            guardian_restore=restore,
+        )
+
+    await _guarded(ctx, node, model, replica, has_image, run)
 
 
 async def handle_embeddings(ctx: Ctx, node: Node) -> None:
@@ -249,19 +302,6 @@ async def handle_ollama(ctx: Ctx, node: Node) -> None:
     doc = parse_json_body(ctx)
     model = require_model(doc)
     replica = resolve(node, model, "llm", borrowed=ctx.borrowed)
-    if replica.cfg is None:
-        _check_image_input(replica.record, body_has_image(doc), model)
-        await _serve(
-            ctx,
-            node,
-            replica,
-            kind="llm",
-            public_id=model,
-            path=ctx.path,
-            body=ctx.body,
-            shape=shape_openai,
-        )
-        return
     kind = "chat" if ctx.path == "/api/chat" else "generate"
     try:
         if kind == "chat":
@@ -270,22 +310,40 @@ async def handle_ollama(ctx: Ctx, node: Node) -> None:
             path, body_doc, stream = translate.ollama_generate_request(doc)
     except translate.TranslationError as exc:
         raise RouterError(400, str(exc), param=exc.param) from exc
-    body_doc["model"] = replica.local_id
     has_image = body_has_image(body_doc)
-    _check_image_input(replica.record, has_image, model)
-    await _serve(
-        ctx,
-        node,
-        replica,
-        kind="llm",
-        public_id=model,
-        path=path,
-        body=orjson.dumps(body_doc),
-        shape=_ollama_shaper(kind),
-        stream=stream,
-        max_tokens=work.requested_output_tokens(body_doc),
-        has_image=has_image,
-    )
+
+    async def run(target: Replica, restore: bool) -> None:
+        if target.cfg is None:
+            # The holder translates Ollama itself: the client's body goes as it came.
+            await _serve(
+                ctx,
+                node,
+                target,
+                kind="llm",
+                public_id=model,
+                path=ctx.path,
+                body=ctx.body,
+                shape=shape_openai,
+                has_image=has_image,
+                guardian_restore=restore,
+            )
+            return
+        await _serve(
+            ctx,
+            node,
+            target,
+            kind="llm",
+            public_id=model,
+            path=path,
+            body=orjson.dumps({**body_doc, "model": target.local_id}),
+            shape=_ollama_shaper(kind),
+            stream=stream,
+            max_tokens=work.requested_output_tokens(body_doc),
+            has_image=has_image,
+            guardian_restore=restore,
+        )
+
+    await _guarded(ctx, node, model, replica, has_image, run)
 
 
 async def handle_kobold(ctx: Ctx, node: Node) -> None:

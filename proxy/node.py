@@ -16,6 +16,7 @@ import aiohttp
 from django.conf import settings
 
 from analytics.recorder import Recorder
+from guardians.store import Guardians
 from lending.decisions import DecisionLog
 from lending.hold import HoldPolicy
 from lending.owner import OwnerLending
@@ -50,6 +51,8 @@ class Node:
     """Split recipes by public ID (master only)."""
     busy: Counter[tuple[str, str, str]] = field(default_factory=Counter)
     """In-flight requests per (node_id, local_id, lane), local and forwarded, for replica choice."""
+    guardians: Guardians = field(default_factory=Guardians)
+    """Guardian settings in force: the master's database rows, or what the master pushed."""
 
     @property
     def node_id(self) -> str:

@@ -106,6 +106,14 @@ async def handle_routing_links(ctx: Ctx, node: Node) -> None:
     await ctx.respond(204, b"")
 
 
+async def handle_guardians(ctx: Ctx, node: Node) -> None:
+    from guardians.store import Guardians
+
+    _slave_only(node, "guardians")
+    node.guardians = Guardians.from_dict(parse_json_body(ctx))
+    await ctx.respond(204, b"")
+
+
 async def handle_offload_settings(ctx: Ctx, node: Node) -> None:
     from lending.keys import KEYS_BY_NAME, LendingSettingError, canonical_value
 
@@ -245,6 +253,7 @@ NODE_ROUTES: dict[str, Route] = {
     "/router/v1/node/state": (GET, handle_state, False),
     "/router/v1/node/routing-links": (POST, handle_routing_links, False),
     "/router/v1/node/offload/settings": (POST, handle_offload_settings, False),
+    "/router/v1/node/guardians": (POST, handle_guardians, False),
     "/router/v1/node/offload/summary": (GET, handle_offload_summary, False),
     "/router/v1/node/offload/decisions": (GET, handle_offload_decisions, False),
     "/router/v1/node/offload/event": (POST, handle_offload_event, False),
@@ -263,6 +272,9 @@ def _inner(handler: Handler, inner_path: str) -> Handler:
             ctx.borrowed = True
             ctx.offload_load = ctx.header(b"x-tensors-offload-load") == b"1"
             ctx.offload_restore = ctx.header(b"x-tensors-offload-restore") == b"1"
+        # A master sending a request to the guardian on the text-only model's own node asks
+        # that node to load its model back afterwards.
+        ctx.guardian_restore = ctx.header(b"x-tensors-guardian-restore") == b"1"
         await handler(ctx, node)
 
     return run

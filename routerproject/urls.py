@@ -8,6 +8,7 @@ from routerproject import views
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("router/v1/site/", include("lending.api.urls")),
+    path("router/v1/site/", include("guardians.api.urls")),
     path("router/v1/", include("registry.api.urls")),
     path("ui/lending", views.lending_tab, name="ui-lending"),
     path("ui/nodes", views.nodes_page, name="ui-nodes"),
