@@ -62,12 +62,14 @@ def guardian_route(node: Node, public_id: str, replica: Replica) -> GuardianRout
         return None
     found = [r for r in candidates(node, guardian_id, "llm") if r.record.get("has_multimodal")]
     if not found:
+        # Gone from the cluster, or (on a slave) a model of another node. Worded as a refusal,
+        # so a master that forwarded the request here can still send it to the guardian.
         raise RouterError(
-            503,
-            f'guardian "{guardian_id}" of model "{public_id}" is not a multimodal text model '
-            "this router can reach",
-            type="backend_error",
-            code="guardian_unavailable",
+            400,
+            f'model "{public_id}" does not accept image input (image input is not supported) '
+            f'and its guardian "{guardian_id}" is not a multimodal text model this node can reach',
+            param="messages",
+            code="image_not_supported",
         )
     # The guardian shares the text-only model's node when it can: no second node disturbed.
     same_node = [r for r in found if r.node_id == replica.node_id and (r.is_local or r.available)]
