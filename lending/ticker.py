@@ -17,9 +17,12 @@ from channels.db import database_sync_to_async
 
 from analytics.costs import node_costs_compute
 from lending.propagate import guardians_publish, links_publish, settings_publish
+from lending.services import decisions_prune
 from proxy.node import Node
 
 logger = logging.getLogger(__name__)
+
+PRUNE_EVERY_SECS = 3600.0
 
 
 class LendingTicker:
@@ -28,6 +31,7 @@ class LendingTicker:
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._interval = node.lending.settings.refresh_interval_secs
+        self._pruned_at: float | None = None
         node.lending.listeners.append(self._settings_changed)
 
     def _settings_changed(self) -> None:
@@ -53,6 +57,8 @@ class LendingTicker:
                 await links_publish(self.node)
                 await guardians_publish(self.node)
             await self.refit()
+            if self.node.role == "slave":
+                await self.prune_if_due(time.monotonic(), int(time.time() * 1000))
             if self.node.role == "master":
                 # The fallback for lost events: every lease is replanned on the tick.
                 from lending.master import get_master
@@ -61,6 +67,23 @@ class LendingTicker:
         except Exception:
             logger.exception("lending tick failed")
         logger.debug("lending tick took %.1f ms", (time.monotonic() - started) * 1000)
+
+    async def prune_if_due(self, now: float, now_ms: int) -> int:
+        """A slave prunes its decision log here, with the retention its master pushed.
+
+        Only this process knows the pushed value; the django-q2 worker would use the slave's
+        own config file (lending/tasks.py leaves slaves to this).
+        """
+        if self._pruned_at is not None and now - self._pruned_at < PRUNE_EVERY_SECS:
+            return 0
+        self._pruned_at = now
+        retention_ms = int(self.node.lending.settings.decisions_retention_secs * 1000)
+        deleted: int = await database_sync_to_async(decisions_prune)(
+            now_ms=now_ms, retention_ms=retention_ms
+        )
+        if deleted:
+            logger.info("decision log prune: %d rows deleted", deleted)
+        return deleted
 
     async def start(self) -> None:
         await self.tick()

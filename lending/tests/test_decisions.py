@@ -498,3 +498,32 @@ def test_the_prune_task_keeps_thirty_days_by_default() -> None:
     with time_machine.travel(T0_MS / 1000, tick=False):
         assert prune_decisions() == 1
     assert stored("recorded_at") == [(T0_MS - 29 * day_ms,)]
+
+
+@writer_db
+def test_a_slave_prunes_in_its_router_process_with_the_retention_its_master_pushed(
+    settings: Any,
+) -> None:
+    from types import SimpleNamespace
+
+    from lending.ticker import PRUNE_EVERY_SECS, LendingTicker
+
+    hour_ms = 3_600_000
+    # The slave's own layers say thirty days; the master pushed one hour.
+    make_rows({"recorded_at": T0_MS - 2 * hour_ms}, {"recorded_at": T0_MS - hour_ms // 2})
+    lending = SimpleNamespace(
+        settings=SimpleNamespace(refresh_interval_secs=5.0, decisions_retention_secs=3600.0),
+        listeners=[],
+    )
+    ticker = LendingTicker(SimpleNamespace(role="slave", lending=lending))  # type: ignore[arg-type]
+    assert async_to_sync(ticker.prune_if_due)(100.0, T0_MS) == 1
+    assert stored("recorded_at") == [(T0_MS - hour_ms // 2,)]
+    # Not again until the prune period has passed.
+    assert async_to_sync(ticker.prune_if_due)(100.0 + PRUNE_EVERY_SECS - 1, T0_MS + hour_ms) == 0
+    assert async_to_sync(ticker.prune_if_due)(100.0 + PRUNE_EVERY_SECS, T0_MS + hour_ms) == 1
+    # The django-q2 task leaves a slave's log to the router process.
+    settings.ROUTER = settings.ROUTER.model_copy(
+        update={"cluster": settings.ROUTER.cluster.model_copy(update={"role": "slave"})}
+    )
+    make_rows({"recorded_at": T0_MS - 90 * 86_400_000})
+    assert prune_decisions() == 0
