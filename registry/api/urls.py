@@ -5,6 +5,7 @@ from django.urls import path
 from analytics.api import views as analytics_views
 from lending.api import links as link_views
 from lending.api import summary as summary_views
+from registry.api import schema as schema_views
 from registry.api import views
 
 urlpatterns = [
@@ -12,6 +13,7 @@ urlpatterns = [
     path("load", views.load, name="router-load"),
     path("unload", views.unload, name="router-unload"),
     path("version", views.version, name="router-version"),
+    path("schema", schema_views.schema, name="router-schema"),
     path("site/nodes/state", views.nodes_state, name="site-nodes-state"),
     path("site/analytics", analytics_views.analytics, name="site-analytics"),
     path("site/routing-groups", link_views.routing_groups, name="site-routing-groups"),
