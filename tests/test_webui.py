@@ -6,11 +6,20 @@ import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
-from tests.harness import REPO, Cluster, start_cluster, text_model
+from tests.harness import (
+    REPO,
+    Cluster,
+    ModelSpec,
+    sim_weights,
+    start_cluster,
+    text_model,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -158,3 +167,142 @@ def test_the_nodes_page_lists_held_requests_with_their_state(cluster: Cluster) -
         for t in threads:
             t.join()
     assert done == [200] * 8
+
+
+def vision_model(name: str) -> ModelSpec:
+    """A multimodal text model: a text model with a projector (`mmproj`)."""
+    return ModelSpec(
+        name,
+        {"contextsize": 4096, "parallel": 1},
+        {"model_param": sim_weights(vision=True), "mmproj": sim_weights(vision=True)},
+    )
+
+
+@pytest.fixture(scope="module")
+def guardian_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    # A cluster of its own: guardian candidates would change what the lending cluster shows.
+    c = start_cluster(
+        tmp_path_factory.mktemp("webui-guardians"),
+        [text_model("plain")],
+        {"s": [text_model("notes"), vision_model("seer"), vision_model("eye")]},
+    )
+    try:
+        yield c
+    finally:
+        c.cleanup()
+
+
+def guardians_doc(cluster: Cluster) -> dict[str, object]:
+    with cluster.master.client() as client:
+        doc: dict[str, object] = client.get("/router/v1/site/guardians").json()
+        return doc
+
+
+def test_guardians_chosen_in_the_tab_are_saved_and_shown_with_their_scope(
+    guardian_cluster: Cluster,
+) -> None:
+    c = guardian_cluster
+
+    def effective(tab: Any, model: str) -> str:
+        text: str = tab.locator(f'tr[data-model="{model}"] td.effective').inner_text()
+        return text
+
+    def wait_effective(tab: Any, model: str, text: str) -> None:
+        tab.wait_for_function(
+            """([m, t]) => {
+                const cell = document.querySelector(`tr[data-model="${m}"] td.effective`);
+                return cell !== null && cell.innerText === t;
+            }""",
+            arg=[model, text],
+        )
+
+    with playwright_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            tab = browser.new_page()
+            tab.goto(c.master.base_url + "/ui/lending")
+            tab.wait_for_selector('#guardian-cluster option[value="seer"]', state="attached")
+            nodes = tab.locator("#guardian-nodes tbody tr")
+            assert sorted(
+                nodes.nth(i).get_attribute("data-node") for i in range(nodes.count())
+            ) == [
+                "master",
+                "s",
+            ]
+            # Text-only models come first; a model's own selector does not offer itself.
+            rows = tab.locator("#guardian-models tbody tr")
+            assert [rows.nth(i).get_attribute("data-model") for i in range(rows.count())] == [
+                "notes",
+                "plain",
+                "eye",
+                "seer",
+            ]
+            seer_options = tab.locator('select[data-guardian="models:seer"] option')
+            assert seer_options.evaluate_all("os => os.map(o => o.value)") == ["", "eye"]
+            assert effective(tab, "plain") == "none"
+
+            # The save is held in the browser until the tab has refreshed once: the refresh
+            # must keep the operator's choice on screen while the router has not stored it.
+            held: list[Any] = []
+            tab.route(
+                "**/router/v1/site/guardians",
+                lambda route: (
+                    held.append(route) if route.request.method == "POST" else route.continue_()
+                ),
+            )
+            tab.select_option('select[data-guardian="cluster"]', "seer")
+
+            def save_held() -> bool:
+                tab.evaluate("0")  # a round trip lets Playwright hand over the routed request
+                return bool(held)
+
+            wait_for(save_held)
+            tab.evaluate("refresh()")
+            assert guardians_doc(c)["cluster"] is None
+            assert tab.locator('select[data-guardian="cluster"]').input_value() == "seer"
+            held[0].continue_()
+            tab.unroute("**/router/v1/site/guardians")
+            wait_for(lambda: guardians_doc(c)["cluster"] == "seer")
+            wait_effective(tab, "plain", "seer \u00b7 cluster")
+            # The cluster's guardian does not guard itself.
+            wait_effective(tab, "seer", "none (the cluster guardian is this model)")
+
+            tab.select_option('select[data-guardian="models:plain"]', "eye")
+            wait_for(lambda: guardians_doc(c)["models"] == {"plain": "eye"})
+            wait_effective(tab, "plain", "eye \u00b7 model")
+            assert effective(tab, "notes") == "seer \u00b7 cluster"
+
+            tab.select_option('select[data-guardian="nodes:s"]', "eye")
+            wait_for(lambda: guardians_doc(c)["nodes"] == {"s": "eye"})
+            wait_effective(tab, "notes", "eye \u00b7 node s")
+            assert effective(tab, "plain") == "eye \u00b7 model"  # the model scope still wins
+            assert guardians_doc(c)["effective"] == {"notes": "eye", "plain": "eye", "seer": "eye"}
+
+            # A list gone stale (its guardian left the cluster after the page drew it): the
+            # router refuses the save, and the tab says why beside the selector and goes back
+            # to what is really saved.
+            notes = tab.locator('select[data-guardian="models:notes"]')
+            notes.evaluate("s => s.append(new Option('ghost', 'ghost'))")
+            notes.select_option("ghost")
+            tab.wait_for_function(
+                """() => document.querySelector('[data-guardian-error="models:notes"]')
+                    .innerText.includes('not a multimodal text model')"""
+            )
+            error = tab.locator('[data-guardian-error="models:notes"]').inner_text()
+            assert 'guardian "ghost"' in error
+            assert tab.locator('select[data-guardian="models:notes"]').input_value() == ""
+            assert guardians_doc(c)["models"] == {"plain": "eye"}
+            ARTIFACTS.mkdir(exist_ok=True)
+            tab.screenshot(path=str(ARTIFACTS / "lending-guardians.png"), full_page=True)
+
+            tab.select_option('select[data-guardian="models:plain"]', "")
+            wait_for(lambda: guardians_doc(c)["models"] == {})
+            wait_effective(tab, "plain", "seer \u00b7 cluster")  # plain lives on the master
+            tab.select_option('select[data-guardian="nodes:s"]', "")
+            tab.select_option('select[data-guardian="cluster"]', "")
+            wait_for(lambda: guardians_doc(c)["cluster"] is None and not guardians_doc(c)["nodes"])
+            wait_effective(tab, "plain", "none")
+            wait_effective(tab, "notes", "none")
+            assert guardians_doc(c)["effective"] == {}
+        finally:
+            browser.close()
