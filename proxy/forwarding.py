@@ -429,6 +429,31 @@ def _ollama_shaper(kind: str) -> Shaper:
     return shape
 
 
+def _ollama_embed_shaper(legacy: bool) -> Shaper:
+    async def shape(ctx: Ctx, job: Job, resp: aiohttp.ClientResponse) -> None:
+        data = await resp.read()
+        if resp.status >= 300:
+            await ctx.respond(resp.status, translate.openai_error_to_ollama(data))
+            return
+        try:
+            doc = orjson.loads(data)
+            out = translate.openai_to_ollama_embed(
+                doc,
+                model=job.public_id,
+                legacy=legacy,
+                started_ns=int(ctx.wall0 * 1e9),
+                now_ns=time.time_ns(),
+            )
+        except (orjson.JSONDecodeError, ValueError) as exc:
+            raise RouterError(
+                502, f"backend returned invalid embeddings: {exc}", type="backend_error"
+            ) from exc
+        job.usage = doc.get("usage") if isinstance(doc, dict) else None
+        await ctx.json(200, out)
+
+    return shape
+
+
 async def shape_kobold(ctx: Ctx, job: Job, resp: aiohttp.ClientResponse) -> None:
     data = await resp.read()
     if resp.status >= 300:

@@ -23,6 +23,7 @@ from proxy.forwarding import (
     Ctx,
     Job,
     Shaper,
+    _ollama_embed_shaper,
     _ollama_shaper,
     forward,
     forward_remote,
@@ -346,6 +347,89 @@ async def handle_ollama(ctx: Ctx, node: Node) -> None:
     await _guarded(ctx, node, model, replica, has_image, run)
 
 
+async def handle_ollama_embed(ctx: Ctx, node: Node) -> None:
+    doc = parse_json_body(ctx)
+    model = require_model(doc)
+    legacy = ctx.path == "/api/embeddings"
+    try:
+        body_doc = translate.ollama_embed_request(doc, legacy=legacy)
+    except translate.TranslationError as exc:
+        raise RouterError(400, str(exc), param=exc.param) from exc
+    replica = resolve(node, model, "embeddings", borrowed=ctx.borrowed)
+    if replica.cfg is None:
+        # The holder translates Ollama itself: the client's body goes as it came.
+        await _serve(
+            ctx,
+            node,
+            replica,
+            kind="embeddings",
+            public_id=model,
+            path=ctx.path,
+            body=ctx.body,
+            shape=shape_openai,
+        )
+        return
+    body_doc["model"] = replica.local_id
+    await _serve(
+        ctx,
+        node,
+        replica,
+        kind="embeddings",
+        public_id=model,
+        path="/v1/embeddings",
+        body=orjson.dumps(body_doc),
+        shape=_ollama_embed_shaper(legacy),
+    )
+
+
+async def handle_ollama_show(ctx: Ctx, node: Node) -> None:
+    """Answered from the cluster's records: clients read the context size and capabilities."""
+    doc = parse_json_body(ctx)
+    model = doc.get("model") or doc.get("name")
+    if not isinstance(model, str) or not model:
+        raise RouterError(400, "model is required", param="model")
+    replicas = [
+        r
+        for r in node.cluster.by_public_id.get(model, [])
+        if (r.record.get("has_llm") or r.record.get("has_embeddings"))
+        and not r.record.get("disabled")
+    ]
+    if not replicas:
+        raise RouterError(404, f"model '{model}' not found", code="model_not_found")
+    rec = dict(replicas[0].record)
+    family = str(rec.get("backend_mode") or "llama")
+    capabilities = []
+    if rec.get("has_llm"):
+        capabilities.append("completion")
+    if rec.get("has_multimodal"):
+        capabilities.append("vision")
+    if rec.get("has_embeddings"):
+        capabilities.append("embedding")
+    model_info: dict[str, Any] = {"general.architecture": family}
+    context = rec.get("context_size")
+    if isinstance(context, int) and context > 0:
+        model_info[f"{family}.context_length"] = context
+    entry = _ollama_entry(model, rec)
+    await ctx.json(
+        200,
+        {
+            "modelfile": f"FROM {model}\n",
+            "parameters": "",
+            "template": "",
+            "details": {
+                **entry["details"],
+                "parent_model": "",
+                "families": [family],
+                "parameter_size": "",
+                "quantization_level": "",
+            },
+            "model_info": model_info,
+            "capabilities": capabilities,
+            "modified_at": entry["modified_at"],
+        },
+    )
+
+
 async def handle_kobold(ctx: Ctx, node: Node) -> None:
     doc = parse_json_body(ctx)
     model = doc.get("model")
@@ -503,5 +587,8 @@ ROUTES: dict[str, tuple[frozenset[str], Handler, bool]] = {
     "/api/tags": (GET, handle_tags, True),
     "/api/ps": (GET, handle_ps, True),
     "/api/version": (GET, handle_ollama_version, True),
+    "/api/embed": (POST, handle_ollama_embed, True),
+    "/api/embeddings": (POST, handle_ollama_embed, True),
+    "/api/show": (POST, handle_ollama_show, True),
     "/api/v1/generate": (POST, handle_kobold, True),
 }

@@ -570,3 +570,50 @@ class OllamaStreamTranslator:
         record = self._record(now_ns, text, thinking)
         record["done"] = False
         return orjson.dumps(record) + b"\n"
+
+
+# --------------------------------------------------------------------- embeddings
+
+
+def ollama_embed_request(body: dict[str, Any], *, legacy: bool) -> dict[str, Any]:
+    """``/api/embed`` (``input``: text or list) or legacy ``/api/embeddings`` (``prompt``)."""
+    body = _require_object(body)
+    if legacy:
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str):
+            raise TranslationError("prompt must be a string", "prompt")
+        texts: str | list[str] = prompt
+    else:
+        value = body.get("input")
+        if isinstance(value, str):
+            texts = value
+        elif isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+            texts = list(value)
+        else:
+            raise TranslationError("input must be a string or a non-empty list of strings", "input")
+    return {"model": body.get("model"), "input": texts}
+
+
+def openai_to_ollama_embed(
+    resp: Any, *, model: str, legacy: bool, started_ns: int, now_ns: int
+) -> dict[str, Any]:
+    data = resp.get("data") if isinstance(resp, dict) else None
+    if not isinstance(data, list):
+        raise ValueError("embeddings answer has no data list")
+    ordered = sorted(
+        (d for d in data if isinstance(d, dict)),
+        key=lambda d: d.get("index", 0) if isinstance(d.get("index"), int) else 0,
+    )
+    vectors = [d.get("embedding") for d in ordered]
+    if not all(isinstance(v, list) for v in vectors):
+        raise ValueError("embeddings answer holds a non-list vector")
+    if legacy:
+        return {"embedding": vectors[0] if vectors else []}
+    usage = resp.get("usage")
+    return {
+        "model": model,
+        "embeddings": vectors,
+        "total_duration": max(0, now_ns - started_ns),
+        "load_duration": 0,
+        "prompt_eval_count": _token_count(usage, "prompt_tokens"),
+    }

@@ -123,6 +123,9 @@ def test_the_master_forwards_and_rewrites_ids_both_ways(cluster: Cluster) -> Non
         with client.stream("POST", "/api/generate", json={"model": "clash-3", "prompt": "x"}) as r:
             recs = [httpx.Response(200, content=ln).json() for ln in r.iter_lines() if ln]
         assert recs[-1]["done"] and all(rec["model"] == "clash-3" for rec in recs)
+        resp = client.post("/api/embed", json={"model": "clash-2", "input": ["x", "y"]})
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["model"] == "clash-2" and len(resp.json()["embeddings"]) == 2
 
 
 def test_replicas_rotate_idle_local_first(cluster: Cluster) -> None:

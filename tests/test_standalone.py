@@ -285,6 +285,41 @@ def test_embeddings(client: httpx.Client) -> None:
     assert resp.status_code == 200 and len(resp.json()["data"]) == 2
 
 
+def test_ollama_embed_and_legacy_embeddings_are_translated(client: httpx.Client) -> None:
+    resp = client.post("/api/embed", json={"model": "alpha", "input": ["a", "bb"]})
+    assert resp.status_code == 200, resp.text
+    doc = resp.json()
+    assert doc["model"] == "alpha" and len(doc["embeddings"]) == 2
+    assert all(isinstance(x, float) for x in doc["embeddings"][0])
+    assert doc["embeddings"][0] != doc["embeddings"][1]
+    single = client.post("/api/embed", json={"model": "alpha", "input": "a"}).json()
+    assert single["embeddings"] == [doc["embeddings"][0]]
+    legacy = client.post("/api/embeddings", json={"model": "alpha", "prompt": "a"})
+    assert legacy.status_code == 200 and legacy.json() == {"embedding": doc["embeddings"][0]}
+    for body in (
+        {"model": "alpha", "input": []},
+        {"model": "alpha", "input": [1]},
+        {"model": "alpha"},
+    ):
+        resp = client.post("/api/embed", json=body)
+        assert resp.status_code == 400 and "input" in resp.json()["error"], body
+    resp = client.post("/api/embeddings", json={"model": "alpha", "prompt": 3})
+    assert resp.status_code == 400 and "prompt" in resp.json()["error"]
+
+
+def test_ollama_show_answers_from_the_records(client: httpx.Client) -> None:
+    resp = client.post("/api/show", json={"model": "seer"})
+    assert resp.status_code == 200, resp.text
+    doc = resp.json()
+    assert doc["capabilities"][:2] == ["completion", "vision"]
+    assert doc["model_info"]["sim.context_length"] == 4096
+    assert client.post("/api/show", json={"name": "alpha"}).json()["capabilities"][0] == (
+        "completion"
+    )
+    resp = client.post("/api/show", json={"model": "nobody"})
+    assert resp.status_code == 404 and resp.json() == {"error": "model 'nobody' not found"}
+
+
 def test_explicit_load_and_unload(client: httpx.Client) -> None:
     resp = client.post("/router/v1/load", json={"model": "beta"})
     assert resp.status_code == 200 and resp.json()["lanes"] == ["text"]

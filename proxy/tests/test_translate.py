@@ -5,6 +5,7 @@ from typing import Any
 import orjson
 import pytest
 
+from proxy import translate
 from proxy.translate import (
     OllamaStreamTranslator,
     TranslationError,
@@ -589,3 +590,47 @@ def test_the_stream_translator_skips_an_over_long_line_and_recovers():
     )
     out = b"".join(translator.feed(stream[i : i + 40], NOW_NS) for i in range(0, len(stream), 40))
     assert _records(out) == [_chat_delta("ok")]
+
+
+def test_ollama_embed_bodies_become_openai_embeddings() -> None:
+    assert translate.ollama_embed_request({"model": "m", "input": "a"}, legacy=False) == {
+        "model": "m",
+        "input": "a",
+    }
+    assert translate.ollama_embed_request({"model": "m", "prompt": "a"}, legacy=True) == {
+        "model": "m",
+        "input": "a",
+    }
+    for body, legacy, param in (
+        ({"input": []}, False, "input"),
+        ({"input": ["a", 2]}, False, "input"),
+        ({"prompt": ["a"]}, True, "prompt"),
+    ):
+        with pytest.raises(translate.TranslationError) as err:
+            translate.ollama_embed_request(body, legacy=legacy)
+        assert err.value.param == param
+
+
+def test_openai_embeddings_answers_become_ollama_ones_in_index_order() -> None:
+    resp = {
+        "data": [{"index": 1, "embedding": [0.2]}, {"index": 0, "embedding": [0.1]}],
+        "usage": {"prompt_tokens": 4},
+    }
+    out = translate.openai_to_ollama_embed(
+        resp, model="pub", legacy=False, started_ns=1_000, now_ns=3_500
+    )
+    assert out == {
+        "model": "pub",
+        "embeddings": [[0.1], [0.2]],
+        "total_duration": 2_500,
+        "load_duration": 0,
+        "prompt_eval_count": 4,
+    }
+    legacy = translate.openai_to_ollama_embed(
+        resp, model="pub", legacy=True, started_ns=0, now_ns=0
+    )
+    assert legacy == {"embedding": [0.1]}
+    with pytest.raises(ValueError):
+        translate.openai_to_ollama_embed(
+            {"data": [{"embedding": "x"}]}, model="p", legacy=False, started_ns=0, now_ns=0
+        )
