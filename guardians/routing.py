@@ -52,7 +52,10 @@ def reads_images(record: Any) -> bool:
 
 
 def is_guardian_candidate(replicas: list[Replica]) -> bool:
-    return any(r.record.get("has_llm") and r.record.get("has_multimodal") for r in replicas)
+    return any(
+        r.record.get("has_llm") and r.record.get("has_multimodal") and not r.record.get("disabled")
+        for r in replicas
+    )
 
 
 def guardian_route(node: Node, public_id: str, replica: Replica) -> GuardianRoute | None:

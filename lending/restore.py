@@ -12,6 +12,10 @@ delay until the node is quiet. Without the flag nothing is restored.
 A guardian answering image requests for a text-only model of this node displaces that model
 the same way and always restores it (guardian models, see guardians/routing.py); a guardian
 request is the node's own work, so it keeps the node from counting as quiet while it runs.
+
+It also counts borrowed work per runtime, from the moment a borrowed request is admitted to the
+runtime until it finishes or is handed back: the Nodes page marks those runtimes, and a
+generation-checked unload waits for that count to drain (registry/services.py).
 """
 
 from __future__ import annotations
@@ -36,6 +40,12 @@ class Restorer:
         self.targets: dict[int, ModelConfig] = {}
         self.timers: dict[int, asyncio.TimerHandle] = {}
         self.borrowed_in_flight = 0
+        self.borrowed_by_runtime: dict[int, int] = {}
+        # The runtime key of each borrowed job between started and finished. forward() calls
+        # borrowed_finished for a job handed back before it was started too; only a job that
+        # was counted may uncount, or one runtime's return would hide another's work.
+        self._borrowed_jobs: dict[int, int] = {}
+        self._drained: dict[int, list[asyncio.Future[None]]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     def _runtime(self, job: Job) -> Runtime:
@@ -45,6 +55,8 @@ class Restorer:
         self.borrowed_in_flight += 1
         runtime = self._runtime(job)
         key = id(runtime)
+        self._borrowed_jobs[id(job)] = key
+        self.borrowed_by_runtime[key] = self.borrowed_by_runtime.get(key, 0) + 1
         self._cancel_timer(key)
         current = runtime.current
         displaced = current is not None and current.filename != job.cfg.filename
@@ -53,10 +65,32 @@ class Restorer:
             self.targets[key] = current
 
     def borrowed_finished(self, job: Job) -> None:
-        self.borrowed_in_flight = max(0, self.borrowed_in_flight - 1)
+        key = self._borrowed_jobs.pop(id(job), None)
+        if key is not None:
+            self.borrowed_in_flight = max(0, self.borrowed_in_flight - 1)
+            left = self.borrowed_by_runtime.get(key, 0) - 1
+            if left > 0:
+                self.borrowed_by_runtime[key] = left
+            else:
+                self.borrowed_by_runtime.pop(key, None)
+                for waiter in self._drained.pop(key, []):
+                    if not waiter.done():
+                        waiter.set_result(None)
         runtime = self._runtime(job)
         if id(runtime) in self.targets:
             self._arm(runtime)
+
+    def borrowed_on(self, runtime: Runtime) -> int:
+        """Borrowed requests admitted to `runtime` that are waiting for it or running on it."""
+        return self.borrowed_by_runtime.get(id(runtime), 0)
+
+    async def borrowed_drained(self, runtime: Runtime) -> None:
+        """Return once no borrowed request is admitted to `runtime`."""
+        key = id(runtime)
+        while self.borrowed_by_runtime.get(key, 0) > 0:
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._drained.setdefault(key, []).append(waiter)
+            await waiter
 
     def guardian_started(self, job: Job) -> None:
         runtime = self._runtime(job)

@@ -214,7 +214,11 @@ def _default_embeddings(node: Node) -> str:
     loaded: list[str] = []
     every: list[str] = []
     for public_id, replicas in sorted(node.cluster.by_public_id.items()):
-        usable = [r for r in replicas if r.record.get("has_embeddings") and r.available]
+        usable = [
+            r
+            for r in replicas
+            if r.record.get("has_embeddings") and r.available and not r.record.get("disabled")
+        ]
         if not usable:
             continue
         every.append(public_id)
@@ -239,7 +243,7 @@ async def handle_images(ctx: Ctx, node: Node) -> None:
             model = override.get("sd_model_checkpoint")
         model = model or doc.get("sd_model_checkpoint")
         if not model:
-            images = sorted(node.cluster.by_public_image_id)
+            images = _enabled_image_ids(node)
             if len(images) == 1:
                 model = images[0]
     if not isinstance(model, str) or not model:
@@ -472,15 +476,23 @@ async def handle_kobold(ctx: Ctx, node: Node) -> None:
 KOBOLD_DEFAULT_MAX_LENGTH = 100
 
 
+def _enabled_image_ids(node: Node) -> list[str]:
+    return sorted(
+        pid
+        for pid, replicas in node.cluster.by_public_image_id.items()
+        if any(not r.record.get("disabled") for r in replicas)
+    )
+
+
 def _loaded_text_model(node: Node) -> str:
     # Kobold clients rarely name a model: KoboldCpp serves whatever it has loaded.
     text = node.runtimes.runtimes["text"].current
-    if text is not None and text.has_llm:
+    if text is not None and text.has_llm and text.local_id not in node.disabled:
         return text.local_id
     llms = [
         pid
         for pid, reps in node.cluster.by_public_id.items()
-        if any(r.record.get("has_llm") for r in reps)
+        if any(r.record.get("has_llm") and not r.record.get("disabled") for r in reps)
     ]
     if len(llms) == 1:
         return llms[0]
@@ -537,6 +549,7 @@ async def handle_ps(ctx: Ctx, node: Node) -> None:
             if (
                 loaded
                 and r.available
+                and not r.record.get("disabled")
                 and (r.record.get("has_llm") or r.record.get("has_embeddings"))
             ):
                 entry = _ollama_entry(pid, dict(r.record))
@@ -564,6 +577,7 @@ async def handle_sd_models(ctx: Ctx, node: Node) -> None:
             "sha256": "",
         }
         for pid, replicas in sorted(node.cluster.by_public_image_id.items())
+        if any(not r.record.get("disabled") for r in replicas)
     ]
     await ctx.json(200, entries)
 

@@ -6,8 +6,10 @@ startup hook), and replaced by `reset_for_tests()`. The django-q2 workers never 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,6 +55,10 @@ class Node:
     """In-flight requests per (node_id, local_id, lane), local and forwarded, for replica choice."""
     guardians: Guardians = field(default_factory=Guardians)
     """Guardian settings in force: the master's database rows, or what the master pushed."""
+    disabled: frozenset[str] = frozenset()
+    """Local IDs of this node's disabled models, as its `model_states` table holds them."""
+    model_state_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Serialises enable/disable so the table and `disabled` change in the same order."""
 
     @property
     def node_id(self) -> str:
@@ -73,6 +79,7 @@ class Node:
                 source=self.source(),
                 available=True,
                 loaded=self.runtimes.is_loaded(cfg),
+                disabled=cfg.local_id in self.disabled,
             )
             for cfg in sorted(self.catalog.configs.values(), key=lambda c: c.local_id)
         ]
@@ -108,6 +115,7 @@ def build_node(
     *,
     assignments: dict[IdentityKey, Assignment] | None = None,
     on_assignments: Any = None,
+    disabled: Iterable[str] = (),
 ) -> Node:
     recorder = Recorder(node_id=config.cluster.node_id, enabled=config.analytics.enabled)
     runtimes = RuntimeManager(
@@ -123,6 +131,7 @@ def build_node(
         request_timeout=aiohttp.ClientTimeout(
             total=config.backend.request_timeout, sock_connect=CONNECT_TIMEOUT_SECS
         ),
+        disabled=frozenset(disabled),
     )
     c = config.cluster
     node.cluster = ClusterState(

@@ -86,8 +86,29 @@ async def handle_unload(ctx: Ctx, node: Node) -> None:
     )
 
 
+async def handle_model_state(ctx: Ctx, node: Node) -> None:
+    doc = parse_json_body(ctx)
+    node_id = doc.get("node_id")
+    if node_id is not None and node_id != node.node_id:
+        # The master's idea of who answers at this URL is out of date: change nothing here.
+        raise RouterError(409, f'this is node "{node.node_id}", not {node_id!r}', code="wrong_node")
+    local_id, enabled = services.model_state_parse(doc)
+    snapshot = await services.model_state_set_local(node=node, local_id=local_id, enabled=enabled)
+    await ctx.json(200, snapshot)
+
+
 async def handle_state(ctx: Ctx, node: Node) -> None:
     await ctx.json(200, services.node_state(node=node))
+
+
+async def handle_state_unload(ctx: Ctx, node: Node) -> None:
+    """The master's generation-checked unload of one of this node's runtimes."""
+    fields = services.runtime_unload_parse(parse_json_body(ctx))
+    node_id = fields.pop("node_id")
+    if node_id != node.node_id:
+        # The master's idea of who answers at this URL is out of date: unload nothing here.
+        raise RouterError(409, f'this is node "{node.node_id}", not {node_id!r}', code="wrong_node")
+    await ctx.json(200, await services.runtime_unload_local(node=node, **fields))
 
 
 def _slave_only(node: Node, what: str) -> None:
@@ -247,10 +268,12 @@ async def handle_not_found(ctx: Ctx, node: Node) -> None:
 NODE_ROUTES: dict[str, Route] = {
     "/router/v1/node/register": (POST, handle_register, False),
     "/router/v1/node/models": (GET, handle_models, False),
+    "/router/v1/node/models/state": (POST, handle_model_state, False),
     "/router/v1/node/runtime-status": (GET, handle_runtime_status, False),
     "/router/v1/node/load": (POST, handle_load, False),
     "/router/v1/node/unload": (POST, handle_unload, False),
     "/router/v1/node/state": (GET, handle_state, False),
+    "/router/v1/node/state/unload": (POST, handle_state_unload, False),
     "/router/v1/node/routing-links": (POST, handle_routing_links, False),
     "/router/v1/node/offload/settings": (POST, handle_offload_settings, False),
     "/router/v1/node/guardians": (POST, handle_guardians, False),

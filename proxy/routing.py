@@ -87,6 +87,10 @@ def recipe_replica(node: Node, public_id: str, kind: Kind) -> Replica | None:
         for replica in replicas:
             model = replica.record.get("image_id") if kind == "image" else replica.local_id
             if replica.node_id == comp.node_id and model == wanted:
+                if replica.record.get("disabled"):
+                    raise RouterError(
+                        404, f'recipe "{recipe.id}" uses a disabled model', type="not_found"
+                    )
                 if not replica.available:
                     raise RouterError(
                         503,

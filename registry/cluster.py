@@ -54,6 +54,8 @@ class RemoteNode:
     error: str = ""
     updated_at: float = field(default_factory=time.time)
     role: str = "slave"
+    accepted_at: float = field(default_factory=time.monotonic)
+    """When this snapshot was taken in (monotonic): a poll sent before it is older news."""
 
 
 class Replica(NamedTuple):
@@ -118,6 +120,14 @@ def parse_snapshot(doc: Any) -> tuple[str, str, list[dict[str, Any]], str]:
             raise SnapshotRejected(400, "invalid_snapshot", f"models[{i}].local_id is required")
         clean.append(dict(rec))
     return node_id, node_url.strip(), clean, build
+
+
+def _enabled_first(replicas: list[Replica]) -> list[Replica]:
+    # Model lists describe a public ID by its first replica: a model disabled on one node but
+    # served by another must be listed, from a replica that serves it.
+    if any(r.record.get("disabled") for r in replicas):
+        replicas.sort(key=lambda r: bool(r.record.get("disabled")))
+    return replicas
 
 
 class ClusterState:
@@ -264,10 +274,12 @@ class ClusterState:
                 configs.get(local_id) if node_id == me and rec.get("source") != "slave" else None,
             )
         self.by_public_id = {
-            pid: [made[id(rec)] for rec in recs] for pid, recs in view.by_public_id.items()
+            pid: _enabled_first([made[id(rec)] for rec in recs])
+            for pid, recs in view.by_public_id.items()
         }
         self.by_public_image_id = {
-            pid: [made[id(rec)] for rec in recs] for pid, recs in view.by_public_image_id.items()
+            pid: _enabled_first([made[id(rec)] for rec in recs])
+            for pid, recs in view.by_public_image_id.items()
         }
         self.revision += 1
 

@@ -177,7 +177,14 @@ class ModelConfig:
         return caps
 
     def to_record(
-        self, *, node_id: str, node_url: str, source: str, available: bool, loaded: bool
+        self,
+        *,
+        node_id: str,
+        node_url: str,
+        source: str,
+        available: bool,
+        loaded: bool,
+        disabled: bool = False,
     ) -> dict[str, Any]:
         """The ModelRecord JSON (reference-cluster §2.4), before public-id suffixing."""
         record: dict[str, Any] = {
@@ -209,6 +216,7 @@ class ModelConfig:
                 "node_url": node_url,
                 "available": available,
                 "loaded": loaded,
+                "disabled": disabled,
                 "context_size": self.context_size,
                 "parallel": self.parallel,
                 # Lending eligibility travels with the record so a master can judge models on

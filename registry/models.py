@@ -24,3 +24,20 @@ class PublicIdAssignment(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node_id}/{self.local_id} → {self.public_id}"
+
+
+class ModelState(models.Model):
+    """A model of this node that its operator disabled; a model without a row is enabled.
+
+    Each node keeps its own models' states in its own database, so a slave's choice survives
+    the slave's restart whatever its master does; the master learns it from the snapshot.
+    """
+
+    local_id = models.CharField(max_length=255, primary_key=True)
+    disabled_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "model_states"
+
+    def __str__(self) -> str:
+        return f"{self.local_id} disabled"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from registry.identity import Assignment, IdentityKey
-from registry.models import PublicIdAssignment
+from registry.models import ModelState, PublicIdAssignment
 
 
 def public_id_assignments() -> dict[IdentityKey, Assignment]:
@@ -16,3 +16,8 @@ def public_id_assignments() -> dict[IdentityKey, Assignment]:
         )
         for row in PublicIdAssignment.objects.all()
     }
+
+
+def disabled_models() -> set[str]:
+    """Local IDs of this node's models that are disabled."""
+    return set(ModelState.objects.values_list("local_id", flat=True))

@@ -7,6 +7,7 @@ from typing import Any
 
 from proxy.backends import Lane
 from proxy.node import Node
+from proxy.runtimes import Runtime
 from registry.cluster import RemoteNode
 from registry.identity import Assignment, IdentityKey
 from registry.kcpps import ModelConfig
@@ -100,6 +101,13 @@ async def model_unload(*, node: Node, model_id: str | None, target: str | None) 
 async def model_load_local(*, node: Node, model_id: str) -> dict[str, Any]:
     """Load every lane the config needs, waiting for running requests like any other switch."""
     cfg = _resolve(node, model_id)
+    if cfg.local_id in node.disabled:
+        # Requests for it answer 404; loading it anyway would only hold memory nobody can use.
+        raise RouterError(
+            409,
+            f'model "{cfg.local_id}" is disabled on node {node.node_id}; enable it first',
+            code="model_disabled",
+        )
     started = time.monotonic()
     loaded: list[str] = []
     for lane in _lanes(cfg):
@@ -139,10 +147,31 @@ async def model_unload_local(
     return {"ok": True, "node_id": node.node_id, "unloaded": unloaded}
 
 
+def node_runtimes(*, node: Node) -> list[tuple[str, str, Runtime]]:
+    """(backend id, runtime id, runtime) for every runtime of this node, in state order.
+
+    The node's own runtimes are named after their lane. Each upstream server has a runtime of
+    its own on the text lane, so it is numbered instead: sharing "text-runtime" would make an
+    unload by backend id ambiguous. Upstream runtimes are only ever added, so the numbers stay
+    put for the life of the process.
+    """
+    own = {id(runtime): lane for lane, runtime in node.runtimes.runtimes.items()}
+    out: list[tuple[str, str, Runtime]] = []
+    upstream = 0
+    for runtime in node.runtimes.all():
+        lane = own.get(id(runtime))
+        if lane is None:
+            upstream += 1
+            out.append((f"upstream-{upstream}-runtime", f"upstream-{upstream}", runtime))
+        else:
+            out.append((f"{lane}-runtime", lane, runtime))
+    return out
+
+
 def node_state(*, node: Node) -> dict[str, Any]:
     backends = []
     active = []
-    for runtime in node.runtimes.all():
+    for backend_id, runtime_id, runtime in node_runtimes(node=node):
         status = runtime.status()
         loaded = []
         if runtime.current is not None:
@@ -150,15 +179,16 @@ def node_state(*, node: Node) -> dict[str, Any]:
                 {
                     "model_id": runtime.current.local_id,
                     "lane": runtime.lane,
-                    "runtime_id": runtime.lane,
+                    "runtime_id": runtime_id,
                     "generation": runtime.generation,
-                    "borrowed": False,
+                    "borrowed": node.restore.borrowed_on(runtime) > 0,
+                    "active": runtime.active,
                 }
             )
             active.extend([runtime.current.local_id] * runtime.active)
         backends.append(
             {
-                "id": f"{runtime.lane}-runtime",
+                "id": backend_id,
                 "display_name": status["family"] or runtime.lane,
                 "mode": node.config.backend.mode,
                 "lifecycle_state": status["state"],
@@ -179,6 +209,151 @@ def node_state(*, node: Node) -> dict[str, Any]:
         "held_requests": [],
         "analytics_buffered": node.recorder.pending(),
     }
+
+
+# -- generation-checked unload (the Nodes page's Unload) -----------------------------------
+
+
+def runtime_unload_parse(doc: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a generation-checked unload body; 400 naming the first field at fault."""
+    fields: dict[str, Any] = {}
+    for name in ("node_id", "backend_id", "runtime_id"):
+        value = doc.get(name)
+        if value is None:
+            raise RouterError(400, f"{name} is required", param=name)
+        if not isinstance(value, str) or not value:
+            raise RouterError(400, f"{name} must be a non-empty string", param=name)
+        fields[name] = value
+    generation = doc.get("expected_generation")
+    if generation is None:
+        raise RouterError(400, "expected_generation is required", param="expected_generation")
+    # bool is an int to Python, but `true` is not a generation.
+    if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
+        raise RouterError(
+            400, "expected_generation must be a non-negative integer", param="expected_generation"
+        )
+    fields["expected_generation"] = generation
+    return fields
+
+
+def _runtime_named(node: Node, backend_id: str, runtime_id: str) -> Runtime:
+    for bid, rid, runtime in node_runtimes(node=node):
+        if bid != backend_id:
+            continue
+        if rid != runtime_id:
+            raise RouterError(
+                400,
+                f'runtime "{runtime_id}" is not a runtime of backend "{backend_id}" '
+                f'on node "{node.node_id}" (it has "{rid}")',
+                param="runtime_id",
+            )
+        return runtime
+    known = ", ".join(bid for bid, _, _ in node_runtimes(node=node))
+    raise RouterError(
+        400,
+        f'backend "{backend_id}" is not a backend of node "{node.node_id}" (it has {known})',
+        param="backend_id",
+    )
+
+
+def _check_generation(node: Node, backend_id: str, runtime: Runtime, expected: int) -> None:
+    current = runtime.current
+    if current is not None and runtime.generation == expected:
+        return
+    now = (
+        f'"{current.local_id}" at generation {runtime.generation}'
+        if current is not None
+        else "nothing"
+    )
+    raise RouterError(
+        409,
+        f'{backend_id} on node "{node.node_id}" has {now} loaded now, not generation '
+        f"{expected}: nothing was unloaded",
+        param="expected_generation",
+        code="stale_generation",
+    )
+
+
+async def runtime_unload_local(
+    *, node: Node, backend_id: str, runtime_id: str, expected_generation: int
+) -> dict[str, Any]:
+    """Unload one runtime of this node if it still holds `expected_generation`.
+
+    Like Runtime.unload(), it waits for the requests on that runtime to finish, and also for
+    borrowed requests already admitted to it that have not reached it yet: a lease's work is
+    let through, not cut off. While it waits, another model may be switched in; the generation
+    is checked again after every wait, so only the load the caller saw is ever unloaded.
+    """
+    runtime = _runtime_named(node, backend_id, runtime_id)
+    while True:
+        _check_generation(node, backend_id, runtime, expected_generation)
+        if not runtime.is_idle():
+            await runtime.wait_idle()
+        elif node.restore.borrowed_on(runtime) > 0:
+            await node.restore.borrowed_drained(runtime)
+        else:
+            break
+    # Nothing awaited since the last check: unload() finds the runtime idle and marks it
+    # stopping before any other request can take it.
+    await runtime.unload()
+    return node_state(node=node)
+
+
+async def runtime_unload(
+    *, node: Node, node_id: str, backend_id: str, runtime_id: str, expected_generation: int
+) -> dict[str, Any]:
+    """Generation-checked unload on any node of the cluster; returns that node's fresh state."""
+    from registry.nodeclient import NodeCallError
+
+    if node_id == node.node_id:
+        return await runtime_unload_local(
+            node=node,
+            backend_id=backend_id,
+            runtime_id=runtime_id,
+            expected_generation=expected_generation,
+        )
+    remote = node.cluster.nodes.get(node_id)
+    if remote is None:
+        raise RouterError(404, f'node "{node_id}" is not known', type="not_found", param="node_id")
+    if node.client is None:
+        raise RouterError(502, "this node has no cluster client", type="backend_error")
+    body = {
+        "node_id": node_id,
+        "backend_id": backend_id,
+        "runtime_id": runtime_id,
+        "expected_generation": expected_generation,
+    }
+    try:
+        # Bounded by the longest a request may run, not control_timeout: the node answers
+        # only once the runtime's requests have drained.
+        status, doc = await node.client.call_json(
+            "POST",
+            remote.node_url,
+            "/router/v1/node/state/unload",
+            json=body,
+            timeout=node.config.backend.request_timeout,
+        )
+    except NodeCallError as exc:
+        raise RouterError(
+            502, f'node "{node_id}" did not answer: {exc}', type="backend_error"
+        ) from exc
+    if not 200 <= status < 300 or not isinstance(doc, dict):
+        err = doc.get("error") if isinstance(doc, dict) else None
+        if 400 <= status < 500 and isinstance(err, dict):
+            # The node's own refusal (a stale generation, an unknown backend) reaches the
+            # caller whole: the page tells a stale generation apart by its code.
+            raise RouterError(
+                status,
+                str(err.get("message", "")),
+                type=str(err.get("type", "invalid_request_error")),
+                code=err.get("code"),
+                param=err.get("param"),
+            )
+        message = err.get("message", "") if isinstance(err, dict) else str(doc)
+        raise RouterError(
+            502, f'node "{node_id}" failed to unload: {message}', type="backend_error"
+        )
+    return doc
 
 
 def public_ids_save(*, assignments: dict[IdentityKey, Assignment]) -> None:
@@ -228,3 +403,107 @@ def cluster_state(*, node: Node) -> dict[str, Any]:
         "revision": node.cluster.revision,
         "nodes": node.cluster.node_summaries(),
     }
+
+
+# -- enabling and disabling models ---------------------------------------------------------
+
+
+def model_state_parse(doc: dict[str, Any]) -> tuple[str, bool]:
+    """(local_id, enabled) of an enable/disable request body; 400 naming the field at fault."""
+    local_id = doc.get("local_id")
+    if not isinstance(local_id, str) or not local_id:
+        raise RouterError(400, "local_id is required: the model's local ID", param="local_id")
+    enabled = doc.get("enabled")
+    if not isinstance(enabled, bool):
+        raise RouterError(400, "enabled must be true or false", param="enabled")
+    return local_id, enabled
+
+
+def model_state_save(*, local_id: str, enabled: bool) -> None:
+    """Record in this node's database whether one of its models is enabled (idempotent)."""
+    from registry.models import ModelState
+
+    if enabled:
+        ModelState.objects.filter(local_id=local_id).delete()
+    else:
+        ModelState.objects.get_or_create(local_id=local_id)
+
+
+def _unknown_model(node_id: str, local_id: str) -> RouterError:
+    return RouterError(
+        404,
+        f'model "{local_id}" is not a model config on node "{node_id}"',
+        type="not_found",
+        param="local_id",
+        code="model_not_found",
+    )
+
+
+async def model_state_set_local(*, node: Node, local_id: str, enabled: bool) -> dict[str, Any]:
+    """Enable or disable one of this node's models; returns this node's snapshot.
+
+    Disabling does not unload: a loaded model stays loaded until it is unloaded or replaced,
+    and requests already running or queued on it finish. The reference says only that new
+    requests for a disabled model get 404 (reference-cluster §9.1); unloading is the
+    operator's own call, so disabling a model and enabling it again costs no reload.
+    """
+    from channels.db import database_sync_to_async
+
+    if local_id not in node.catalog.configs:
+        raise _unknown_model(node.node_id, local_id)
+    async with node.model_state_lock:
+        # The table first: if the write fails, nothing has changed.
+        await database_sync_to_async(model_state_save)(local_id=local_id, enabled=enabled)
+        node.disabled = node.disabled - {local_id} if enabled else node.disabled | {local_id}
+        node.cluster.rebuild()
+    return node.snapshot()
+
+
+async def model_state_set(
+    *, node: Node, node_id: str, local_id: str, enabled: bool
+) -> dict[str, Any]:
+    """Enable or disable a model of any node of the cluster; returns that node's snapshot.
+
+    A remote node's answer is taken in at once, as a poll's would be, so the master routes by
+    the new state from the moment this returns.
+    """
+    from registry.cluster import SnapshotRejected
+    from registry.nodeclient import NodeCallError
+
+    if node_id == node.node_id:
+        return await model_state_set_local(node=node, local_id=local_id, enabled=enabled)
+    remote = node.cluster.nodes.get(node_id)
+    if remote is None:
+        raise RouterError(404, f'node "{node_id}" is not known', type="not_found", param="node_id")
+    if not any(rec.get("local_id") == local_id for rec in remote.records):
+        raise _unknown_model(node_id, local_id)
+    if node.client is None:
+        raise RouterError(502, "this node has no cluster client", type="backend_error")
+    body = {"node_id": node_id, "local_id": local_id, "enabled": enabled}
+    try:
+        status, doc = await node.client.call_json(
+            "POST", remote.node_url, "/router/v1/node/models/state", json=body
+        )
+    except NodeCallError as exc:
+        raise RouterError(
+            502, f'node "{node_id}" did not answer: {exc}', type="backend_error"
+        ) from exc
+    if not 200 <= status < 300:
+        err = doc.get("error") if isinstance(doc, dict) else None
+        err = err if isinstance(err, dict) else {}
+        message = f'node "{node_id}" refused: {err.get("message") or doc}'
+        if status in (400, 404):
+            # The node's own verdict on the request (its config went away since the last
+            # poll, say) reaches the caller as it is.
+            kind = err.get("type") or ("not_found" if status == 404 else "invalid_request_error")
+            raise RouterError(status, message, type=str(kind), param=err.get("param"))
+        raise RouterError(502, message, type="backend_error")
+    try:
+        node.cluster.apply_poll(remote.node_url, doc)
+    except SnapshotRejected as exc:
+        raise RouterError(
+            502,
+            f'node "{node_id}" answered a snapshot this node refuses: {exc.message}',
+            type="backend_error",
+        ) from exc
+    return dict(doc)

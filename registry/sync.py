@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import Any
 
 from proxy.node import Node
@@ -88,17 +89,24 @@ class ClusterSync:
             return
         limit = asyncio.Semaphore(node.config.cluster.sync_concurrency)
 
-        async def poll(url: str) -> tuple[str, Any, str]:
+        async def poll(url: str) -> tuple[str, Any, str, float]:
             async with limit:
                 assert node.client is not None
+                sent_at = time.monotonic()
                 try:
                     doc = await node.client.call_ok("GET", url, "/router/v1/node/models")
                 except NodeCallError as exc:
-                    return url, None, str(exc)
-                return url, doc, ""
+                    return url, None, str(exc), sent_at
+                return url, doc, "", sent_at
 
         results = await asyncio.gather(*(poll(u) for u in urls))
-        for url, doc, error in results:
+        for url, doc, error, sent_at in results:
+            held = node.cluster.node_for_url(url)
+            if not error and held is not None and held.accepted_at > sent_at:
+                # A snapshot taken in while this poll was out (an enable or disable answered
+                # by the node, a push registration) may be newer: never roll it back.
+                self.last_poll_errors.pop(url, None)
+                continue
             if error:
                 if self.last_poll_errors.get(url) != error:
                     logger.warning("poll of %s failed: %s", url, error)

@@ -15,7 +15,7 @@ import yaml
 from asgiref.sync import async_to_sync
 from asgiref.testing import ApplicationCommunicator
 from django.conf import settings
-from django.test import Client
+from django.test import AsyncClient, Client
 from django.urls import URLPattern, URLResolver, get_resolver, resolve
 from jsonschema import Draft202012Validator
 from openapi_spec_validator import OpenAPIV31SpecValidator, validate
@@ -26,7 +26,9 @@ from analytics.models import RequestRecord
 from lending.models import OffloadDecision
 from proxy.app import ProxyApp
 from proxy.handlers import ROUTES
+from proxy.httpclient import close_session
 from proxy.node import Node, build_node, set_node
+from registry import services
 from registry.api.schema import OPENAPI_CONTENT_TYPE, openapi_bytes, openapi_document
 from routerproject.config import load_config
 
@@ -409,6 +411,64 @@ def test_summary_and_node_state_match(client: Client, node: Node) -> None:
     unknown = client.get("/router/v1/site/nodes/state", {"node_id": "elsewhere"})
     assert unknown.status_code == 404
     assert_matches("/router/v1/site/nodes/state", "GET", 404, unknown.json())
+
+
+def test_model_state_answers_match(client: Client, node: Node) -> None:
+    url = "/router/v1/site/models/state"
+    body = {"node_id": NODE_ID, "local_id": "chat", "enabled": False}
+    disabled = client.post(url, orjson.dumps(body), "application/json")
+    assert disabled.status_code == 200
+    assert [m["disabled"] for m in disabled.json()["models"] if m["local_id"] == "chat"] == [True]
+    assert_matches(url, "POST", 200, disabled.json())
+    records = client.get("/router/v1/models")
+    assert_matches("/router/v1/models", "GET", 200, records.json())
+    unknown = client.post(url, orjson.dumps({**body, "local_id": "absent"}), "application/json")
+    assert (unknown.status_code, unknown.json()["error"]["param"]) == (404, "local_id")
+    assert_matches(url, "POST", 404, unknown.json())
+    refused = client.post(url, orjson.dumps({**body, "enabled": "no"}), "application/json")
+    assert (refused.status_code, refused.json()["error"]["param"]) == (400, "enabled")
+    assert_matches(url, "POST", 400, refused.json())
+    enabled = client.post(url, orjson.dumps({**body, "enabled": True}), "application/json")
+    assert [m["disabled"] for m in enabled.json()["models"] if m["local_id"] == "chat"] == [False]
+
+
+async def test_runtime_unload_answers_match(node: Node) -> None:
+    # Async and in process, so the load and the unload run on this test's loop, where the
+    # backend process and its watcher live.
+    url = "/router/v1/site/nodes/unload"
+    client = AsyncClient()
+
+    async def post(body: Any) -> Any:
+        return await client.post(url, orjson.dumps(body), content_type="application/json")
+
+    try:
+        await services.model_load_local(node=node, model_id="chat")
+        text = next(
+            b for b in services.node_state(node=node)["backends"] if b["id"] == "text-runtime"
+        )
+        generation = text["loaded_models"][0]["generation"]
+        loaded = await client.get("/router/v1/site/nodes/state")
+        assert [m["model_id"] for b in loaded.json()["backends"] for m in b["loaded_models"]] == [
+            "chat"
+        ]
+        assert_matches("/router/v1/site/nodes/state", "GET", 200, loaded.json())
+        body = {"node_id": NODE_ID, "backend_id": "text-runtime", "runtime_id": "text"}
+        stale = await post({**body, "expected_generation": generation + 1})
+        assert (stale.status_code, stale.json()["error"]["code"]) == (409, "stale_generation")
+        assert_matches(url, "POST", 409, stale.json())
+        bad = await post({**body, "expected_generation": "1"})
+        assert (bad.status_code, bad.json()["error"]["param"]) == (400, "expected_generation")
+        assert_matches(url, "POST", 400, bad.json())
+        unknown = await post({**body, "node_id": "elsewhere", "expected_generation": generation})
+        assert unknown.status_code == 404
+        assert_matches(url, "POST", 404, unknown.json())
+        done = await post({**body, "expected_generation": generation})
+        assert done.status_code == 200
+        assert all(not b["loaded_models"] for b in done.json()["backends"])
+        assert_matches(url, "POST", 200, done.json())
+    finally:
+        await node.runtimes.close()
+        await close_session()
 
 
 def test_guardian_answers_match(client: Client, node: Node) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import threading
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import httpx
 import pytest
 
 from tests.harness import (
+    CLUSTER_TOKEN,
     REPO,
     Cluster,
     ModelSpec,
@@ -306,3 +308,108 @@ def test_guardians_chosen_in_the_tab_are_saved_and_shown_with_their_scope(
             assert guardians_doc(c)["effective"] == {}
         finally:
             browser.close()
+
+
+def test_the_nodes_page_marks_borrowed_work_and_unloads_by_generation(
+    guardian_cluster: Cluster,
+) -> None:
+    c = guardian_cluster
+    row = 'section[data-node="s"] li[data-backend="text-runtime"]'
+    s_card = 'section[data-node="s"]'
+
+    def shown_generation(tab: Any) -> str:
+        title: str = tab.locator(row + " button.unload").get_attribute("title")
+        return title
+
+    with c.master.client() as client:
+        client.post("/router/v1/load", json={"model": "notes"}).raise_for_status()
+        state = client.get("/router/v1/site/nodes/state", params={"node_id": "s"}).json()
+        text = next(b for b in state["backends"] if b["id"] == "text-runtime")
+        generation = text["loaded_models"][0]["generation"]
+    answers: list[int] = []
+
+    def borrowed() -> None:
+        # A request lent to s, as the master's relay sends it: about 3 s of output.
+        headers = {"Authorization": f"Bearer {CLUSTER_TOKEN}", "X-Tensors-Offload": "1"}
+        body = {
+            "model": "notes",
+            "messages": [{"role": "user", "content": "x"}],
+            "max_tokens": 3000,
+        }
+        with c.slaves["s"].client(timeout=60) as slave:
+            path = "/router/v1/node/inference/v1/chat/completions"
+            answers.append(slave.post(path, json=body, headers=headers).status_code)
+
+    with playwright_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            tab = browser.new_page()
+            # The page's 5 s timer is frozen: it redraws when the test says so or after an
+            # unload, so the generation on screen is the one it drew, whatever happens behind.
+            start = datetime(2026, 1, 1, 8, 0, 0)
+            tab.clock.install(time=start)
+            tab.clock.pause_at(start + timedelta(seconds=1))
+            tab.goto(c.master.base_url + "/ui/nodes")
+            tab.wait_for_selector(row)
+            assert tab.locator('section[data-node="master"] .badge.role-master').count() == 1
+            assert tab.locator(f"{s_card} .badge.role-slave").count() == 1
+            assert tab.locator(f"{s_card} h2 .dot.up").get_attribute("title") == "Online"
+            assert tab.locator(f"{s_card} h2 .badge.warn").count() == 0  # same build as master
+            line = tab.locator(row).inner_text()
+            assert "notes" in line and "text · text" in line and "idle" in line
+            assert shown_generation(tab) == f"generation {generation}"
+
+            runner = threading.Thread(target=borrowed)
+            runner.start()
+            try:
+                wait_for(
+                    lambda: tab.evaluate(
+                        f"refresh().then(() => document.querySelector('{row}.borrowed') !== null)"
+                    ),
+                    timeout=30,
+                )
+                assert "borrowed" in tab.locator(row + " .badge.lent").inner_text()
+                ARTIFACTS.mkdir(exist_ok=True)
+                tab.screenshot(path=str(ARTIFACTS / "nodes-borrowed.png"), full_page=True)
+            finally:
+                runner.join(60)
+            assert answers == [200]
+
+            # Behind the page's back the runtime is unloaded and loaded again: the page's
+            # Unload now names a generation that is gone, and the router refuses it.
+            with c.master.client() as client:
+                body = {
+                    "node_id": "s",
+                    "backend_id": "text-runtime",
+                    "runtime_id": "text",
+                    "expected_generation": generation,
+                }
+                client.post("/router/v1/site/nodes/unload", json=body).raise_for_status()
+                client.post("/router/v1/load", json={"model": "notes"}).raise_for_status()
+            tab.locator(row + " button.unload").click()
+            tab.wait_for_selector(f"{s_card} .notice.err")
+            notice = tab.locator(f"{s_card} .notice").inner_text()
+            assert "Not unloaded" in notice
+            assert f'"notes" at generation {generation + 1}' in notice
+            # The page redrew after the refusal: it shows the new load, still there.
+            tab.wait_for_function(
+                """([sel, title]) => {
+                    const b = document.querySelector(sel);
+                    return b !== null && b.title === title;
+                }""",
+                arg=[row + " button.unload", f"generation {generation + 1}"],
+            )
+            tab.screenshot(path=str(ARTIFACTS / "nodes-unload-refused.png"), full_page=True)
+
+            tab.locator(row + " button.unload").click()
+            tab.wait_for_function(
+                "document.querySelector('section[data-node=\"s\"]').innerText"
+                ".includes('Nothing loaded.')"
+            )
+            assert "Unloaded notes" in tab.locator(f"{s_card} .notice").inner_text()
+            tab.screenshot(path=str(ARTIFACTS / "nodes-unload.png"), full_page=True)
+        finally:
+            browser.close()
+    with c.master.client() as client:
+        state = client.get("/router/v1/site/nodes/state", params={"node_id": "s"}).json()
+    assert all(not b["loaded_models"] for b in state["backends"])

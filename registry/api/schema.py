@@ -212,6 +212,10 @@ def _model_schemas() -> dict[str, Schema]:
                 "node_url": _str(),
                 "available": _bool("False while the node that serves it is unhealthy."),
                 "loaded": _bool(),
+                "disabled": _bool(
+                    "Disabled on its node: requests for it get 404 and client model lists "
+                    "leave it out (POST /router/v1/site/models/state)."
+                ),
                 "context_size": _nullable("integer"),
                 "parallel": _nullable("integer"),
                 "text_ineligible_reason": _nullable(
@@ -242,6 +246,39 @@ def _model_schemas() -> dict[str, Schema]:
             description="One replica of a model in the cluster view.",
         ),
         "ModelList": _obj({"models": _array(_ref("ModelRecord"))}, required=("models",)),
+        "ModelStateRequest": _obj(
+            {
+                "node_id": _str("The node that serves the model.", minLength=1),
+                "local_id": _str("The model's local ID on that node.", minLength=1),
+                "enabled": _bool("false disables the model; true enables it again."),
+            },
+            required=("node_id", "local_id", "enabled"),
+        ),
+        "NodeSnapshot": _obj(
+            {
+                "node_id": _str(),
+                "node_url": _str("The node's public URL (empty on a standalone node)."),
+                "role": _str(enum=["standalone", "master", "slave"]),
+                "models": _array(
+                    _ref("ModelRecord"), "The node's own records, before public-ID suffixing."
+                ),
+                "protocol_version": _int(),
+                "minimum_protocol_version": _int(),
+                "build_version": _str(),
+                "settings_fingerprint": _str("Fingerprint of the lending settings it runs."),
+            },
+            required=(
+                "node_id",
+                "node_url",
+                "role",
+                "models",
+                "protocol_version",
+                "minimum_protocol_version",
+                "build_version",
+                "settings_fingerprint",
+            ),
+            description="What a node reports about itself to its master.",
+        ),
         "Version": _obj(
             {
                 "version": _str("The router's build version."),
@@ -290,11 +327,30 @@ def _state_schemas() -> dict[str, Schema]:
             {
                 "model_id": _str(),
                 "lane": _str(),
-                "runtime_id": _str(),
-                "generation": _int("Counts the runtime's loads."),
-                "borrowed": _bool(),
+                "runtime_id": _str("The lane, or upstream-N for an upstream server's runtime."),
+                "generation": _int(
+                    "Counts the runtime's loads: what a generation-checked unload names."
+                ),
+                "borrowed": _bool(
+                    "Borrowed (lent-to-this-node) requests are waiting for or running on the "
+                    "runtime."
+                ),
+                "active": _int("Requests running on the runtime now."),
             },
-            required=("model_id", "lane", "runtime_id", "generation", "borrowed"),
+            required=("model_id", "lane", "runtime_id", "generation", "borrowed", "active"),
+        ),
+        "RuntimeUnloadRequest": _obj(
+            {
+                "node_id": _str("The node whose runtime to unload.", minLength=1),
+                "backend_id": _str("The backend's `id` in the node state.", minLength=1),
+                "runtime_id": _str("The loaded model's `runtime_id` there.", minLength=1),
+                "expected_generation": _int(
+                    "The `generation` the caller saw: the runtime is unloaded only while it "
+                    "still holds that load.",
+                    minimum=0,
+                ),
+            },
+            required=("node_id", "backend_id", "runtime_id", "expected_generation"),
         ),
         "Backend": _obj(
             {
@@ -1058,6 +1114,57 @@ def _management_paths() -> dict[str, Schema]:
                     "404": _error("The node is not known, or this node is a slave."),
                     "502": _error("The node did not answer."),
                 },
+            )
+        },
+        "/router/v1/site/nodes/unload": {
+            "post": _admin_op(
+                "nodesUnload",
+                "Unload one runtime of a node if it still holds the load the caller saw",
+                _json_response(
+                    "The runtime is unloaded; the answer is that node's fresh state (without "
+                    "`cluster`).",
+                    _ref("NodeState"),
+                ),
+                tag="Site",
+                site=True,
+                body=_json_body(_ref("RuntimeUnloadRequest")),
+                errors={
+                    "400": _error(
+                        "A missing or mistyped field, or a backend or runtime the node does not "
+                        "have; `param` names the field."
+                    ),
+                    "404": _error("The node is not known, or this node is a slave."),
+                    "409": _error(
+                        "The runtime holds another load now, or nothing (code "
+                        "stale_generation): the message says what is loaded; nothing changed."
+                    ),
+                    "502": _error("The node did not answer."),
+                },
+                description="Waits for the requests on that runtime to finish, borrowed "
+                "(lent-to-this-node) ones included, then stops it. The generation is checked "
+                "again after that wait, so a model switched in meanwhile is not unloaded. "
+                "Another node's runtime is unloaded by that node, through the master.",
+            )
+        },
+        "/router/v1/site/models/state": {
+            "post": _admin_op(
+                "modelStateSet",
+                "Enable or disable a model on one node",
+                _json_response("The node's snapshot after the change.", _ref("NodeSnapshot")),
+                tag="Site",
+                site=True,
+                body=_json_body(_ref("ModelStateRequest")),
+                errors={
+                    "400": _error("A field is missing or of the wrong type (`param` names it)."),
+                    "404": _error(
+                        "The node is not known, the model is not a config on it (code "
+                        "model_not_found), or this node is a slave."
+                    ),
+                    "502": _error("The node did not answer."),
+                },
+                description="Kept in that node's own database, so it survives restarts. A "
+                "disabled model that is loaded stays loaded until it is unloaded or replaced; "
+                "new requests for it get 404 at once, on the master too.",
             )
         },
         "/router/v1/site/analytics": {

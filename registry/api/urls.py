@@ -15,6 +15,8 @@ urlpatterns = [
     path("version", views.version, name="router-version"),
     path("schema", schema_views.schema, name="router-schema"),
     path("site/nodes/state", views.nodes_state, name="site-nodes-state"),
+    path("site/nodes/unload", views.nodes_unload, name="site-nodes-unload"),
+    path("site/models/state", views.model_state, name="site-models-state"),
     path("site/analytics", analytics_views.analytics, name="site-analytics"),
     path("site/routing-groups", link_views.routing_groups, name="site-routing-groups"),
     path(

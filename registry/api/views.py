@@ -133,3 +133,24 @@ async def nodes_state(request: HttpRequest) -> HttpResponse:
     state = services.node_state(node=node)
     state["cluster"] = services.cluster_state(node=node)
     return JsonResponse(state)
+
+
+@admin_api(("POST",), site=True)
+async def nodes_unload(request: HttpRequest) -> HttpResponse:
+    fields = services.runtime_unload_parse(_json_body(request))
+    return JsonResponse(await services.runtime_unload(node=get_node(), **fields))
+
+
+@admin_api(("POST",), site=True)
+async def model_state(request: HttpRequest) -> HttpResponse:
+    doc = _json_body(request)
+    node_id = doc.get("node_id")
+    if not isinstance(node_id, str) or not node_id:
+        raise RouterError(
+            400, "node_id is required: the node that serves the model", param="node_id"
+        )
+    local_id, enabled = services.model_state_parse(doc)
+    snapshot = await services.model_state_set(
+        node=get_node(), node_id=node_id, local_id=local_id, enabled=enabled
+    )
+    return JsonResponse(snapshot)

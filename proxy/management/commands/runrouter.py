@@ -89,7 +89,7 @@ class NodeRunner:
         from daphne.server import Server
 
         from proxy.node import build_node, set_node
-        from registry.selectors import public_id_assignments
+        from registry.selectors import disabled_models, public_id_assignments
         from registry.sync import ClusterSync
         from routerproject.asgi import application
 
@@ -98,6 +98,7 @@ class NodeRunner:
             self.config,
             assignments=public_id_assignments(),
             on_assignments=_persist_assignments,
+            disabled=disabled_models(),
         )
         set_node(self.node)
         self.sync = ClusterSync(self.node)
