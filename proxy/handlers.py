@@ -45,20 +45,14 @@ logger = logging.getLogger(__name__)
 RunOn = Callable[[Replica, bool], Awaitable[None]]
 
 
-async def _guarded(
-    ctx: Ctx, node: Node, public_id: str, replica: Replica, has_image: bool, run: RunOn
-) -> None:
-    """Run a text request on `replica`, or on the model's guardian when it cannot read images.
+async def _guarded(ctx: Ctx, node: Node, public_id: str, replica: Replica, run: RunOn) -> None:
+    """Run an image request on `replica`, or on the model's guardian when it cannot read images.
 
     `run(target, restore)` serves the request on `target`; `restore` asks the target's node to
-    load its text-only model back afterwards.
+    load its text-only model back afterwards. Lent work never comes here: its owner already
+    sent it only to a helper with vision.
     """
-    if ctx.borrowed or not has_image:
-        # Lent work reached a helper with vision (the owner checked); a slave serving its
-        # master's guardian choice is told so by the restore flag.
-        await run(replica, ctx.guardian_restore)
-        return
-    route = guardians.before_dispatch(node, public_id, replica, has_image)
+    route = guardians.before_dispatch(node, public_id, replica, True)
     if route is not None:
         logger.info(
             "image request for %s (no vision) goes to its guardian %s on %s",
@@ -167,8 +161,8 @@ async def handle_openai_text(ctx: Ctx, node: Node) -> None:
     replica = resolve(node, model, "llm", borrowed=ctx.borrowed)
     has_image = body_has_image(doc)
 
-    async def run(target: Replica, restore: bool) -> None:
-        await _serve(
+    def run(target: Replica, restore: bool) -> Awaitable[None]:
+        return _serve(
             ctx,
             node,
             target,
@@ -183,7 +177,11 @@ async def handle_openai_text(ctx: Ctx, node: Node) -> None:
             guardian_restore=restore,
         )
 
-    await _guarded(ctx, node, model, replica, has_image, run)
+    if has_image and not ctx.borrowed:
+        await _guarded(ctx, node, model, replica, run)
+    else:
+        # The common case costs no extra coroutine frame: memory per held request counts.
+        await run(replica, ctx.guardian_restore)
 
 
 async def handle_embeddings(ctx: Ctx, node: Node) -> None:
@@ -317,10 +315,10 @@ async def handle_ollama(ctx: Ctx, node: Node) -> None:
         raise RouterError(400, str(exc), param=exc.param) from exc
     has_image = body_has_image(body_doc)
 
-    async def run(target: Replica, restore: bool) -> None:
+    def run(target: Replica, restore: bool) -> Awaitable[None]:
         if target.cfg is None:
             # The holder translates Ollama itself: the client's body goes as it came.
-            await _serve(
+            return _serve(
                 ctx,
                 node,
                 target,
@@ -332,8 +330,7 @@ async def handle_ollama(ctx: Ctx, node: Node) -> None:
                 has_image=has_image,
                 guardian_restore=restore,
             )
-            return
-        await _serve(
+        return _serve(
             ctx,
             node,
             target,
@@ -348,7 +345,11 @@ async def handle_ollama(ctx: Ctx, node: Node) -> None:
             guardian_restore=restore,
         )
 
-    await _guarded(ctx, node, model, replica, has_image, run)
+    if has_image and not ctx.borrowed:
+        await _guarded(ctx, node, model, replica, run)
+    else:
+        # The common case costs no extra coroutine frame: memory per held request counts.
+        await run(replica, ctx.guardian_restore)
 
 
 async def handle_ollama_embed(ctx: Ctx, node: Node) -> None:
