@@ -249,7 +249,7 @@ async def handle_images(ctx: Ctx, node: Node) -> None:
     try:
         image = work.image_work(doc)
     except ValueError as exc:
-        raise RouterError(400, str(exc)) from exc
+        raise RouterError(400, str(exc), param=getattr(exc, "param", None)) from exc
     replica = resolve(node, model, "image", borrowed=ctx.borrowed)
     await _serve(
         ctx,
@@ -268,6 +268,15 @@ async def handle_transcriptions(ctx: Ctx, node: Node) -> None:
     ctype = ctx.header(b"content-type") or b"application/octet-stream"
     if not ctx.body:
         raise RouterError(400, "an audio file is required", param="file")
+    audio = work.multipart_field(ctx.body, ctype.decode("latin-1"), "file")
+    if not audio:
+        raise RouterError(400, "an audio file is required", param="file")
+    try:
+        # Speech-to-text takes WAV only: refuse anything else here rather than load a
+        # whisper model for a request it must refuse anyway.
+        work.wav_duration_seconds(audio)
+    except ValueError as exc:
+        raise RouterError(400, "file must be a WAV (RIFF/WAVE) audio file", param="file") from exc
     model_field = work.multipart_field(ctx.body, ctype.decode("latin-1"), "model")
     model = model_field.decode("utf-8", "replace").strip() if model_field else ""
     if model:

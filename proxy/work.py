@@ -77,6 +77,14 @@ class ImageWork:
         return self.width * self.height * self.steps * self.n
 
 
+class WorkError(ValueError):
+    """A request field the router refuses; `param` names it for the error envelope."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 def _image_int(body: dict[str, Any], keys: tuple[str, ...], default: int) -> int:
     for key in keys:
         value = body.get(key)
@@ -86,7 +94,7 @@ def _image_int(body: dict[str, Any], keys: tuple[str, ...], default: int) -> int
         if isinstance(value, float) and value.is_integer():
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{key} must be a positive integer")
+            raise WorkError(f"{key} must be a positive integer", key)
         return value
     return default
 
@@ -99,10 +107,10 @@ def image_work(body: dict[str, Any]) -> ImageWork:
     if size is not None and size != "auto":
         match = _SIZE_RE.fullmatch(size) if isinstance(size, str) else None
         if match is None:
-            raise ValueError("size must look like WIDTHxHEIGHT")
+            raise WorkError("size must look like WIDTHxHEIGHT", "size")
         width, height = int(match.group(1)), int(match.group(2))
         if width <= 0 or height <= 0:
-            raise ValueError("size must have a positive width and height")
+            raise WorkError("size must have a positive width and height", "size")
     else:
         width = _image_int(body, ("width",), DEFAULT_IMAGE_WIDTH)
         height = _image_int(body, ("height",), DEFAULT_IMAGE_HEIGHT)

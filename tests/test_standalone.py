@@ -244,6 +244,15 @@ def test_an_image_to_a_text_only_model_is_refused_before_any_backend(client: htt
     assert resp.status_code == 200
 
 
+def test_a_bad_image_size_is_refused_naming_the_field(client: httpx.Client) -> None:
+    for body, param in (
+        ({"model": "painter", "prompt": "x", "size": "big"}, "size"),
+        ({"model": "painter", "prompt": "x", "steps": -1}, "steps"),
+    ):
+        resp = client.post("/v1/images/generations", json=body)
+        assert resp.status_code == 400 and resp.json()["error"]["param"] == param, body
+
+
 def test_images_are_generated_and_their_work_recorded(client: httpx.Client) -> None:
     resp = client.post(
         "/v1/images/generations",
@@ -278,6 +287,12 @@ def test_transcription_with_and_without_a_model(client: httpx.Client) -> None:
     assert resp.status_code == 200
     resp = client.post("/v1/audio/transcriptions", files=files, data={"model": "nope"})
     assert resp.status_code == 404
+    # Anything but WAV is refused before a whisper model is loaded for it.
+    mp3 = {"file": ("a.mp3", b"ID3\x04" + bytes(64), "audio/mpeg")}
+    resp = client.post("/v1/audio/transcriptions", files=mp3, data={"model": "ears"})
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "file"
+    resp = client.post("/v1/audio/transcriptions", data={"model": "ears"}, files={"x": b"1"})
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "file"
 
 
 def test_embeddings(client: httpx.Client) -> None:

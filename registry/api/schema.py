@@ -1316,12 +1316,28 @@ def _client_op(
     return op
 
 
+def _stream_item(stream_type: str) -> Schema:
+    if stream_type == SSE:
+        # One server-sent event, as SSE-aware tools parse the stream; `data` holds the
+        # backend's JSON chunk (or the final `[DONE]`) with the model ID rewritten.
+        return {
+            "type": "object",
+            "description": "One event of the stream, as the backend sent it.",
+            "properties": {
+                "data": _str("A JSON chunk, or [DONE] at the end."),
+                "event": _str(),
+                "id": _str(),
+            },
+        }
+    return _str("The stream, one JSON record per line, as the backend sent it.")
+
+
 def _streaming(description: str, json_schema: Schema, stream_type: str) -> Schema:
     return {
         "description": description,
         "content": {
             JSON: {"schema": json_schema},
-            stream_type: {"schema": _str("The stream, event by event as the backend sent it.")},
+            stream_type: {"schema": _stream_item(stream_type)},
         },
     }
 
