@@ -249,8 +249,10 @@ def _png_1x1() -> bytes:
 TINY_PNG_B64 = base64.b64encode(_png_1x1()).decode("ascii")
 
 
-def _words(count: int) -> list[str]:
-    return list(itertools.islice(itertools.cycle(_WORDS), count))
+def _word(index: int) -> str:
+    # One word at a time: a client may ask for a billion tokens, and the reply must not be
+    # built up front (it would exhaust memory long before the time it simulates had passed).
+    return _WORDS[index % len(_WORDS)]
 
 
 def embedding_vector(text: str, dim: int) -> list[float]:
@@ -417,7 +419,7 @@ class _TextReply:
     reply_id: str
     created: int
     model: str
-    words: list[str]
+    count: int
     finish_reason: str
     usage: dict[str, int]
 
@@ -431,7 +433,7 @@ class _TextReply:
         }
 
     def whole(self) -> dict[str, Any]:
-        text = " ".join(self.words)
+        text = " ".join(_word(i) for i in range(self.count))
         choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": self.finish_reason}
         if self.chat:
             choice["message"] = {"role": "assistant", "content": text}
@@ -443,7 +445,7 @@ class _TextReply:
 
     def chunk(self, index: int) -> bytes:
         """SSE event for output token `index`; the words joined by spaces make the text."""
-        piece = self.words[index] if index == 0 else " " + self.words[index]
+        piece = _word(index) if index == 0 else " " + _word(index)
         choice: dict[str, Any] = {"index": 0, "finish_reason": None}
         if self.chat:
             # OpenAI announces the role in the first delta only.
@@ -482,7 +484,7 @@ async def _stream_text(
         async with state.slot(request.path, duration_ms):
             await response.prepare(request)
             await asyncio.sleep(prefill_ms / 1000.0)
-            for index in range(len(reply.words)):
+            for index in range(reply.count):
                 await asyncio.sleep(per_token_secs)
                 await response.write(reply.chunk(index))
             await response.write(reply.final_chunk())
@@ -507,6 +509,19 @@ async def _handle_text(request: web.Request, chat: bool) -> web.StreamResponse:
     weights = state.weights
     n_prompt = prompt_tokens_for_bytes(len(raw))
     n_output = output_tokens(body)
+    ctx = state.config.ctx_size
+    capped = False
+    if ctx:
+        # As llama-server: a prompt that fills the context is refused, and generation stops
+        # when the context is full, whatever max_tokens asked for.
+        if n_prompt >= ctx:
+            return _error(
+                400,
+                "the request exceeds the available context size, try increasing it",
+                "exceed_context_size_error",
+            )
+        capped = n_output > ctx - n_prompt
+        n_output = min(n_output, ctx - n_prompt)
     prefill_ms = weights.base_ms + weights.prompt_ms_per_token * n_prompt
     duration_ms = prefill_ms + weights.output_ms_per_token * n_output
     reply = _TextReply(
@@ -514,9 +529,9 @@ async def _handle_text(request: web.Request, chat: bool) -> web.StreamResponse:
         reply_id=state.next_id("chatcmpl" if chat else "cmpl"),
         created=int(time.time()),
         model=_model_name(state, body),
-        words=_words(n_output),
+        count=n_output,
         # Every reply runs to its token budget, so it ends by length whenever one was set.
-        finish_reason="length" if requested_output_tokens(body) is not None else "stop",
+        finish_reason="length" if capped or requested_output_tokens(body) is not None else "stop",
         usage={
             "prompt_tokens": n_prompt,
             "completion_tokens": n_output,
@@ -656,7 +671,7 @@ async def handle_transcription(request: web.Request) -> web.Response:
     async with state.slot(request.path, duration_ms):
         await asyncio.sleep(duration_ms / 1000.0)
     # About two words a second of speech, at least one.
-    return _json({"text": " ".join(_words(max(1, math.ceil(seconds * 2))))})
+    return _json({"text": " ".join(_word(i) for i in range(max(1, math.ceil(seconds * 2))))})
 
 
 # Application -------------------------------------------------------------------------

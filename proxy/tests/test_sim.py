@@ -704,3 +704,21 @@ def test_a_missing_port_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[st
 def test_unknown_keys_in_weights_are_ignored(tmp_path: Path) -> None:
     path = write_weights(tmp_path, "extra", {"base_ms": 5, "comment": "hello"})
     assert load_weights(str(path)) == SimWeights(base_ms=5.0)
+
+
+async def test_generation_stops_when_the_context_is_full_and_a_prompt_too_long_is_refused(
+    start_sim: Callable[..., Sim],
+) -> None:
+    weights = {"load_ms": 0, "base_ms": 0, "prompt_ms_per_token": 0, "output_ms_per_token": 0}
+    sim = start_sim("small-ctx", weights, "-c", "64")
+    async with httpx.AsyncClient() as client:
+        # A billion tokens asked for: the answer stops at the context, built word by word.
+        body = {"prompt": "x", "max_tokens": 1_000_000_000}
+        data = (await client.post(f"{sim.url}/v1/completions", json=body)).json()
+        prompt_tokens = data["usage"]["prompt_tokens"]
+        assert data["usage"]["completion_tokens"] == 64 - prompt_tokens
+        assert len(data["choices"][0]["text"].split()) == 64 - prompt_tokens
+        assert data["choices"][0]["finish_reason"] == "length"
+        resp = await client.post(f"{sim.url}/v1/completions", json={"prompt": "x" * 400})
+        assert resp.status_code == 400
+        assert resp.json()["error"]["type"] == "exceed_context_size_error"

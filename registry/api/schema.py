@@ -153,10 +153,15 @@ def _error_schemas() -> dict[str, Schema]:
                             "backend_error, server_error, …"
                         ),
                         "param": _str("The request field at fault; absent when none is."),
-                        "code": _str(
-                            "A stable code for programs (model_not_found, node_unavailable, "
-                            "different_weights, …); absent when there is none."
-                        ),
+                        "code": {
+                            "type": ["string", "integer"],
+                            "description": (
+                                "A stable code for programs (model_not_found, "
+                                "node_unavailable, different_weights, …); absent when there is "
+                                "none. A backend's own error passes through as it sent it, "
+                                "and llama-server puts the HTTP status here as a number."
+                            ),
+                        },
                     },
                     required=("message", "type"),
                 )
