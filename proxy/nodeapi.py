@@ -261,6 +261,17 @@ async def handle_offload_borrowed(ctx: Ctx, node: Node) -> None:
     await ctx.json(200, {"borrowed": node.restore.borrowed_in_flight + queued})
 
 
+async def handle_site_inventory(ctx: Ctx, node: Node) -> None:
+    """This node's own inventory entry, for the master's `site/inventory`."""
+    from urllib.parse import parse_qs
+
+    from registry.inventory import include_files_parse, inventory_local
+
+    query = parse_qs(ctx.scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+    include_files = include_files_parse(query.get("include_files", [None])[-1])
+    await ctx.json(200, await inventory_local(node=node, include_files=include_files))
+
+
 async def handle_not_found(ctx: Ctx, node: Node) -> None:
     raise RouterError(404, "endpoint not found", type="not_found")
 
@@ -283,6 +294,7 @@ NODE_ROUTES: dict[str, Route] = {
     "/router/v1/node/offload/grant": (POST, handle_offload_grant, False),
     "/router/v1/node/offload/request": (POST, handle_offload_request, False),
     "/router/v1/node/offload/borrowed": (GET, handle_offload_borrowed, False),
+    "/router/v1/node/site/inventory": (GET, handle_site_inventory, False),
 }
 
 

@@ -152,6 +152,7 @@ def node_config(store: Path, port: int, **sections: dict[str, Any]) -> dict[str,
 def start_node(
     root: Path,
     models: list[ModelSpec],
+    /,
     *,
     workers: bool = False,
     extra_env: dict[str, str] | None = None,
@@ -161,7 +162,10 @@ def start_node(
     keep_db: bool = False,
     **sections: Any,
 ) -> RouterNode:
-    """Start one node; `port`/`db` reuse an earlier node's address and database (a restart)."""
+    """Start one node; `port`/`db` reuse an earlier node's address and database (a restart).
+
+    `models` is positional-only so that a `models=` config section can be given too.
+    """
     store = root / "store"
     store.mkdir(parents=True, exist_ok=True)
     write_models(store / "kcpps", root / "weights", models)
@@ -290,6 +294,7 @@ def start_cluster(
     slave_tokens: dict[str, str] | None = None,
     extra_slave_urls: list[str] | None = None,
     master_sections: dict[str, dict[str, Any]] | None = None,
+    per_slave_sections: dict[str, dict[str, dict[str, Any]]] | None = None,
 ) -> Cluster:
     """A master and its slaves on loopback ports; returns once every slave is healthy."""
     master_port = free_port()
@@ -325,6 +330,8 @@ def start_cluster(
                     "sync_interval": health_interval,
                 }
             }
+            for key, values in (per_slave_sections or {}).get(name, {}).items():
+                slave_sections.setdefault(key, {}).update(values)
             cluster.specs[name] = (ports[name], models, slave_sections)
             cluster.slaves[name] = start_node(
                 root / name, models, port=ports[name], **slave_sections

@@ -30,6 +30,7 @@ from proxy.httpclient import close_session
 from proxy.node import Node, build_node, set_node
 from registry import services
 from registry.api.schema import OPENAPI_CONTENT_TYPE, openapi_bytes, openapi_document
+from registry.recipes import Component, Recipe
 from routerproject.config import load_config
 
 # The views reach the database through database_sync_to_async, which closes the connection
@@ -430,6 +431,32 @@ def test_model_state_answers_match(client: Client, node: Node) -> None:
     assert_matches(url, "POST", 400, refused.json())
     enabled = client.post(url, orjson.dumps({**body, "enabled": True}), "application/json")
     assert [m["disabled"] for m in enabled.json()["models"] if m["local_id"] == "chat"] == [False]
+
+
+def test_inventory_answers_match(client: Client, node: Node, tmp_path: Path) -> None:
+    url = "/router/v1/site/inventory"
+    roots = tmp_path / "files"
+    (roots / "sub").mkdir(parents=True)
+    (roots / "sub" / "weights.gguf").write_bytes(b"w" * 8)
+    models = node.config.models.model_copy(update={"file_roots": [roots, tmp_path / "absent"]})
+    node.config = node.config.model_copy(update={"models": models})
+    text = Component("text", NODE_ID, "chat", "", "chat.kcpps")
+    image = Component("image", NODE_ID, "", "picture", "picture.kcpps")
+    recipe = Recipe("combo", "combo", "combo-image", {"text": text, "image": image})
+    node.recipes = {"combo": recipe, "combo-image": recipe}
+    plain = client.get(url)
+    assert plain.status_code == 200
+    assert [n["files"] for n in plain.json()["nodes"]] == [None]
+    assert [r["id"] for r in plain.json()["recipes"]] == ["combo"]
+    assert_matches(url, "GET", 200, plain.json())
+    listed = client.get(url, {"include_files": "true"})
+    files = listed.json()["nodes"][0]["files"]
+    assert [f["path"] for f in files["entries"]] == ["sub/weights.gguf"]
+    assert [r["note"] for r in files["roots"]] == ["", "not listed: does not exist"]
+    assert_matches(url, "GET", 200, listed.json())
+    refused = client.get(url, {"include_files": "maybe"})
+    assert (refused.status_code, refused.json()["error"]["param"]) == (400, "include_files")
+    assert_matches(url, "GET", 400, refused.json())
 
 
 async def test_runtime_unload_answers_match(node: Node) -> None:

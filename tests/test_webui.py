@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import threading
 from collections.abc import Iterator
@@ -169,6 +170,56 @@ def test_the_nodes_page_lists_held_requests_with_their_state(cluster: Cluster) -
         for t in threads:
             t.join()
     assert done == [200] * 8
+
+
+def test_the_nodes_page_shows_each_nodes_memory_or_says_it_has_none(cluster: Cluster) -> None:
+    with cluster.master.client() as client:
+        inventory = client.get("/router/v1/site/inventory").json()
+    hardware = {n["node_id"]: n["hardware"] for n in inventory["nodes"]}
+    assert sorted(hardware) == ["h", "master", "o"]
+    with playwright_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            tab = browser.new_page()
+            tab.goto(cluster.master.base_url + "/ui/nodes")
+            tab.wait_for_selector("section.card:nth-child(3) .mem")
+            for node_id, hw in hardware.items():
+                mem = tab.locator(f'section[data-node="{node_id}"] .mem')
+                memory = hw["memory"]
+                if memory is None:
+                    assert mem.inner_text() == "Memory unavailable on this node"
+                    continue
+                assert mem.get_attribute("data-kind") == memory["kind"]
+                assert mem.locator(".kind").inner_text() == memory["kind"].upper()
+                # Used memory moves between two readings; the total does not.
+                amount = mem.locator(".amount").inner_text()
+                total = memory["total_bytes"] / 1024**3
+                assert re.fullmatch(rf"\d+\.\d / {total:.1f} GB", amount), amount
+                used = mem.locator(".membar .used").evaluate("e => parseFloat(e.style.width)")
+                assert 0 < used <= 100
+            ARTIFACTS.mkdir(exist_ok=True)
+            tab.screenshot(path=str(ARTIFACTS / "nodes-memory.png"), full_page=True)
+
+            # A node that could not read its memory (no /proc/meminfo, nvidia-smi silent):
+            # its card says so instead of drawing a bar, and the others keep theirs.
+            def without_memory(route: Any) -> None:
+                answer = route.fetch()
+                doc = answer.json()
+                for node in doc["nodes"]:
+                    if node["node_id"] == "h":
+                        node["hardware"] = {"memory": None, "cpu_count": 2, "note": "no reading"}
+                route.fulfill(response=answer, json=doc)
+
+            tab.route("**/router/v1/site/inventory", without_memory)
+            tab.evaluate("refresh()")
+            none = tab.locator('section[data-node="h"] .mem')
+            assert none.inner_text() == "Memory unavailable on this node"
+            assert none.get_attribute("title") == "no reading"
+            assert tab.locator('section[data-node="h"] .membar').count() == 0
+            assert tab.locator('section[data-node="o"] .membar').count() == 1
+            tab.screenshot(path=str(ARTIFACTS / "nodes-memory-unavailable.png"), full_page=True)
+        finally:
+            browser.close()
 
 
 def vision_model(name: str) -> ModelSpec:

@@ -493,6 +493,129 @@ def _state_schemas() -> dict[str, Schema]:
     }
 
 
+def _inventory_schemas() -> dict[str, Schema]:
+    def nullable(name: str, description: str) -> Schema:
+        return {"anyOf": [_ref(name), {"type": "null"}], "description": description}
+
+    return {
+        "Memory": _obj(
+            {
+                "kind": _str(
+                    "vram (summed over the GPUs nvidia-smi reports) or ram.", enum=["vram", "ram"]
+                ),
+                "total_bytes": _int(minimum=0),
+                "used_bytes": _int(
+                    "In use now; for RAM, what MemAvailable says cannot be had.", minimum=0
+                ),
+            },
+            required=("kind", "total_bytes", "used_bytes"),
+        ),
+        "Hardware": _obj(
+            {
+                "memory": nullable("Memory", "Null when the node could not read it."),
+                "cpu_count": _nullable("integer"),
+                "note": _str("Why something could not be read; empty when all went well."),
+            },
+            required=("memory", "cpu_count", "note"),
+        ),
+        "FileRoot": _obj(
+            {
+                "path": _str("A `models.file_roots` entry."),
+                "note": _str(
+                    "Why it was not listed (missing, not a directory, inside another root, the "
+                    "listing already full) or what could not be read; empty when all went well."
+                ),
+            },
+            required=("path", "note"),
+        ),
+        "FileEntry": _obj(
+            {
+                "root": _str("The root it lies below."),
+                "path": _str("Relative to the root, with / separators."),
+                "size": _int(minimum=0),
+                "mtime": _num("Unix time of the last change."),
+            },
+            required=("root", "path", "size", "mtime"),
+        ),
+        "FileListing": _obj(
+            {
+                "roots": _array(_ref("FileRoot")),
+                "entries": _array(
+                    _ref("FileEntry"), "Regular files, root by root, depth first in name order."
+                ),
+                "truncated": _bool("The listing stopped at its cap (10 000 files per node)."),
+            },
+            required=("roots", "entries", "truncated"),
+        ),
+        "InventoryNode": _obj(
+            {
+                "node_id": _str(),
+                "node_url": _str("Empty for a standalone node."),
+                "source": _str(enum=["local", "master", "slave"]),
+                "role": _str(enum=["standalone", "master", "slave"]),
+                "backend_mode": _str("Empty when the node did not answer."),
+                "available": _bool("False when the node is unhealthy or did not answer."),
+                "hardware": nullable("Hardware", "Null when the node did not answer."),
+                "models": _array(
+                    _ref("ModelRecord"),
+                    "The node's own records (local IDs); the last poll's when it did not answer.",
+                ),
+                "files": nullable(
+                    "FileListing", "Only with include_files=true and when the node answered."
+                ),
+                "error": _str("Why the node did not answer; empty when it did."),
+                "build_version": _str(),
+            },
+            required=(
+                "node_id",
+                "node_url",
+                "source",
+                "role",
+                "backend_mode",
+                "available",
+                "hardware",
+                "models",
+                "files",
+                "error",
+                "build_version",
+            ),
+        ),
+        "RecipeComponent": _obj(
+            {
+                "kind": _str(enum=["text", "image", "embeddings", "voice", "music"]),
+                "node_id": _str(),
+                "model_id": _str(),
+                "image_id": _str(),
+                "config_filename": _str(),
+            },
+            required=("kind", "node_id", "model_id", "image_id", "config_filename"),
+        ),
+        "Recipe": _obj(
+            {
+                "id": _str(),
+                "public_id": _str(),
+                "public_image_id": _str("Empty when the recipe has no image component."),
+                "components": _array(_ref("RecipeComponent")),
+            },
+            required=("id", "public_id", "public_image_id", "components"),
+            description="A split recipe: one public model made of components on several nodes.",
+        ),
+        "Inventory": _obj(
+            {
+                "role": _str(enum=["standalone", "master"]),
+                "node_id": _str(),
+                "node_url": _str(),
+                "nodes": _array(
+                    _ref("InventoryNode"), "This node first, then every registered node."
+                ),
+                "models": _array(_ref("ModelRecord"), "The cluster view, as /router/v1/models."),
+                "recipes": _array(_ref("Recipe"), "The master's split recipes."),
+            },
+            required=("role", "node_id", "node_url", "nodes", "models", "recipes"),
+        ),
+    }
+
+
 def _link_schemas() -> dict[str, Schema]:
     selection = _obj(
         {
@@ -903,6 +1026,7 @@ def _components() -> Schema:
         _error_schemas(),
         _model_schemas(),
         _state_schemas(),
+        _inventory_schemas(),
         _link_schemas(),
         _lending_schemas(),
         _guardian_schemas(),
@@ -1170,6 +1294,27 @@ def _management_paths() -> dict[str, Schema]:
                 description="Kept in that node's own database, so it survives restarts. A "
                 "disabled model that is loaded stays loaded until it is unloaded or replaced; "
                 "new requests for it get 404 at once, on the master too.",
+            )
+        },
+        "/router/v1/site/inventory": {
+            "get": _admin_op(
+                "siteInventory",
+                "Every node with its hardware, models and (on request) model files",
+                _json_response("The inventory.", _ref("Inventory")),
+                tag="Site",
+                site=True,
+                parameters=[
+                    _query(
+                        "include_files",
+                        _str(enum=["true", "false", "1", "0"], default="false"),
+                        "List the files below each node's models.file_roots (capped); "
+                        "without it no file is looked at.",
+                    )
+                ],
+                errors={"400": _response_ref("BadRequest")},
+                description="The master asks every healthy node at once; a node that fails "
+                "has `available: false` and `error` set, and the rest still answers. Memory is "
+                "VRAM when nvidia-smi answers, else RAM (Linux), else null with a note.",
             )
         },
         "/router/v1/site/analytics": {

@@ -5,6 +5,7 @@ from django.urls import path
 from analytics.api import views as analytics_views
 from lending.api import links as link_views
 from lending.api import summary as summary_views
+from registry.api import inventory as inventory_views
 from registry.api import schema as schema_views
 from registry.api import views
 
@@ -17,6 +18,7 @@ urlpatterns = [
     path("site/nodes/state", views.nodes_state, name="site-nodes-state"),
     path("site/nodes/unload", views.nodes_unload, name="site-nodes-unload"),
     path("site/models/state", views.model_state, name="site-models-state"),
+    path("site/inventory", inventory_views.site_inventory, name="site-inventory"),
     path("site/analytics", analytics_views.analytics, name="site-analytics"),
     path("site/routing-groups", link_views.routing_groups, name="site-routing-groups"),
     path(
