@@ -45,6 +45,17 @@ logger = logging.getLogger(__name__)
 RunOn = Callable[[Replica, bool], Awaitable[None]]
 
 
+def _dispatch(
+    ctx: Ctx, node: Node, public_id: str, replica: Replica, has_image: bool, run: RunOn
+) -> Awaitable[None]:
+    """What serves a text request: its guardian check when it carries an image, else `run`."""
+    if has_image and not ctx.borrowed:
+        return _guarded(ctx, node, public_id, replica, run)
+    # A plain function, not a coroutine: the common case costs no extra frame, and memory per
+    # held request counts.
+    return run(replica, ctx.guardian_restore)
+
+
 async def _guarded(ctx: Ctx, node: Node, public_id: str, replica: Replica, run: RunOn) -> None:
     """Run an image request on `replica`, or on the model's guardian when it cannot read images.
 
@@ -177,11 +188,7 @@ async def handle_openai_text(ctx: Ctx, node: Node) -> None:
             guardian_restore=restore,
         )
 
-    if has_image and not ctx.borrowed:
-        await _guarded(ctx, node, model, replica, run)
-    else:
-        # The common case costs no extra coroutine frame: memory per held request counts.
-        await run(replica, ctx.guardian_restore)
+    await _dispatch(ctx, node, model, replica, has_image, run)
 
 
 async def handle_embeddings(ctx: Ctx, node: Node) -> None:
@@ -354,11 +361,7 @@ async def handle_ollama(ctx: Ctx, node: Node) -> None:
             guardian_restore=restore,
         )
 
-    if has_image and not ctx.borrowed:
-        await _guarded(ctx, node, model, replica, run)
-    else:
-        # The common case costs no extra coroutine frame: memory per held request counts.
-        await run(replica, ctx.guardian_restore)
+    await _dispatch(ctx, node, model, replica, has_image, run)
 
 
 async def handle_ollama_embed(ctx: Ctx, node: Node) -> None:
