@@ -96,7 +96,9 @@ class Restorer:
         runtime = self._runtime(job)
         key = id(runtime)
         self._cancel_timer(key)
-        current = runtime.current
+        # A load in progress counts: the text-only model may still be loading for the request
+        # before this one, and it is the model to bring back.
+        current = runtime.current or runtime.loading
         if current is not None and current.filename != job.cfg.filename and key not in self.targets:
             self.targets[key] = current
 
@@ -143,6 +145,8 @@ class Restorer:
         self.targets.pop(key, None)
         if runtime.current is not None and runtime.current.filename == target.filename:
             return
+        if target.local_id in self.node.disabled:
+            return  # disabled since it was displaced: nobody may use it, so keep it unloaded
         task = asyncio.ensure_future(self._restore(runtime, target))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

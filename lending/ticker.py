@@ -76,6 +76,8 @@ class LendingTicker:
         """
         if self._pruned_at is not None and now - self._pruned_at < PRUNE_EVERY_SECS:
             return 0
+        if self.node.lending.settings_source != "master":
+            return 0  # not yet told the master's retention: deleting now could lose rows
         self._pruned_at = now
         retention_ms = int(self.node.lending.settings.decisions_retention_secs * 1000)
         deleted: int = await database_sync_to_async(decisions_prune)(

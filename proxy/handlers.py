@@ -36,7 +36,7 @@ from proxy.node import Node
 from proxy.rewrite import set_body_model
 from proxy.routing import Kind, lane_of, resolve
 from registry.cluster import Replica
-from routerproject.errors import RouterError
+from routerproject.errors import RouterError, is_ollama_path
 
 Handler = Callable[[Ctx, Node], Awaitable[None]]
 logger = logging.getLogger(__name__)
@@ -64,31 +64,39 @@ async def _guarded(ctx: Ctx, node: Node, public_id: str, replica: Replica, run: 
     sent it only to a helper with vision.
     """
     route = guardians.before_dispatch(node, public_id, replica, True)
-    if route is not None:
-        logger.info(
-            "image request for %s (no vision) goes to its guardian %s on %s",
-            public_id,
-            route.guardian_id,
-            route.replica.node_id,
-        )
-        await run(route.replica, route.restore)
-        return
     try:
-        await run(replica, ctx.guardian_restore)
-    except ImageRefused as refusal:
-        # Raised only while a guardian is set, and before any byte reached the client.
-        route = guardians.guardian_route(node, public_id, replica)
-        if route is None:  # the guardian was cleared meanwhile: the refusal is the answer
-            await ctx.respond(refusal.status, refusal.body, refusal.content_type)
-            return
-        logger.info(
-            "%s refused an image (HTTP %d); its guardian %s on %s answers instead",
-            public_id,
-            refusal.status,
-            route.guardian_id,
-            route.replica.node_id,
-        )
+        if route is None:
+            try:
+                await run(replica, ctx.guardian_restore)
+                return
+            except ImageRefused as refusal:
+                # Raised only while a guardian is set, and before any byte reached the client.
+                route = guardians.guardian_route(node, public_id, replica)
+                if route is None:  # the guardian was cleared meanwhile: the refusal answers
+                    raise
+                logger.info(
+                    "%s refused an image (HTTP %d); its guardian %s on %s answers instead",
+                    public_id,
+                    refusal.status,
+                    route.guardian_id,
+                    route.replica.node_id,
+                )
+        else:
+            logger.info(
+                "image request for %s (no vision) goes to its guardian %s on %s",
+                public_id,
+                route.guardian_id,
+                route.replica.node_id,
+            )
         await run(route.replica, route.restore)
+    except ImageRefused as refusal:
+        # The guardian itself refused, or the refusal stands: it is the answer, in the shape
+        # of the path the client used.
+        body = refusal.body
+        ctype = refusal.content_type
+        if is_ollama_path(ctx.path):
+            body, ctype = translate.openai_error_to_ollama(body), b"application/json"
+        await ctx.respond(refusal.status, body, ctype)
 
 
 def _with_model(body: bytes, public_id: str, served_id: str) -> bytes:
@@ -124,7 +132,8 @@ async def _serve(
     fallback = (
         has_image
         and not ctx.borrowed
-        and node.guardians.for_model(public_id, replica.node_id) not in (None, replica.public_id)
+        and replica.public_id == public_id  # not already running as some model's guardian
+        and node.guardians.for_model(public_id, replica.node_id) is not None
     )
     if replica.cfg is None:
         # Another node serves it; it translates Ollama/Kobold itself, so the client's own path

@@ -128,22 +128,31 @@ def nvidia_smi_parse(text: str) -> dict[str, Any] | None:
 
 def _read_vram(binary: str, timeout_secs: float) -> tuple[dict[str, Any] | None, str]:
     try:
-        done = subprocess.run(
+        proc = subprocess.Popen(
             [binary, *NVIDIA_SMI_ARGS],
-            capture_output=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=timeout_secs,
-            check=False,
         )
-    except subprocess.TimeoutExpired:
-        return None, f"nvidia-smi did not answer within {timeout_secs:g} s"
     except OSError as exc:
         return None, f"nvidia-smi could not run: {exc.strerror or exc}"
-    if done.returncode != 0:
-        detail = (done.stderr or done.stdout).strip().splitlines()
-        reason = detail[0][:200] if detail else f"exit status {done.returncode}"
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_secs)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        # A wedged GPU can leave nvidia-smi in uninterruptible sleep, where even SIGKILL waits:
+        # give up on it rather than wait without bound (subprocess.run would).
+        try:
+            proc.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            pass
+        return None, f"nvidia-smi did not answer within {timeout_secs:g} s"
+    if proc.returncode != 0:
+        detail = (stderr or stdout).strip().splitlines()
+        reason = detail[0][:200] if detail else f"exit status {proc.returncode}"
         return None, f"nvidia-smi failed: {reason}"
-    memory = nvidia_smi_parse(done.stdout)
+    memory = nvidia_smi_parse(stdout)
     return memory, "" if memory is not None else "nvidia-smi reported no GPU memory"
 
 

@@ -264,3 +264,27 @@ def test_a_slave_has_no_site_route_but_answers_its_node_route(cluster: Cluster) 
         assert (wrong.status_code, wrong.json()["error"]["code"]) == (409, "wrong_node")
         models = client.get("/router/v1/node/models", headers=AUTH).json()["models"]
         assert {m["local_id"]: m["disabled"] for m in models}["solo"] is False
+
+
+def test_a_disabled_startup_model_is_skipped_and_the_node_still_starts(tmp_path: Path) -> None:
+    models = [text_model("alpha"), text_model("beta")]
+    node = start_node(tmp_path, models, models={"startup_model": "alpha"})
+    try:
+        with node.client() as client:
+            assert loaded_models(client) == {"alpha"}
+            assert set_state(client, "node-a", "alpha", False).status_code == 200
+        node.stop()
+        node.cleanup(drop_db=False)
+        node = start_node(
+            tmp_path,
+            models,
+            port=node.port,
+            db=node.db,
+            keep_db=True,
+            models={"startup_model": "alpha"},
+        )
+        with node.client() as client:
+            assert loaded_models(client) == set()
+        assert "startup model 'alpha' is disabled on this node; not loaded" in node.output()
+    finally:
+        node.cleanup()

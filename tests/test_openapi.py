@@ -301,7 +301,9 @@ def test_admin_routes_require_the_admin_key_and_the_public_ones_do_not() -> None
 def test_client_paths_match_the_proxy_route_table() -> None:
     doc = openapi_document()
     client_paths = {p for p in doc["paths"] if not p.startswith("/router/v1/")}
-    assert client_paths == set(CLIENT_PATHS)
+    # Every path the proxy serves is described, and the contract's list is among them.
+    assert client_paths == set(ROUTES)
+    assert set(CLIENT_PATHS) <= client_paths
     for path in client_paths:
         methods, _, needs_key = ROUTES[path]
         # HEAD rides along with GET on the proxy; the document lists the GET.
@@ -531,6 +533,15 @@ async def test_client_answers_match(node: Node) -> None:
     status, body = await client_call(node, "GET", "/ping")
     assert status == 200
     assert_matches("/ping", "GET", 200, body)
+    status, body = await client_call(node, "POST", "/api/show", {"model": "seer"})
+    assert (status, body["capabilities"][:2]) == (200, ["completion", "vision"])
+    assert_matches("/api/show", "POST", 200, body)
+    status, body = await client_call(node, "GET", "/api/version")
+    assert status == 200
+    assert_matches("/api/version", "GET", 200, body)
+    status, body = await client_call(node, "GET", "/sdapi/v1/sd-models")
+    assert status == 200
+    assert_matches("/sdapi/v1/sd-models", "GET", 200, body)
 
 
 async def test_client_errors_match_both_envelopes(node: Node) -> None:

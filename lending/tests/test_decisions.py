@@ -514,8 +514,12 @@ def test_a_slave_prunes_in_its_router_process_with_the_retention_its_master_push
     lending = SimpleNamespace(
         settings=SimpleNamespace(refresh_interval_secs=5.0, decisions_retention_secs=3600.0),
         listeners=[],
+        settings_source="local",
     )
     ticker = LendingTicker(SimpleNamespace(role="slave", lending=lending))  # type: ignore[arg-type]
+    # Until the master's settings arrive the slave does not know the retention: no prune.
+    assert async_to_sync(ticker.prune_if_due)(100.0, T0_MS) == 0
+    lending.settings_source = "master"
     assert async_to_sync(ticker.prune_if_due)(100.0, T0_MS) == 1
     assert stored("recorded_at") == [(T0_MS - hour_ms // 2,)]
     # Not again until the prune period has passed.

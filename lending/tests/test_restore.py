@@ -119,3 +119,20 @@ async def test_borrowed_drained_returns_once_the_runtimes_last_borrowed_request_
     assert not waiter.done()
     node.restore.borrowed_finished(second)
     await asyncio.wait_for(waiter, WAIT_SECS)
+
+
+def test_a_guardian_restores_the_model_still_loading_for_the_request_before_it(
+    node: Node,
+) -> None:
+    text = node.runtimes.runtimes["text"]
+    # "chat" is being loaded for a text request: current is empty until the load finishes.
+    text.current, text.loading = None, node.catalog.configs["chat"]
+    node.restore.guardian_started(job(node, "other"))
+    assert node.restore.targets == {id(text): node.catalog.configs["chat"]}
+
+
+def test_a_guardian_running_on_the_model_already_loaded_restores_nothing(node: Node) -> None:
+    text = node.runtimes.runtimes["text"]
+    text.current = node.catalog.configs["other"]
+    node.restore.guardian_started(job(node, "other"))
+    assert node.restore.targets == {}

@@ -964,6 +964,67 @@ def _client_schemas() -> dict[str, Schema]:
             },
             required=("model",),
         ),
+        "OllamaEmbedRequest": _obj(
+            {
+                "model": model,
+                "input": {"anyOf": [_str(), _array(_str(), "At least one text.")]},
+            },
+            required=("model", "input"),
+        ),
+        "OllamaEmbeddingsRequest": _obj(
+            {"model": model, "prompt": _str()},
+            required=("model", "prompt"),
+            description="The older single-text form.",
+        ),
+        "OllamaEmbedAnswer": _obj(
+            {
+                "model": _str(),
+                "embeddings": _array(_array(_num())),
+                "total_duration": _int(),
+                "load_duration": _int(),
+                "prompt_eval_count": _int(),
+            },
+            required=("model", "embeddings"),
+        ),
+        "OllamaEmbeddingsAnswer": _obj({"embedding": _array(_num())}, required=("embedding",)),
+        "OllamaShowRequest": _obj(
+            {"model": _str("Public model ID."), "name": _str("The older name for model.")}
+        ),
+        "OllamaShowAnswer": _obj(
+            {
+                "modelfile": _str(),
+                "parameters": _str(),
+                "template": _str(),
+                "details": _map({}),
+                "model_info": _map({}, "general.architecture and <family>.context_length."),
+                "capabilities": _array(_str(), "completion, vision, embedding."),
+                "modified_at": _str(format="date-time"),
+            },
+            required=("details", "model_info", "capabilities"),
+        ),
+        "OllamaVersion": _obj({"version": _str()}, required=("version",)),
+        "SdModel": _obj(
+            {
+                "title": _str(),
+                "model_name": _str(),
+                "filename": _str(),
+                "config": _str(),
+                "hash": _str(),
+                "sha256": _str(),
+            },
+            required=("title", "model_name"),
+        ),
+        "Txt2ImgRequest": _obj(
+            {
+                "prompt": _str(),
+                "width": _int(minimum=1),
+                "height": _int(minimum=1),
+                "steps": _int(minimum=1),
+                "batch_size": _int(minimum=1),
+                "sd_model_checkpoint": _str("The image model; or in override_settings."),
+                "override_settings": _map({}),
+            }
+        ),
         "KoboldGenerateRequest": _obj(
             {
                 "model": _str("Public model ID; without one, the loaded text model."),
@@ -1600,6 +1661,61 @@ def _client_paths() -> dict[str, Schema]:
                 ollama=True,
             )
         },
+        "/api/embed": {
+            "post": _client_op(
+                "ollamaEmbed",
+                "Ollama embeddings",
+                "Client: Ollama",
+                _json_response("The embeddings.", _ref("OllamaEmbedAnswer")),
+                body=_json_body(_ref("OllamaEmbedRequest")),
+                ollama=True,
+            )
+        },
+        "/api/embeddings": {
+            "post": _client_op(
+                "ollamaEmbeddings",
+                "Ollama embeddings, the older single-text form",
+                "Client: Ollama",
+                _json_response("The embedding.", _ref("OllamaEmbeddingsAnswer")),
+                body=_json_body(_ref("OllamaEmbeddingsRequest")),
+                ollama=True,
+            )
+        },
+        "/api/show": {
+            "post": _client_op(
+                "ollamaShow",
+                "Ollama model details (context length, capabilities), from the records",
+                "Client: Ollama",
+                _json_response("The details.", _ref("OllamaShowAnswer")),
+                body=_json_body(_ref("OllamaShowRequest")),
+                ollama=True,
+            )
+        },
+        "/api/version": {
+            "get": _client_op(
+                "ollamaVersion",
+                "The router's version, as Ollama reports its own",
+                "Client: Ollama",
+                _json_response("The version.", _ref("OllamaVersion")),
+            )
+        },
+        "/sdapi/v1/sd-models": {
+            "get": _client_op(
+                "sdModels",
+                "Image models, as the AUTOMATIC1111 API lists them",
+                "Client: images",
+                _json_response("The image models.", _array(_ref("SdModel"))),
+            )
+        },
+        "/sdapi/v1/txt2img": {
+            "post": _client_op(
+                "sdTxt2Img",
+                "Image generation, AUTOMATIC1111 style",
+                "Client: images",
+                _json_response("The images.", _ref("BackendAnswer")),
+                body=_json_body(_ref("Txt2ImgRequest")),
+            )
+        },
         "/api/v1/generate": {
             "post": _client_op(
                 "koboldGenerate",
@@ -1632,6 +1748,7 @@ def openapi_document() -> dict[str, Any]:
         "tags": [
             {"name": "Client", "description": "Health."},
             {"name": "Client: OpenAI", "description": "OpenAI-compatible inference."},
+            {"name": "Client: images", "description": "AUTOMATIC1111-style image paths."},
             {
                 "name": "Client: Ollama",
                 "description": 'Ollama paths; errors are {"error": "…"}.',

@@ -182,6 +182,15 @@ class NodeRunner:
         self.ticker = LendingTicker(node)
         await self.ticker.start()
         startup_model = self.config.models.startup_model
+        if startup_model and startup_model in node.disabled:
+            # Disabled from the Nodes page or the API: a restart must not turn that into a
+            # node that cannot start.
+            print(
+                f"router: startup model {startup_model!r} is disabled on this node; not loaded",
+                file=sys.stderr,
+                flush=True,
+            )
+            startup_model = ""
         if startup_model:
             try:
                 await services.model_load_local(node=node, model_id=startup_model)
