@@ -41,7 +41,7 @@ LANES = frozenset({"image", "text"})
 # The columns of lending.models.OffloadDecision except the id, in model order (a test keeps
 # the two in step). Written out rather than read from the model so that importing this
 # module, which the router does at start, never needs the app registry.
-_TEXT_FIELDS = (
+TEXT_FIELDS = (
     "node_id",
     "kind",
     "trigger",
@@ -55,7 +55,7 @@ _TEXT_FIELDS = (
     "service_source",
     "router_version",
 )
-_INT_FIELDS = (
+INT_FIELDS = (
     "recorded_at",
     "pending_count",
     "backlog_count",
@@ -65,7 +65,7 @@ _INT_FIELDS = (
     "borrowed_ahead",
     "wait_ms",
 )
-_FLOAT_FIELDS = ("keep_ms", "switch_ms", "restore_ms", "service_ms", "owner_job_ms")
+FLOAT_FIELDS = ("keep_ms", "switch_ms", "restore_ms", "service_ms", "owner_job_ms")
 
 DECISION_FIELDS: tuple[str, ...] = (
     "recorded_at",
@@ -100,15 +100,14 @@ _FIELD_SET = frozenset(DECISION_FIELDS)
 # None meaning "no value", which becomes the column default) must not fail the whole
 # batch, and with it every flush after it.
 _CONVERTERS: tuple[Callable[[Any], Any], ...] = tuple(
-    str if name in _TEXT_FIELDS else int if name in _INT_FIELDS else float
-    for name in DECISION_FIELDS
+    str if name in TEXT_FIELDS else int if name in INT_FIELDS else float for name in DECISION_FIELDS
 )
 _TYPES: tuple[type | tuple[type, ...], ...] = tuple(
-    str if name in _TEXT_FIELDS else int if name in _INT_FIELDS else (int, float)
+    str if name in TEXT_FIELDS else int if name in INT_FIELDS else (int, float)
     for name in DECISION_FIELDS
 )
 _DEFAULTS: dict[str, Any] = {
-    name: "" if name in _TEXT_FIELDS else 0 if name in _INT_FIELDS else 0.0
+    name: "" if name in TEXT_FIELDS else 0 if name in INT_FIELDS else 0.0
     for name in DECISION_FIELDS
 }
 

@@ -20,6 +20,7 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from lending.decisions import FLOAT_FIELDS, INT_FIELDS, TEXT_FIELDS
 from registry.services import UNLOAD_TARGETS
 from routerproject.errors import error_envelope
 
@@ -719,37 +720,12 @@ def _link_schemas() -> dict[str, Schema]:
 
 
 def _lending_schemas() -> dict[str, Schema]:
-    decision_text = (
-        "kind",
-        "trigger",
-        "lane",
-        "owner_node_id",
-        "owner_model_id",
-        "helper_node_id",
-        "helper_model_id",
-        "outcome",
-        "reason",
-        "service_source",
-    )
-    decision_int = (
-        "pending_count",
-        "backlog_count",
-        "helper_idle_ms",
-        "slots",
-        "lent_out",
-        "borrowed_ahead",
-        "wait_ms",
-    )
-    decision_float = ("keep_ms", "switch_ms", "restore_ms", "service_ms", "owner_job_ms")
-    decision: dict[str, Schema] = {
-        "id": _int(),
-        "recorded_at": _int("Unix time in milliseconds."),
-        "node_id": _str(),
-        "router_version": _str(),
-    }
-    decision.update({name: _str() for name in decision_text})
-    decision.update({name: _int() for name in decision_int})
-    decision.update({name: _num() for name in decision_float})
+    # The columns come from the decision log's own field lists, so the two cannot drift.
+    decision: dict[str, Schema] = {"id": _int()}
+    decision.update({name: _str() for name in TEXT_FIELDS})
+    decision.update({name: _int() for name in INT_FIELDS})
+    decision.update({name: _num() for name in FLOAT_FIELDS})
+    decision["recorded_at"] = _int("Unix time in milliseconds.")
     return {
         "SettingEntry": _obj(
             {
