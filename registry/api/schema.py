@@ -21,6 +21,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from lending.decisions import FLOAT_FIELDS, INT_FIELDS, TEXT_FIELDS
+from lending.links import LINK_FIELDS
 from registry.services import UNLOAD_TARGETS
 from routerproject.errors import error_envelope
 
@@ -639,14 +640,7 @@ def _link_schemas() -> dict[str, Schema]:
                     "The helper reloads the model it held before, once quiet."
                 ),
             },
-            required=(
-                "owner_node_id",
-                "owner_model_id",
-                "helper_node_id",
-                "helper_model_id",
-                "load_if_unloaded",
-                "restore_after_borrow",
-            ),
+            required=LINK_FIELDS,
             description="A one-way link: the owner may lend held requests to the helper.",
         ),
         "LinkList": _obj({"links": _array(_ref("Link"))}, required=("links",)),
