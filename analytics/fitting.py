@@ -230,12 +230,28 @@ class TokenProfile:
     conservative_bytes_per_token: float
     reserved_output_tokens: float
     samples: int
+    # The unbiased ratio and answer length: what pricing needs, since a fit is in measured
+    # tokens. 0 means "not known" (a node on an older build): the conservative values stand in.
+    mean_bytes_per_token: float = 0.0
+    mean_output: float = 0.0
 
     def prompt_tokens(self, body_bytes: int) -> int:
         """Estimated prompt tokens of a raw request body (rounded up, errs towards more)."""
         if body_bytes <= 0:
             return 0
         return math.ceil(body_bytes / self.conservative_bytes_per_token)
+
+    def expected_prompt_tokens(self, body_bytes: int) -> int:
+        """Prompt tokens a raw body most likely holds: what the backend will measure."""
+        if body_bytes <= 0:
+            return 0
+        ratio = self.mean_bytes_per_token or self.conservative_bytes_per_token
+        return max(1, round(body_bytes / ratio))
+
+    @property
+    def mean_output_tokens(self) -> float:
+        """The usual answer length, for pricing a request that states no max_tokens."""
+        return self.mean_output or self.reserved_output_tokens
 
     def required_context(self, body_bytes: int, max_tokens: int | None, floor: int) -> int:
         """Context window a request needs: estimated prompt plus room for the answer.
@@ -283,6 +299,8 @@ def token_profile(
         conservative_bytes_per_token=conservative,
         reserved_output_tokens=reserved,
         samples=n,
+        mean_bytes_per_token=mean_ratio,
+        mean_output=mean_out,
     )
 
 
@@ -318,6 +336,8 @@ def fits_to_wire(
                 "conservative_bytes_per_token": profile.conservative_bytes_per_token,
                 "reserved_output_tokens": profile.reserved_output_tokens,
                 "samples": profile.samples,
+                "mean_bytes_per_token": profile.mean_bytes_per_token,
+                "mean_output_tokens": profile.mean_output,
             }
             for model_id, profile in sorted(tokens.items())
         ],
@@ -408,9 +428,13 @@ def fits_from_wire(
             continue
         if bpt is None or bpt <= 0 or reserved is None or reserved < 0:
             continue
+        mean_bpt = _number(row.get("mean_bytes_per_token"))
+        mean_out = _number(row.get("mean_output_tokens"))
         tokens[model_id] = TokenProfile(
             conservative_bytes_per_token=bpt,
             reserved_output_tokens=reserved,
             samples=samples,
+            mean_bytes_per_token=mean_bpt if mean_bpt is not None and mean_bpt > 0 else 0.0,
+            mean_output=mean_out if mean_out is not None and mean_out > 0 else 0.0,
         )
     return models, loads, tokens

@@ -54,7 +54,12 @@ async def owner_turn(ctx: Ctx, node: Node, job: Job, entry: Entry, shape: Shaper
         answered = await relay(ctx, node, job, lease, shape)
         queue = lending.queue(lane)
         if answered:
-            _wake(queue.lent_finished(entry))
+            # The freed lent slot goes to the next held request before admission runs: else
+            # the hold, seeing a free lent slot, would release that request into the owner's
+            # backend a round trip before the master's answer could lend it.
+            queue.lent_finished(entry, admit=False)
+            owner.refill(lane, model_id)
+            _wake(queue.reevaluate())
             owner.report(lane, model_id, "borrowed_completed")
             return True
         owner.returned(lane, entry, lease)

@@ -465,6 +465,8 @@ def _endpoint(
         multimodal=bool(record.get("has_multimodal")),
         eligible=lane != "text" or text_ineligible_reason(record) is None,
         pending_count=int(queue.get("pending_count", 0)),
+        # An owner build that does not report it counts every held request as lendable.
+        lendable_count=int(queue.get("lendable_count", queue.get("pending_count", 0)) or 0),
         pending_work=tuple(queue.get("pending_work", ())),
         pending_context=int(queue.get("pending_context", 0)),
         sized_count=int(queue.get("sized_count", 0)),

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -64,6 +65,28 @@ class OwnerLending:
     def lent_out(self, lane: str, model_id: str) -> int:
         queue = self.node.lending.queues.get(lane)
         return len(queue.lent(model_id)) if queue is not None else 0
+
+    def lent_to(self, lane: str, lease: Lease) -> list[Entry]:
+        """Requests of the lease's model out with the lease's helper, in the order lent.
+
+        A lease says how many requests *that helper* may hold; requests still out with a
+        helper the lease has moved away from do not use its slots.
+        """
+        queue = self.node.lending.queues.get(lane)
+        if queue is None:
+            return []
+        helper = (lease.helper_node_id, lease.helper_model_id)
+        return [e for e in queue.lent(lease.owner_model_id) if e.helper == helper]
+
+    def refill(self, lane: str, model_id: str) -> None:
+        """A lent request finished: lend the next held one into its slot at once.
+
+        Only under a priced lease: a probe is one request, and the master's next answer
+        decides whether more follow.
+        """
+        lease = self.live(lane, model_id)
+        if lease is not None and lease.knows_speeds():
+            self.lend(lane, model_id)
 
     def apply(self, lane: str, model_id: str, lease: Lease | None) -> None:
         """The master's answer for (lane, model): install the lease and lend, or clear it."""
@@ -124,7 +147,7 @@ class OwnerLending:
         queue = self.node.lending.queues.get(lane)
         if lease is None or queue is None:
             return
-        free = max(1, lease.helper_slots) - len(queue.lent(model_id))
+        free = max(1, lease.helper_slots) - len(self.lent_to(lane, lease))
         if free <= 0:
             return
         capacity, vision = self._helper_traits(lease)
@@ -138,7 +161,11 @@ class OwnerLending:
             return vision or id(entry) not in images
 
         taken = queue.withdraw(
-            model_id, free, fits=fits, helper=(lease.helper_node_id, lease.helper_model_id)
+            model_id,
+            free,
+            fits=fits,
+            helper=(lease.helper_node_id, lease.helper_model_id),
+            size=self._job_price(lane, model_id),
         )
         now = self.node.lending.clock()
         for entry in taken:
@@ -159,6 +186,24 @@ class OwnerLending:
                 future.set_result(lease)
         if taken:
             self._reevaluate(lane)
+
+    def _job_price(self, lane: str, model_id: str) -> Callable[[Entry], float] | None:
+        """This owner's price of one held request, when its fit tells sizes apart.
+
+        Without a fit, or with a fit that knows one size only, every request costs the same
+        and the newest go first.
+        """
+        costs = self.node.lending.costs
+        section = "llm" if lane == "text" else "image"
+        fit = costs.models.get((model_id, section)) if costs is not None else None
+        if fit is None or not any(fit.slopes_ms):
+            return None
+
+        def price(entry: Entry) -> float:
+            value = fit.predict(entry.work) if entry.work else None
+            return -1.0 if value is None else value
+
+        return price
 
     def _helper_traits(self, lease: Lease) -> tuple[int, bool]:
         """(context window, reads images) of the leased helper model, from the registry."""

@@ -74,6 +74,9 @@ class Endpoint:
     multimodal: bool
     eligible: bool = True
     pending_count: int = 0
+    # Held requests that can be lent (no streams, none that came back); None = not reported,
+    # every held request counts.
+    lendable_count: int | None = None
     pending_work: tuple[float, ...] = ()
     pending_context: int = 0
     sized_count: int = 0
@@ -301,6 +304,12 @@ class _Candidate:
     probe_bar_ms: float
 
 
+def _lendable(owner: Endpoint) -> int:
+    # A backlog of streams only can never be lent: a lease for it would tie up a helper
+    # that another owner could use.
+    return owner.pending_count if owner.lendable_count is None else owner.lendable_count
+
+
 def _backlog_magnitude(owner: Endpoint) -> float:
     return sum(owner.backlog_work)
 
@@ -476,7 +485,7 @@ def plan_lane(
         raise ValueError(f"unknown lane {lane!r}")
 
     planned = sorted(
-        (item for item in owners if item[0].pending_count > 0 and item[0].eligible),
+        (item for item in owners if _lendable(item[0]) > 0 and item[0].eligible),
         key=lambda item: (-_backlog_magnitude(item[0]), item[0].node_id, item[0].model_id),
     )
     leases: list[Lease] = []

@@ -26,6 +26,11 @@ logger = logging.getLogger(__name__)
 
 LENDING_LANES = ("image", "text")
 
+# Borrowed requests inside a helper's backend at once. The spec's "up to the depth" is a
+# ceiling: with one inside, the next waits in the router queue, where the helper's own work
+# can still take it back instead of waiting behind it.
+BORROWED_BACKEND_DEPTH = 1
+
 
 def _defaults() -> dict[str, str]:
     return {key.name: key.default for key in LENDING_KEYS}
@@ -60,6 +65,8 @@ class Lending:
         self.listeners: list[Callable[[], None]] = []
         self.hold_policy: Callable[[str], Any] | None = None
         """Builds the lane's hold policy (lending/hold.py); set by the node."""
+        self.lease_live: Callable[[str, str], bool] | None = None
+        """Whether (lane, model) lends under a live lease now; set by the node."""
 
     # -- links ----------------------------------------------------------------------------
 
@@ -119,12 +126,19 @@ class Lending:
         queue = self.queues.get(lane)
         if queue is None:
             policy = self.hold_policy(lane) if self.hold_policy is not None else None
+            live = self.lease_live
+
+            def unlendable_first(model_id: str) -> bool:
+                return live is not None and live(lane, model_id)
+
             queue = LaneQueue(
                 lane,
                 depth=self.settings.backend_depth,
                 clock=self.clock,
                 hold=policy,
                 on_held=policy.on_held if policy is not None else None,
+                unlendable_first=unlendable_first,
+                borrowed_depth=BORROWED_BACKEND_DEPTH,
             )
             self.queues[lane] = queue
             self.policies[lane] = policy
@@ -200,6 +214,7 @@ class Lending:
                     "backlog_count": stats.backlog_count,
                     "backlog_work": list(stats.backlog_work),
                     "lent_count": stats.lent_count,
+                    "lendable_count": stats.lendable_count,
                     "sized_count": sized_count,
                     "sized_work": list(sized_work),
                     "sized_context": sized_context,

@@ -337,8 +337,10 @@ def queue_entry(node: Node, job: Job, ctx: Ctx) -> Entry:
     if profile is None:
         return Entry(job.model_id, now, pinned=job.stream)
     max_tokens = job.max_tokens
-    prompt = profile.prompt_tokens(len(job.body))
-    output = float(max_tokens) if max_tokens else profile.reserved_output_tokens
+    # Work is priced against fits in measured tokens, so it takes the mean ratio; only the
+    # context gate below errs on the safe side with the conservative one.
+    prompt = profile.expected_prompt_tokens(len(job.body))
+    output = float(max_tokens) if max_tokens else profile.mean_output_tokens
     context = profile.required_context(
         len(job.body), max_tokens, node.lending.settings.context_reserve
     )

@@ -149,6 +149,7 @@ def build_node(
         node.recipes = load_recipes(Path(c.store_dir))
     node.owner = OwnerLending(node)
     node.lending.hold_policy = lambda lane: HoldPolicy(node, lane)
+    node.lending.lease_live = lambda lane, model_id: node.owner.live(lane, model_id) is not None
     node.restore = Restorer(node)
     node.decisions = DecisionLog(
         node_id=c.node_id,

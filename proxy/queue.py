@@ -82,6 +82,8 @@ class QueueStats:
     backlog_count: int
     backlog_work: tuple[float, ...]
     lent_count: int
+    # Waiting entries that may be lent: neither streams nor requests that came back.
+    lendable_count: int = 0
 
 
 def _waiting(entry: Entry) -> bool:
@@ -179,7 +181,7 @@ class _ModelQueue:
             self.lendable.append(entry)
             self.lendable_live += 1
 
-    def head(self) -> Entry | None:
+    def head(self, *, pinned_first: bool = False) -> Entry | None:
         # With no live entry a deque holds only dead references: drop them without a scan.
         if self.lendable_live:
             lendable = _live_head(self.lendable)
@@ -195,7 +197,7 @@ class _ModelQueue:
                 self.pinned.clear()
         if lendable is None:
             return pinned
-        if pinned is None or lendable.seq < pinned.seq:
+        if pinned is None or (lendable.seq < pinned.seq and not pinned_first):
             return lendable
         return pinned
 
@@ -280,11 +282,21 @@ class LaneQueue:
         clock: Callable[[], float],
         hold: HoldPredicate | None = None,
         on_held: HeldCallback | None = None,
+        unlendable_first: Callable[[str], bool] | None = None,
+        borrowed_depth: int | None = None,
     ) -> None:
         if depth < 1:
             raise ValueError(f"depth must be at least 1, got {depth}")
+        if borrowed_depth is not None and borrowed_depth < 1:
+            raise ValueError(f"borrowed_depth must be at least 1, got {borrowed_depth}")
         self.lane = lane
         self.depth = depth
+        # Borrowed entries admitted to the backend at once (None: up to `depth`). The rest
+        # wait here, where the helper's own work can still take them back.
+        self.borrowed_depth = borrowed_depth
+        # Models for which streams go to the backend before lendable entries (a live lease:
+        # the owner runs what only it can run, and keeps the lendable work for the helper).
+        self._unlendable_first = unlendable_first
         self._clock = clock
         self._hold = hold
         # Called once per entry, the first time it is held (for the held_for_helper row).
@@ -367,9 +379,13 @@ class LaneQueue:
         *,
         fits: Callable[[Entry], bool] | None = None,
         helper: tuple[str, str] | None = None,
+        size: Callable[[Entry], float] | None = None,
     ) -> list[Entry]:
         """Take up to `count` waiting entries of the model for lending, newest first.
 
+        With `size`, the largest entries go first (newest first among equals): a helper that
+        takes the long jobs leaves the owner the short ones, which is what evens out the two
+        finish times; taking `size` costs a scan of the model's waiting entries.
         Never pinned, borrowed or returned entries, and only those `fits` accepts. They become
         LENT (lent_at = now, helper = `helper`). Admission does not run here: when a HELD entry
         was taken, its model's next entry may now deserve a free slot, so call `reevaluate()`
@@ -382,12 +398,16 @@ class LaneQueue:
         while lendable and not _waiting_native(lendable[-1]):
             lendable.pop()
         taken: list[Entry] = []
-        for entry in reversed(lendable):
-            if not _waiting_native(entry) or (fits is not None and not fits(entry)):
-                continue
-            taken.append(entry)
-            if len(taken) >= count:
-                break
+        if size is not None:
+            candidates = [e for e in lendable if _waiting_native(e) and (fits is None or fits(e))]
+            taken = heapq.nlargest(count, candidates, key=lambda e: (size(e), e.seq))
+        else:
+            for entry in reversed(lendable):
+                if not _waiting_native(entry) or (fits is not None and not fits(entry)):
+                    continue
+                taken.append(entry)
+                if len(taken) >= count:
+                    break
         if not taken:
             return []
         now = self._clock()
@@ -399,15 +419,19 @@ class LaneQueue:
             self._lent[entry] = None
         return taken
 
-    def lent_finished(self, entry: Entry) -> list[Entry]:
-        """The helper answered a lent entry. A no-op if it was cancelled meanwhile."""
+    def lent_finished(self, entry: Entry, *, admit: bool = True) -> list[Entry]:
+        """The helper answered a lent entry. A no-op if it was cancelled meanwhile.
+
+        With ``admit=False`` admission does not run: the caller first lends into the freed
+        slot, then calls `reevaluate()`.
+        """
         if entry.state is State.DONE:
             return []
         if entry.state is not State.LENT:
             raise ValueError(f"cannot finish a lent entry that is {entry.state.value}")
         self._release_lent(entry)
         entry.state = State.DONE
-        return self._admit()
+        return self._admit() if admit else []
 
     def lent_returned(self, entry: Entry) -> list[Entry]:
         """The helper handed a lent entry back: it goes to the head, keeping its first arrival."""
@@ -438,7 +462,7 @@ class LaneQueue:
         model = self._models.get(model_id)
         if model is None:
             zero = (0.0,) * LANE_WORK_ARITY.get(self.lane, 0)
-            return QueueStats(0, zero, 0, 0, zero, 0)
+            return QueueStats(0, zero, 0, 0, zero, 0, 0)
         pending_work = tuple(model.sized_work)
         backlog_work = tuple(
             p + a for p, a in zip(model.sized_work, model.admitted_work, strict=True)
@@ -450,6 +474,7 @@ class LaneQueue:
             backlog_count=model.pending_count + model.admitted_native,
             backlog_work=backlog_work,
             lent_count=model.lent_count,
+            lendable_count=model.lendable_live,
         )
 
     def sized_pending(self, model_id: str) -> tuple[int, tuple[float, ...], int]:
@@ -578,6 +603,10 @@ class LaneQueue:
         del self._lent[entry]
         self._models[entry.model_id].lent_count -= 1
 
+    def _borrowed_room(self) -> bool:
+        cap = self.borrowed_depth
+        return cap is None or self._borrowed_admitted < cap
+
     def _returned_head(self) -> Entry | None:
         heap = self._returned
         while heap:
@@ -598,10 +627,11 @@ class LaneQueue:
 
     def _native_head(self, blocked: dict[str, Entry] | None) -> Entry | None:
         best: Entry | None = None
+        first = self._unlendable_first
         for model_id, model in self._waiting_models.items():
             if blocked is not None and model_id in blocked:
                 continue
-            head = model.head()
+            head = model.head(pinned_first=first is not None and first(model_id))
             if head is not None and (best is None or head.seq < best.seq):
                 best = head
         return best
@@ -632,7 +662,7 @@ class LaneQueue:
                             held_now = {}
                         held_now[entry.model_id] = entry
                         continue
-                if entry is None and self._native_pending == 0:
+                if entry is None and self._native_pending == 0 and self._borrowed_room():
                     entry = self._borrowed_head()
                 if entry is None:
                     break

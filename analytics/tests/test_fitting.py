@@ -295,7 +295,11 @@ def test_a_token_profile_without_spread_uses_the_mean_ratio() -> None:
     )
 
     assert profile == TokenProfile(
-        conservative_bytes_per_token=4.0, reserved_output_tokens=50.0, samples=3
+        conservative_bytes_per_token=4.0,
+        reserved_output_tokens=50.0,
+        samples=3,
+        mean_bytes_per_token=4.0,
+        mean_output=50.0,
     )
     assert profile.prompt_tokens(1000) == 250
     assert profile.prompt_tokens(1001) == 251
@@ -380,7 +384,11 @@ def sample_tables() -> tuple[
     loads = {"llama.kcpps": 4200.0, "sd-xl.kcpps": 9000.5}
     tokens = {
         "llama": TokenProfile(
-            conservative_bytes_per_token=3.25, reserved_output_tokens=412.0, samples=25
+            conservative_bytes_per_token=3.25,
+            reserved_output_tokens=412.0,
+            samples=25,
+            mean_bytes_per_token=3.9,
+            mean_output=300.0,
         )
     }
     return models, loads, tokens
@@ -417,6 +425,8 @@ def test_the_wire_form_has_the_published_shape() -> None:
             "conservative_bytes_per_token": 3.25,
             "reserved_output_tokens": 412.0,
             "samples": 25,
+            "mean_bytes_per_token": 3.9,
+            "mean_output_tokens": 300.0,
         }
     ]
 

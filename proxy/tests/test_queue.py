@@ -72,6 +72,7 @@ def test_ten_requests_at_depth_two_admit_two_and_keep_eight_pending(flow):
         backlog_count=10,
         backlog_work=(5500.0, 500.0),
         lent_count=0,
+        lendable_count=8,
     )
     assert len(queue) == 10
 
@@ -515,6 +516,7 @@ def test_queue_stats_ignore_borrowed_entries():
         backlog_count=1,
         backlog_work=(10.0, 2.0),
         lent_count=0,
+        lendable_count=1,
     )
     assert queue.own_work() is True
 
@@ -546,7 +548,7 @@ def test_a_backlog_of_only_running_work_reports_pending_zero_and_backlog_one():
 
 def test_an_unknown_model_has_empty_stats_of_the_lanes_arity():
     clock = FakeClock()
-    assert make_queue(clock, lane="image").stats("Z") == QueueStats(0, (0.0,), 0, 0, (0.0,), 0)
+    assert make_queue(clock, lane="image").stats("Z") == QueueStats(0, (0.0,), 0, 0, (0.0,), 0, 0)
 
 
 def test_sized_pending_excludes_entries_without_a_size_estimate():
@@ -828,6 +830,7 @@ class NaiveQueue:
             backlog_count=len(pending) + len(running),
             backlog_work=total(pending + running),
             lent_count=len(self.lent(model_id)),
+            lendable_count=sum(1 for e in pending if not e.pinned and not e.returned),
         )
 
 
