@@ -15,6 +15,7 @@ import numpy as np
 from django.db.models import Q
 
 from analytics.fitting import (
+    MATCH_FLOOR_BY_SECTION,
     SECTION_IMAGE,
     SECTION_LLM,
     CostFit,
@@ -76,7 +77,12 @@ def _text_costs(
     numbers = np.array([row[1:] for row in rows], dtype=np.float64)
     for model_id, index in _groups(model_ids):
         part = numbers[index]
-        fit = fit_durations(part[:, 1:3], part[:, 3], min_samples=min_samples)
+        fit = fit_durations(
+            part[:, 1:3],
+            part[:, 3],
+            min_samples=min_samples,
+            match_floor=MATCH_FLOOR_BY_SECTION[SECTION_LLM],
+        )
         if fit is not None:
             fits[(model_id, SECTION_LLM)] = fit
         profile = token_profile(part[:, 0], part[:, 1], part[:, 2], min_samples=min_samples)
@@ -107,7 +113,12 @@ def _image_costs(since: datetime, min_samples: int) -> dict[tuple[str, str], Cos
     # A request that does not state its image count made one image.
     work = numbers[:, 0] * numbers[:, 1] * numbers[:, 2] * np.maximum(numbers[:, 3], 1.0)
     for model_id, index in _groups(model_ids):
-        fit = fit_durations(work[index].reshape(-1, 1), numbers[index, 4], min_samples=min_samples)
+        fit = fit_durations(
+            work[index].reshape(-1, 1),
+            numbers[index, 4],
+            min_samples=min_samples,
+            match_floor=MATCH_FLOOR_BY_SECTION[SECTION_IMAGE],
+        )
         if fit is not None:
             fits[(model_id, SECTION_IMAGE)] = fit
     return fits

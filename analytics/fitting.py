@@ -41,6 +41,12 @@ MIN_FIT_SAMPLES_FLOOR = 2
 SPREAD_MIN_RATIO = 0.05
 # A uniform fit prices only work within twice the spread threshold of the mean it saw.
 UNIFORM_TOLERANCE_RATIO = 2 * SPREAD_MIN_RATIO
+# ...or within this many tokens of it, whichever is wider. Ten per cent of a short prompt or
+# answer is a token or two: a template whose answers differ by three tokens, or a body the
+# master re-serialised on the way to a helper, must not fall outside the fit. Image work
+# (pixels x steps) has no such floor: a different size or step count is different work.
+TEXT_MATCH_FLOOR_TOKENS = 16.0
+MATCH_FLOOR_BY_SECTION: Mapping[str, float] = {"llm": TEXT_MATCH_FLOOR_TOKENS, "image": 0.0}
 # A pivot this small relative to the largest normal-equation entry means the terms are
 # (nearly) linear combinations of each other: their separate slopes are meaningless.
 COLLINEAR_PIVOT_RATIO = 1e-9
@@ -64,13 +70,27 @@ class CostFit:
     # Set only when every sample did (nearly) the same work: then the fit knows the price of
     # that work and nothing else.
     uniform_work: tuple[float, ...] | None = None
+    # Set when some terms varied and others did not (a template: one prompt, answers of many
+    # lengths). The varying terms are fitted; a constant term's cost is inside the base, so
+    # the fit prices only work whose constant terms match the mean it saw (None: fitted).
+    constant_work: tuple[float | None, ...] | None = None
+    # Absolute slack of the match beside the relative one (MATCH_FLOOR_BY_SECTION).
+    match_floor: float = 0.0
+
+    def _matches(self, value: float, mean: float) -> bool:
+        return abs(value - mean) <= max(UNIFORM_TOLERANCE_RATIO * mean, self.match_floor)
 
     def _uniform_matches(self, work: Sequence[float]) -> bool:
-        assert self.uniform_work is not None
-        return all(
-            abs(w - mean) <= UNIFORM_TOLERANCE_RATIO * mean
-            for w, mean in zip(work, self.uniform_work, strict=True)
-        )
+        if self.uniform_work is not None:
+            return all(
+                self._matches(w, mean) for w, mean in zip(work, self.uniform_work, strict=True)
+            )
+        if self.constant_work is not None:
+            return all(
+                mean is None or self._matches(w, mean)
+                for w, mean in zip(work, self.constant_work, strict=True)
+            )
+        return True
 
     def _usable_work(self, work: Sequence[float]) -> tuple[float, ...] | None:
         if len(work) == 0 or len(work) != len(self.slopes_ms):
@@ -87,6 +107,8 @@ class CostFit:
             return None
         if self.uniform_work is not None:
             return self.base_ms if self._uniform_matches(values) else None
+        if not self._uniform_matches(values):
+            return None
         return self.base_ms + sum(
             slope * max(w, 0.0) for slope, w in zip(self.slopes_ms, values, strict=True)
         )
@@ -98,9 +120,12 @@ class CostFit:
         values = self._usable_work(total_work)
         if values is None:
             return None
-        if self.uniform_work is not None:
+        if self.uniform_work is not None or self.constant_work is not None:
             mean_work = tuple(w / count for w in values)
-            return count * self.base_ms if self._uniform_matches(mean_work) else None
+            if not self._uniform_matches(mean_work):
+                return None
+        if self.uniform_work is not None:
+            return count * self.base_ms
         return count * self.base_ms + sum(
             slope * max(w, 0.0) for slope, w in zip(self.slopes_ms, values, strict=True)
         )
@@ -164,10 +189,15 @@ def _solve(matrix: list[list[float]], rhs: list[float]) -> list[float] | None:
     return solution
 
 
-def fit_durations(work: np.ndarray, durations: np.ndarray, *, min_samples: int) -> CostFit | None:
+def fit_durations(
+    work: np.ndarray, durations: np.ndarray, *, min_samples: int, match_floor: float = 0.0
+) -> CostFit | None:
     """Fit ``duration = base + slopes . work`` by least squares; None = unpriced.
 
-    ``work`` has shape (n, k), k = 1 (image) or 2 (text). See reference-lending.md 2.2.
+    ``work`` has shape (n, k), k = 1 (image) or 2 (text). See reference-lending.md 2.2;
+    unlike the reference, a fit whose terms partly vary prices work that matches its
+    constant terms instead of nothing (``CostFit.constant_work``). ``match_floor`` is the
+    absolute slack of that match (and of a uniform fit's).
     """
     x, y = _clean_rows(work, durations)
     n, terms = x.shape
@@ -177,25 +207,26 @@ def fit_durations(work: np.ndarray, durations: np.ndarray, *, min_samples: int) 
         return None
 
     measurable = [_measurable(n, x[:, i]) for i in range(terms)]
+    means = tuple(float(v) for v in x.mean(axis=0))
     if not any(measurable):
-        mean_work = tuple(float(v) for v in x.mean(axis=0))
         return CostFit(
             base_ms=float(y.mean()),
             slopes_ms=(0.0,) * terms,
             samples=n,
-            uniform_work=mean_work,
+            uniform_work=means,
+            match_floor=match_floor,
         )
-    if not all(measurable):
-        # A constant term cannot be told apart from the base, and pricing the varying term
-        # alone would put the constant term's cost in the wrong place.
-        return None
 
+    # Only the varying terms are regressors: a constant term cannot be told apart from the
+    # base, so its cost stays in the base and it becomes a condition on what is priced.
+    varying = [i for i in range(terms) if measurable[i]]
+    xv = x[:, varying]
     # Each term is divided by its mean before forming the normal equations, so the
     # collinearity threshold compares like with like instead of pixels*steps against a count.
-    scale = x.mean(axis=0)
-    design = np.empty((n, terms + 1), dtype=np.float64)
+    scale = xv.mean(axis=0)
+    design = np.empty((n, len(varying) + 1), dtype=np.float64)
     design[:, 0] = 1.0
-    design[:, 1:] = x / scale
+    design[:, 1:] = xv / scale
     gram = design.T @ design
     moments = design.T @ y
     if not (np.isfinite(gram).all() and np.isfinite(moments).all()):
@@ -204,10 +235,22 @@ def fit_durations(work: np.ndarray, durations: np.ndarray, *, min_samples: int) 
     if solution is None:
         return None
     base = solution[0]
-    slopes = tuple(float(s / scale[i]) for i, s in enumerate(solution[1:]))
-    if not math.isfinite(base) or any(not math.isfinite(s) or s < 0 for s in slopes):
+    fitted = [float(s / scale[j]) for j, s in enumerate(solution[1:])]
+    if not math.isfinite(base) or any(not math.isfinite(s) or s < 0 for s in fitted):
         return None
-    return CostFit(base_ms=max(base, 0.0), slopes_ms=slopes, samples=n)
+    slopes = [0.0] * terms
+    for j, i in enumerate(varying):
+        slopes[i] = fitted[j]
+    constant: tuple[float | None, ...] | None = None
+    if len(varying) < terms:
+        constant = tuple(None if measurable[i] else means[i] for i in range(terms))
+    return CostFit(
+        base_ms=max(base, 0.0),
+        slopes_ms=tuple(slopes),
+        samples=n,
+        constant_work=constant,
+        match_floor=match_floor,
+    )
 
 
 def load_costs(rows: Iterable[tuple[str, float]]) -> dict[str, float]:
@@ -324,6 +367,8 @@ def fits_to_wire(
         }
         if fit.uniform_work is not None:
             row["uniform_work"] = list(fit.uniform_work)
+        if fit.constant_work is not None:
+            row["constant_work"] = list(fit.constant_work)
         model_rows.append(row)
     return {
         "models": model_rows,
@@ -393,8 +438,28 @@ def _model_from_wire(row: Mapping[str, Any]) -> tuple[tuple[str, str], CostFit] 
         # to leave the model unpriced than to misprice it.
         if uniform is None or len(uniform) != len(slopes) or any(w < 0 for w in uniform):
             return None
+    constant: tuple[float | None, ...] | None = None
+    if uniform is None and row.get("constant_work") is not None:
+        raw = row["constant_work"]
+        if not isinstance(raw, list) or len(raw) != len(slopes):
+            return None
+        parsed = tuple(None if item is None else _number(item) for item in raw)
+        # Same reasoning as for uniform_work: without its condition the fit would misprice.
+        if any(
+            (item is None) != (value is None) or (value is not None and value < 0)
+            for item, value in zip(raw, parsed, strict=True)
+        ):
+            return None
+        constant = parsed
     assert isinstance(section, str)
-    fit = CostFit(base_ms=base, slopes_ms=slopes, samples=samples, uniform_work=uniform)
+    fit = CostFit(
+        base_ms=base,
+        slopes_ms=slopes,
+        samples=samples,
+        uniform_work=uniform,
+        constant_work=constant,
+        match_floor=MATCH_FLOOR_BY_SECTION.get(section, 0.0),
+    )
     return (model_id, section), fit
 
 

@@ -40,12 +40,17 @@ class HoldPolicy:
         lease = self.node.owner.live(self.lane, entry.model_id)
         if lease is None or not lease.knows_speeds():
             return None
-        lent = queue.lent(entry.model_id)
+        # Slots are per helper: requests still out with a helper the lease moved away from
+        # do not keep this one's slots busy.
+        helper_key = (lease.helper_node_id, lease.helper_model_id)
+        lent = [e for e in queue.lent(entry.model_id) if e.helper == helper_key]
         if len(lent) < max(1, lease.helper_slots):
             return None  # a free lent slot: lending, not holding, is the answer
         admitted = queue.admitted(entry.model_id)
         starts = [e.admitted_at * 1000.0 for e in admitted if e.admitted_at is not None]
         job = lease.owner_job_ms or 0.0
+        service = lease.helper_service_ms or 0.0
+        own_price, helper_price = self._entry_prices(entry, job, service)
         last = lending.last_completion_ms.get((self.lane, entry.model_id))
         owner = owner_finish_ms(
             now_ms=now_ms,
@@ -53,14 +58,31 @@ class HoldPolicy:
             last_own_completion_ms=last,
             in_flight=len(admitted),
             job_ms=job,
+            this_job_ms=own_price,
         )
         helper = helper_finish_ms(
             now_ms=now_ms,
             lent_at_ms=[e.lent_at * 1000.0 for e in lent if e.lent_at is not None],
             switch_ms=lease.helper_switch_ms or 0.0,
-            service_ms=lease.helper_service_ms or 0.0,
+            service_ms=service,
+            this_job_ms=helper_price,
         )
         return owner, helper
+
+    def _entry_prices(self, entry: Entry, job_ms: float, service_ms: float) -> tuple[float, float]:
+        """(owner, helper) price of this request rather than of the mean held request.
+
+        The lease carries both prices for the mean; this request is priced with the owner's
+        own fit and the helper's price scaled by the same ratio, so a long request is held for
+        a faster helper and a short one is not held behind a long lent job for nothing.
+        """
+        costs = self.node.lending.costs
+        section = "llm" if self.lane == "text" else "image"
+        fit = costs.models.get((entry.model_id, section)) if costs is not None else None
+        price = fit.predict(entry.work) if fit is not None and entry.work else None
+        if price is None or job_ms <= 0:
+            return job_ms, service_ms
+        return price, service_ms * price / job_ms
 
     def __call__(self, entry: Entry, queue: LaneQueue, now: float) -> bool:
         now_ms = now * 1000.0

@@ -104,12 +104,14 @@ def owner_finish_ms(
     last_own_completion_ms: float | None,
     in_flight: int,
     job_ms: float,
+    this_job_ms: float | None = None,
 ) -> float:
     """When the owner would finish one more job admitted behind its ``in_flight`` ones.
 
     The running job started at the later of the oldest admitted start and the last own
     completion (the backend only starts the next job when the previous one is done); a job
     already running longer than predicted is assumed to finish now, not in the past.
+    ``this_job_ms`` is the price of the job asked about (default: one ``job_ms``).
     """
     generating_since = oldest_admitted_start_ms
     if last_own_completion_ms is not None:
@@ -117,7 +119,7 @@ def owner_finish_ms(
     first_done = max(generating_since + job_ms, now_ms)
     # With nothing admitted the hold is never consulted; count the new job alone then.
     ahead = max(in_flight, 1) - 1
-    return first_done + ahead * job_ms + job_ms
+    return first_done + ahead * job_ms + (job_ms if this_job_ms is None else this_job_ms)
 
 
 def helper_finish_ms(
@@ -126,16 +128,19 @@ def helper_finish_ms(
     lent_at_ms: Iterable[float],
     switch_ms: float,
     service_ms: float,
+    this_job_ms: float | None = None,
 ) -> float:
     """When the helper would finish one more job queued behind the jobs lent to it.
 
     The first lent job pays the switch; each later one starts when the helper is free or
-    when it was lent, whichever is later.
+    when it was lent, whichever is later. ``this_job_ms`` is the helper's price of the job
+    asked about (default: one ``service_ms``).
     """
+    this = service_ms if this_job_ms is None else this_job_ms
     lent = sorted(lent_at_ms)
     if not lent:
-        return now_ms + switch_ms + service_ms
+        return now_ms + switch_ms + this
     busy = lent[0] + switch_ms
     for lent_at in lent:
         busy = max(busy, lent_at) + service_ms
-    return max(busy, now_ms) + service_ms
+    return max(busy, now_ms) + this

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from analytics.fitting import (
+    TEXT_MATCH_FLOOR_TOKENS,
     CostFit,
     TokenProfile,
     fit_durations,
@@ -210,18 +211,73 @@ def test_narrow_spread_in_both_text_terms_counts_as_uniform() -> None:
     assert fit.base_ms == pytest.approx(600.0)
 
 
-def test_a_constant_prompt_with_varying_output_is_unpriced() -> None:
+def test_a_constant_prompt_with_varying_output_fits_the_output_alone() -> None:
+    # Template traffic: one prompt, answers of many lengths. The prompt's cost (150 ms) is
+    # inside the base; the fit prices work whose prompt matches the one it saw.
     outputs = [10.0, 50.0, 100.0, 200.0, 400.0]
     work = np.array([[300.0, o] for o in outputs])
     durations = np.array([40.0 + 150.0 + 20.0 * o for o in outputs])
 
-    assert fit_durations(work, durations, min_samples=5) is None
+    fit = fit_durations(work, durations, min_samples=5, match_floor=16.0)
+
+    assert fit is not None
+    assert fit.uniform_work is None
+    assert fit.constant_work == (300.0, None)
+    assert fit.base_ms == pytest.approx(190.0)
+    assert fit.slopes_ms == pytest.approx((0.0, 20.0))
+    assert fit.predict((300.0, 77.0)) == pytest.approx(190.0 + 20.0 * 77)
+    # Outputs never seen are extrapolated along the fitted term.
+    assert fit.predict((300.0, 1000.0)) == pytest.approx(190.0 + 20.0 * 1000)
+    # 10 % of 300 tokens (30) is wider than the 16-token floor.
+    assert fit.predict((330.0, 10.0)) is not None
+    assert fit.predict((331.0, 10.0)) is None
+    assert fit.predict((269.0, 10.0)) is None
+    # A queue is priced when its mean prompt matches: 3 jobs of 300 tokens, 60 output tokens.
+    assert fit.queue_price(3, (900.0, 60.0)) == pytest.approx(3 * 190.0 + 20.0 * 60)
+    assert fit.queue_price(3, (1000.0, 60.0)) is None
 
 
-def test_a_term_that_is_always_zero_next_to_a_varying_one_is_unpriced() -> None:
+def test_a_short_constant_term_matches_within_the_absolute_floor() -> None:
+    outputs = [10.0, 50.0, 100.0]
+    work = np.array([[40.0, o] for o in outputs])
+    durations = np.array([100.0 + 2.0 * o for o in outputs])
+
+    fit = fit_durations(work, durations, min_samples=3, match_floor=16.0)
+    unfloored = fit_durations(work, durations, min_samples=3)
+
+    assert fit is not None and unfloored is not None
+    # 10 % of 40 is 4 tokens; the floor widens the match to 16.
+    assert fit.predict((56.0, 10.0)) == pytest.approx(120.0)
+    assert fit.predict((24.0, 10.0)) == pytest.approx(120.0)
+    assert fit.predict((57.0, 10.0)) is None
+    assert unfloored.predict((44.0, 10.0)) == pytest.approx(120.0)
+    assert unfloored.predict((45.0, 10.0)) is None
+
+
+def test_a_uniform_text_fit_prices_a_few_tokens_more_or_less() -> None:
+    # Same-sized warm-up requests, then a request three tokens longer: still priced.
+    work = np.array([[20.0, 8.0]] * 4)
+    fit = fit_durations(work, np.array([400.0] * 4), min_samples=3, match_floor=16.0)
+
+    assert fit is not None and fit.uniform_work == (20.0, 8.0)
+    assert fit.predict((23.0, 11.0)) == pytest.approx(400.0)
+    assert fit.predict((36.0, 24.0)) == pytest.approx(400.0)
+    assert fit.predict((37.0, 8.0)) is None
+    assert fit.predict((20.0, 25.0)) is None
+
+
+def test_a_term_that_is_always_zero_next_to_a_varying_one_is_fitted_alone() -> None:
     work = np.array([[100.0, 0.0], [400.0, 0.0], [900.0, 0.0]])
 
-    assert fit_durations(work, np.array([90.0, 240.0, 490.0]), min_samples=3) is None
+    fit = fit_durations(work, np.array([90.0, 240.0, 490.0]), min_samples=3)
+
+    assert fit is not None
+    assert fit.constant_work == (None, 0.0)
+    assert fit.base_ms == pytest.approx(40.0)
+    assert fit.slopes_ms == pytest.approx((0.5, 0.0))
+    assert fit.predict((200.0, 0.0)) == pytest.approx(140.0)
+    # Work the fit never saw on the constant term is not priced.
+    assert fit.predict((200.0, 5.0)) is None
 
 
 # -- rejected fits --------------------------------------------------------------------------
@@ -376,7 +432,16 @@ def sample_tables() -> tuple[
 ]:
     models = {
         ("sd-xl", "image"): CostFit(base_ms=500.0, slopes_ms=(0.001,), samples=40),
-        ("llama", "llm"): CostFit(base_ms=40.0, slopes_ms=(0.5, 20.0), samples=25),
+        ("llama", "llm"): CostFit(
+            base_ms=40.0, slopes_ms=(0.5, 20.0), samples=25, match_floor=TEXT_MATCH_FLOOR_TOKENS
+        ),
+        ("template", "llm"): CostFit(
+            base_ms=190.0,
+            slopes_ms=(0.0, 20.0),
+            samples=5,
+            constant_work=(300.0, None),
+            match_floor=TEXT_MATCH_FLOOR_TOKENS,
+        ),
         ("sd-turbo", "image"): CostFit(
             base_ms=1000.0, slopes_ms=(0.0,), samples=20, uniform_work=(5242880.0,)
         ),
@@ -476,3 +541,34 @@ def test_malformed_wire_rows_are_ignored() -> None:
 def test_a_wire_document_that_is_not_an_object_gives_empty_tables() -> None:
     assert fits_from_wire(None) == ({}, {}, {})
     assert fits_from_wire({"models": "x", "loads": 3}) == ({}, {}, {})
+
+
+def test_a_template_fit_travels_with_its_constant_terms() -> None:
+    models, loads, tokens = sample_tables()
+
+    doc = fits_to_wire(models, loads, tokens)
+    row = next(r for r in doc["models"] if r["model_id"] == "template")
+
+    assert row["constant_work"] == [300.0, None]
+    assert "uniform_work" not in row
+    read, _, _ = fits_from_wire(json.loads(json.dumps(doc)))
+    assert read[("template", "llm")].predict((316.0, 10.0)) == pytest.approx(390.0)
+
+
+@pytest.mark.parametrize(
+    "constant_work",
+    [[300.0], [300.0, 5.0, None], "300", [-1.0, None], [True, None]],
+)
+def test_a_template_fit_with_a_malformed_condition_is_dropped(constant_work: Any) -> None:
+    row = {
+        "model_id": "template",
+        "section": "llm",
+        "base_ms": 190.0,
+        "slopes_ms": [0.0, 20.0],
+        "samples": 5,
+        "constant_work": constant_work,
+    }
+
+    models, _, _ = fits_from_wire({"models": [row]})
+
+    assert models == {}

@@ -41,7 +41,7 @@ def lease(**overrides: Any) -> Lease:
 
 
 def setup(
-    live: Lease | None, *, hold_setting: bool = True
+    live: Lease | None, *, hold_setting: bool = True, costs: Any = None
 ) -> tuple[HoldPolicy, LaneQueue, list[float], FakeLog]:
     now = [0.0]
     log = FakeLog()
@@ -49,6 +49,7 @@ def setup(
     lending = SimpleNamespace(
         settings=SimpleNamespace(hold_for_faster_helper=hold_setting),
         last_completion_ms={},
+        costs=costs,
         queue=lambda lane: queue,
         queues={},
     )
@@ -71,7 +72,7 @@ def busy_pipe(queue: LaneQueue) -> Entry:
     queue.enqueue(second)
     lent = Entry("a", 0.0)
     queue.enqueue(lent)
-    assert queue.withdraw("a", 1) == [lent]
+    assert queue.withdraw("a", 1, helper=("h", "b")) == [lent]
     queue.complete(second)  # the owner's first job (admitted at t=0, 1000 ms) still runs
     return lent
 
@@ -137,3 +138,55 @@ async def test_a_held_request_is_released_past_the_predicted_finish_plus_one_job
     assert queue.reevaluate() == [candidate]
     assert candidate.state.value == "admitted"
     policy.forget(candidate)
+
+
+def pipe_with_a_late_lent_job(queue: LaneQueue, now: list[float]) -> None:
+    """The owner's job runs since t=0 (1000 ms); the helper got a job at t=0.85 (500 ms)."""
+    queue.enqueue(Entry("a", 0.0))
+    second = Entry("a", 0.0)
+    queue.enqueue(second)
+    lent = Entry("a", 0.0)
+    queue.enqueue(lent)
+    now[0] = 0.85
+    assert queue.withdraw("a", 1, helper=("h", "b")) == [lent]
+    queue.complete(second)
+    now[0] = 0.9
+
+
+@pytest.mark.parametrize(
+    ("output_tokens", "with_fit", "state"),
+    [
+        # Priced as the mean (1000 ms owner, 500 ms helper): owner 2000 ms, helper 1850 ms.
+        (1.0, False, "held"),
+        # Its own price is 100 ms (50 ms on the helper): owner 1100 ms, helper 1400 ms.
+        (1.0, True, "admitted"),
+        # 3000 ms here, 1500 ms there: owner 4000 ms, helper 2850 ms.
+        (30.0, True, "held"),
+    ],
+)
+async def test_the_hold_weighs_this_requests_price_not_the_means(
+    output_tokens: float, with_fit: bool, state: str
+) -> None:
+    from analytics.fitting import CostFit
+
+    fit = CostFit(base_ms=0.0, slopes_ms=(0.0, 100.0), samples=5)
+    costs = SimpleNamespace(models={("a", "llm"): fit}) if with_fit else None
+    policy, queue, now, _ = setup(lease(owner_job_ms=1000.0, helper_service_ms=500.0), costs=costs)
+    pipe_with_a_late_lent_job(queue, now)
+    candidate = Entry("a", 0.9, work=(10.0, output_tokens))
+
+    queue.enqueue(candidate)
+
+    assert candidate.state.value == state
+    policy.forget(candidate)
+
+
+def test_slots_busy_with_another_helper_leave_this_leases_slot_free() -> None:
+    # The lease moved to helper c; the request still out with b does not fill c's slot.
+    _policy, queue, _, _ = setup(lease(helper_node_id="c", helper_model_id="d"))
+    busy_pipe(queue)
+    candidate = Entry("a", 0.05)
+
+    queue.enqueue(candidate)
+
+    assert candidate.state.value == "admitted"

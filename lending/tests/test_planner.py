@@ -761,3 +761,84 @@ def test_wire_speeds_that_are_not_measurements_read_as_unknown() -> None:
     doc = {**LEASE.to_wire(), "owner_job_ms": True, "helper_service_ms": "fast"}
     lease = Lease.from_wire(doc)
     assert (lease.owner_job_ms, lease.helper_service_ms) == (None, None)
+
+
+# -- what is planned ------------------------------------------------------------------------
+
+
+def test_a_backlog_of_streams_only_is_not_planned_and_leaves_the_helper_free() -> None:
+    costs = table({("own", "m"): flat(1000), ("o2", "m"): flat(1000), ("h1", "h"): flat(250)})
+    h1 = helper("h1")
+    # The larger backlog is planned first; it holds nothing that can be lent.
+    streams = Endpoint(**{**owner(9).__dict__, "lendable_count": 0})
+    lendable = Endpoint(**{**owner(3, node="o2").__dict__, "lendable_count": 3})
+
+    result = plan([(streams, [link(h1)]), (lendable, [link(h1)])], costs)
+
+    assert [(lease.owner_node_id, lease.helper_node_id) for lease in result.leases] == [
+        ("o2", "h1")
+    ]
+    assert [row.owner_node_id for row in result.rows] == ["o2"]
+
+
+def test_an_owner_that_does_not_report_lendable_work_counts_every_held_request() -> None:
+    costs = table({("own", "m"): flat(1000), ("h1", "h"): flat(250)})
+
+    result = plan([(owner(3), [link(helper("h1"))])], costs)
+
+    assert only_row(result).outcome == "granted"
+
+
+def template_fit(base: float, per_output: float) -> CostFit:
+    # One system prompt of ~300 tokens, answers of varying length.
+    return CostFit(
+        base_ms=base,
+        slopes_ms=(0.0, per_output),
+        samples=10,
+        constant_work=(300.0, None),
+        match_floor=16.0,
+    )
+
+
+def template_owner(held: int, prompt: float, output: float) -> Endpoint:
+    work = (held * prompt, held * output)
+    return Endpoint(
+        node_id="own",
+        model_id="m",
+        config_filename="m.yaml",
+        loaded=True,
+        accepting_borrowed=False,
+        idle_for_ms=0.0,
+        context_capacity=4096,
+        multimodal=False,
+        pending_count=held,
+        pending_work=work,
+        sized_count=held,
+        sized_work=work,
+        backlog_count=held,
+        backlog_work=work,
+    )
+
+
+def test_template_traffic_is_priced_by_its_answer_length() -> None:
+    costs = table(
+        {("own", "m"): template_fit(190, 20), ("h1", "h"): template_fit(50, 5)}, section="llm"
+    )
+    # Prompts three tokens longer than the fit saw, answers of 50 tokens on average.
+    result = plan([(template_owner(4, 303, 50), [link(helper("h1"))])], costs, lane="text")
+
+    row = only_row(result)
+    assert (row.outcome, row.service_source) == ("granted", "helper")
+    assert row.owner_job_ms == pytest.approx(190 + 20 * 50)
+    assert row.keep_ms == pytest.approx(4 * 190 + 20 * 200)
+    assert row.service_ms == pytest.approx(50 + 5 * 50)
+
+
+def test_template_traffic_with_another_prompt_is_unpriced() -> None:
+    costs = table(
+        {("own", "m"): template_fit(190, 20), ("h1", "h"): template_fit(50, 5)}, section="llm"
+    )
+
+    result = plan([(template_owner(4, 400, 50), [link(helper("h1"))])], costs, lane="text")
+
+    assert only_row(result).reason == "owner_unpriced"

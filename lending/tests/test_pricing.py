@@ -139,3 +139,29 @@ def test_a_fast_helper_finishes_before_a_slow_owner_in_a_hold_scenario() -> None
     assert owner == 11_800
     assert helper == 10_400
     assert helper < owner
+
+
+def test_owner_finish_prices_the_job_asked_about_on_its_own() -> None:
+    # first_done = 11000; one more running job ahead (1000), then this 300 ms job.
+    finish = owner_finish_ms(
+        now_ms=10_000,
+        oldest_admitted_start_ms=10_000,
+        last_own_completion_ms=None,
+        in_flight=2,
+        job_ms=1_000,
+        this_job_ms=300,
+    )
+    assert finish == 12_300
+
+
+def test_helper_finish_prices_the_job_asked_about_on_its_own() -> None:
+    # busy = 10000 + 2000 + 250 = 12250; this job of 60 ms follows it.
+    finish = helper_finish_ms(
+        now_ms=10_500, lent_at_ms=[10_000], switch_ms=2_000, service_ms=250, this_job_ms=60
+    )
+    assert finish == 12_310
+    # Nothing lent: the switch, then this job.
+    assert (
+        helper_finish_ms(now_ms=0, lent_at_ms=[], switch_ms=500, service_ms=250, this_job_ms=60)
+        == 560
+    )

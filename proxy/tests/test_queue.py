@@ -920,3 +920,111 @@ def test_random_operations_match_the_naive_reference(seed):
                 right.returned,
             )
     assert len(pairs) > 400
+
+
+# ----- lending quality: which requests go where ---------------------------------------------
+
+
+def test_withdraw_by_size_lends_the_largest_first_and_the_newest_among_equals(flow):
+    _clock, queue, entries = flow
+    # Sizes 300..1000 wait; the owner's price says the second term counts double here.
+    sizes = {id(e): e.work[0] for e in entries}
+    sizes[id(entries[4])] = 5000.0
+    sizes[id(entries[6])] = 5000.0
+
+    lent = queue.withdraw("A", 3, size=lambda e: sizes[id(e)])
+
+    assert lent == [entries[6], entries[4], entries[9]]
+    assert queue.pending() == [entries[2], entries[3], entries[5], entries[7], entries[8]]
+
+
+def test_withdraw_by_size_still_takes_only_entries_that_fit(flow):
+    _clock, queue, entries = flow
+
+    lent = queue.withdraw("A", 2, size=lambda e: e.work[0], fits=lambda e: e.work[0] < 800.0)
+
+    assert lent == [entries[6], entries[5]]
+
+
+def test_a_finished_lent_entry_can_leave_admission_to_the_caller():
+    clock = FakeClock()
+    queue = make_queue(clock, depth=2)
+    a1, _a2 = arrive(queue, clock), arrive(queue, clock)
+    lent, held = arrive(queue, clock), arrive(queue, clock)
+    assert queue.withdraw("A", 1) == [held]
+    queue.complete(a1)  # lent is admitted in a1's place
+    assert lent.state is State.ADMITTED
+    spare = arrive(queue, clock)
+    assert queue.withdraw("A", 1) == [spare]
+
+    assert queue.lent_finished(held, admit=False) == []
+    assert held.state is State.DONE
+    assert queue.lent("A") == [spare]
+
+
+def test_under_a_live_lease_streams_go_to_the_backend_before_lendable_requests():
+    clock = FakeClock()
+    leased = {"A"}
+    queue = LaneQueue(
+        "text", depth=1, clock=clock, unlendable_first=lambda model_id: model_id in leased
+    )
+    running = arrive(queue, clock)
+    plain = arrive(queue, clock)
+    stream = arrive(queue, clock, pinned=True)
+
+    assert queue.complete(running) == [stream]
+    assert queue.complete(stream) == [plain]
+
+
+def test_without_a_lease_streams_keep_their_place_in_arrival_order():
+    clock = FakeClock()
+    queue = LaneQueue("text", depth=1, clock=clock, unlendable_first=lambda model_id: False)
+    running = arrive(queue, clock)
+    plain = arrive(queue, clock)
+    stream = arrive(queue, clock, pinned=True)
+
+    assert queue.complete(running) == [plain]
+    assert queue.complete(plain) == [stream]
+
+
+def test_one_borrowed_request_at_a_time_reaches_a_helpers_backend():
+    clock = FakeClock()
+    queue = LaneQueue("text", depth=2, clock=clock, borrowed_depth=1)
+    x1, x2 = (arrive(queue, clock, "H", borrowed=True) for _ in range(2))
+
+    assert queue.admitted() == [x1]
+    assert x2.state is State.QUEUED
+    # The helper's own request goes straight into the free backend slot, and the borrowed
+    # one still waiting can be handed back.
+    own = arrive(queue, clock, "H")
+    assert queue.admitted() == [x1, own]
+    assert queue.return_pending_borrowed() == [x2]
+    assert queue.complete(x1) == []
+
+
+def test_the_next_borrowed_request_goes_in_when_the_one_inside_finishes():
+    clock = FakeClock()
+    queue = LaneQueue("text", depth=2, clock=clock, borrowed_depth=1)
+    x1, x2 = (arrive(queue, clock, "H", borrowed=True) for _ in range(2))
+
+    assert queue.complete(x1) == [x2]
+
+
+def test_a_borrowed_depth_below_one_is_refused():
+    with pytest.raises(ValueError, match="borrowed_depth"):
+        LaneQueue("text", depth=2, clock=FakeClock(), borrowed_depth=0)
+
+
+def test_streams_and_returned_requests_are_not_lendable_in_the_stats():
+    clock = FakeClock()
+    queue = make_queue(clock, depth=1)
+    arrive(queue, clock)
+    arrive(queue, clock, pinned=True)
+    out = arrive(queue, clock)
+    plain = arrive(queue, clock)
+    assert queue.withdraw("A", 1) == [plain]
+    queue.lent_returned(plain)
+    assert queue.stats("A").lendable_count == 1  # `out` only
+    assert queue.withdraw("A", 1) == [out]
+    assert queue.stats("A").lendable_count == 0
+    assert queue.stats("A").pending_count == 2

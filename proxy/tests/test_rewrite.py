@@ -340,3 +340,28 @@ def test_usage_from_json_reads_a_non_streaming_body():
 )
 def test_usage_from_json_returns_none_for_a_body_without_usable_usage(body: bytes):
     assert usage_from_json(body) is None
+
+
+def test_set_body_model_keeps_every_other_byte_of_the_body():
+    body = b'{"model": "owner-model", "messages": [{"role": "user", "content": "hi"}]}'
+
+    out = set_body_model(body, "h")
+
+    assert out == b'{"model": "h", "messages": [{"role": "user", "content": "hi"}]}'
+    assert len(out) == len(body) - len("owner-model") + len("h")
+
+
+def test_set_body_model_does_not_touch_a_nested_model_key():
+    body = b'{"tools": [{"model": "A"}], "model": "A", "n": 1.50}'
+
+    out = set_body_model(body, "B")
+
+    assert out == b'{"tools": [{"model": "A"}], "model": "B", "n": 1.50}'
+
+
+def test_set_body_model_re_serialises_when_the_id_is_written_with_escapes():
+    body = b'{"model": "\\u0041", "prompt": "x"}'
+
+    out = set_body_model(body, "B")
+
+    assert orjson.loads(out) == {"model": "B", "prompt": "x"}
