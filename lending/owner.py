@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 EVENT_TIMEOUT_SECS = 10.0
+# Reason on a `lent` row written when a finished lent request's slot was filled at once.
+REFILLED = "refilled"
 
 
 @dataclass
@@ -86,7 +88,7 @@ class OwnerLending:
         """
         lease = self.live(lane, model_id)
         if lease is not None and lease.knows_speeds():
-            self.lend(lane, model_id)
+            self.lend(lane, model_id, reason=REFILLED)
 
     def apply(self, lane: str, model_id: str, lease: Lease | None) -> None:
         """The master's answer for (lane, model): install the lease and lend, or clear it."""
@@ -141,8 +143,12 @@ class OwnerLending:
         loop = asyncio.get_running_loop()
         loop.call_later(ttl_secs + 0.001, self._reevaluate, lane)
 
-    def lend(self, lane: str, model_id: str) -> None:
-        """Lend newest held requests until the live lease's slots are all out."""
+    def lend(self, lane: str, model_id: str, *, reason: str = "") -> None:
+        """Lend held requests, largest first, until the live lease's slots are all out.
+
+        ``reason`` marks the ``lent`` rows: empty when the master's answer lent them,
+        ``refilled`` when a finished lent request's slot was filled at once.
+        """
         lease = self.live(lane, model_id)
         queue = self.node.lending.queues.get(lane)
         if lease is None or queue is None:
@@ -177,6 +183,7 @@ class OwnerLending:
                 helper_node_id=lease.helper_node_id,
                 helper_model_id=lease.helper_model_id,
                 outcome="lent",
+                reason=reason,
                 slots=lease.helper_slots,
                 lent_out=len(queue.lent(model_id)),
                 wait_ms=int((now - entry.arrived_at) * 1000),

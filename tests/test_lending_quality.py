@@ -1,0 +1,238 @@
+"""Lending quality on a real four-node cluster: template traffic is priced, the faster of two
+helpers wins, a finished lent slot is refilled at once, streams never tie up a helper, and a
+helper keeps one borrowed request inside its backend so its own work is not kept waiting.
+
+Owner ``o`` serves A (20 ms per output token); helper ``h`` serves B (5 ms per token) and the
+slower helper ``s`` serves C (10 ms per token). A links to both. Every request uses one chat
+template with answers of different lengths, which is what the fits must price.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.harness import CLUSTER_TOKEN, Cluster, start_cluster, text_model, wait_for
+
+pytestmark = pytest.mark.integration
+AUTH = {"Authorization": f"Bearer {CLUSTER_TOKEN}"}
+MIN_SAMPLES = 3
+WARMUP_OUTPUTS = (6, 8, 10, 12, 14)
+BURST_OUTPUTS = (7, 9, 11, 13, 6, 14, 10, 12)
+
+
+def chat(model: str, max_tokens: int, *, variant: int = 0, stream: bool = False) -> dict[str, Any]:
+    # One template: the same question, give or take a character or two of the user's text.
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [
+            {"role": "system", "content": "You are a terse assistant."},
+            {"role": "user", "content": "hi" + "!" * (variant % 3)},
+        ],
+        "max_tokens": max_tokens,
+    }
+    if stream:
+        body["stream"] = True
+    return body
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    root = tmp_path_factory.mktemp("lendquality")
+    c = start_cluster(
+        root,
+        [],
+        {
+            "o": [text_model("A", load_ms=50, base_ms=5, output_ms_per_token=20)],
+            "h": [text_model("B", load_ms=50, base_ms=5, output_ms_per_token=5)],
+            "s": [text_model("C", load_ms=50, base_ms=5, output_ms_per_token=10)],
+        },
+        master_sections={
+            "cluster": {
+                "scheduling_min_samples": str(MIN_SAMPLES),
+                "scheduling_refresh_interval": "1s",
+                # Far beyond any burst here: the cost rule alone decides, never a probe.
+                "offload_probe_idle": "10m",
+            }
+        },
+    )
+    try:
+        for node, model in (("o", "A"), ("h", "B"), ("s", "C")):
+            with c.slaves[node].client(timeout=60) as client:
+                for i, out in enumerate(WARMUP_OUTPUTS):
+                    resp = client.post("/v1/chat/completions", json=chat(model, out, variant=i))
+                    assert resp.status_code == 200
+        for node, model in (("o", "A"), ("h", "B"), ("s", "C")):
+            wait_for(lambda n=node, m=model: priced(c, n, m), timeout=30)
+        with c.master.client() as client:
+            link = {
+                "anchor": {"node_id": "o", "model_id": "A"},
+                "lends_to": [
+                    {"node_id": "h", "model_id": "B"},
+                    {"node_id": "s", "model_id": "C"},
+                ],
+                "acknowledge_different_weights": True,
+            }
+            assert client.post("/router/v1/site/text-routing-groups", json=link).status_code == 200
+        wait_for(lambda: enrolled(c), timeout=30)
+        yield c
+    finally:
+        c.cleanup()
+
+
+def status(c: Cluster, node: str) -> dict[str, Any]:
+    with c.slaves[node].client() as client:
+        doc: dict[str, Any] = client.get("/router/v1/node/runtime-status", headers=AUTH).json()
+    return doc
+
+
+def priced(c: Cluster, node: str, model: str) -> bool:
+    costs = status(c, node).get("costs", {})
+    fitted = any(m.get("model_id") == model for m in costs.get("models", []))
+    profiled = any(t.get("model_id") == model for t in costs.get("tokens", []))
+    return fitted and profiled
+
+
+def enrolled(c: Cluster) -> bool:
+    queues = status(c, "o").get("text_queue", [])
+    return any(q.get("model_id") == "A" for q in queues)
+
+
+def burst(c: Cluster, bodies: list[dict[str, Any]]) -> list[httpx.Response]:
+    out: list[httpx.Response] = []
+    lock = threading.Lock()
+
+    def call(body: dict[str, Any]) -> None:
+        with c.slaves["o"].client(timeout=120) as client:
+            resp = client.post("/v1/chat/completions", json=body)
+            resp.read()
+        with lock:
+            out.append(resp)
+
+    threads = [threading.Thread(target=call, args=(b,)) for b in bodies]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def decisions(c: Cluster, since_ms: int) -> list[dict[str, Any]]:
+    with c.master.client() as client:
+        doc = client.get(
+            "/router/v1/site/offload/decisions", params={"limit": "5000", "since_ms": since_ms}
+        ).json()
+    assert "node_errors" not in doc, doc
+    records: list[dict[str, Any]] = doc["records"]
+    return records
+
+
+def settled_decisions(c: Cluster, since_ms: int) -> list[dict[str, Any]]:
+    """The log once two reads agree: rows reach the database in batches about a second apart."""
+    seen: list[list[dict[str, Any]]] = [decisions(c, since_ms)]
+
+    def stable() -> bool:
+        seen.append(decisions(c, since_ms))
+        return len(seen[-1]) == len(seen[-2]) and len(seen[-1]) > 0
+
+    wait_for(stable, timeout=15, interval=1.2)
+    return seen[-1]
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def test_template_traffic_is_priced_lent_to_the_faster_helper_and_refilled(
+    cluster: Cluster,
+) -> None:
+    since = now_ms()
+    bodies = [chat("A", BURST_OUTPUTS[i % len(BURST_OUTPUTS)], variant=i) for i in range(16)]
+
+    responses = burst(cluster, bodies)
+
+    assert [r.status_code for r in responses] == [200] * 16
+    assert {r.json()["model"] for r in responses} == {"A"}
+    rows = settled_decisions(cluster, since)
+    plans = [r for r in rows if r["kind"] == "plan" and r["owner_model_id"] == "A"]
+    assert plans, rows
+    # Answers of other lengths and prompts a character longer are priced, on both sides.
+    unpriced = {"owner_unpriced", "service_unpriced"}
+    assert not [r for r in plans if r.get("reason") in unpriced], plans
+    granted = [r for r in plans if r["outcome"] == "granted"]
+    assert granted and {r["helper_node_id"] for r in granted} == {"h"}
+    assert all(r.get("service_source") == "helper" for r in granted)
+    assert any(r["helper_node_id"] == "s" and r.get("reason") == "outranked" for r in plans), plans
+    lent = [r for r in rows if r["node_id"] == "o" and r["outcome"] == "lent"]
+    assert lent and {r["helper_node_id"] for r in lent} == {"h"}
+    # A lent request that finished handed its slot to the next held one without waiting
+    # for the master's answer.
+    assert any(r.get("reason") == "refilled" for r in lent), lent
+
+
+def test_a_backlog_of_streams_is_never_planned(cluster: Cluster) -> None:
+    since = now_ms()
+    bodies = [chat("A", 6, variant=i, stream=True) for i in range(6)]
+
+    responses = burst(cluster, bodies)
+
+    assert [r.status_code for r in responses] == [200] * 6
+    assert all(b"data:" in r.content for r in responses)
+    # The master logs in order: once a row it writes now is readable, so is every plan row
+    # the burst's events could have produced.
+    refused_model = f"marker-{since}"
+    headers = {
+        **AUTH,
+        "X-Tensors-Offload-Owner": "o",
+        "X-Tensors-Offload-Owner-Model": refused_model,
+        "X-Tensors-Offload-Path": "/v1/chat/completions",
+        "X-Tensors-Offload-Lane": "text",
+    }
+    with cluster.master.client() as client:
+        resp = client.post("/router/v1/node/offload/request", json={}, headers=headers)
+    assert resp.status_code == 409
+    wait_for(
+        lambda: any(r["owner_model_id"] == refused_model for r in decisions(cluster, since)),
+        timeout=15,
+        interval=0.2,
+    )
+    rows = [r for r in decisions(cluster, since) if r["owner_model_id"] == "A"]
+    assert not [r for r in rows if r["kind"] == "plan"], rows
+    assert not [r for r in rows if r["outcome"] == "lent"], rows
+
+
+def helper_completed(c: Cluster) -> int:
+    with c.master.client() as client:
+        state = client.get("/router/v1/site/nodes/state", params={"node_id": "h"}).json()
+    backend = next(b for b in state["backends"] if b["id"] == "text-runtime")
+    completed: int = httpx.get(backend["base_url"] + "/sim/stats").json()["completed"]
+    return completed
+
+
+def test_a_helpers_own_request_waits_behind_one_borrowed_job_at_most(cluster: Cluster) -> None:
+    since = now_ms()
+    before = helper_completed(cluster)
+    results: list[httpx.Response] = []
+    # Long answers (805 ms here, 205 ms on the helper) keep the helper busy with lent work.
+    runner = threading.Thread(
+        target=lambda: results.extend(burst(cluster, [chat("A", 40, variant=i) for i in range(12)]))
+    )
+    runner.start()
+    try:
+        wait_for(lambda: helper_completed(cluster) > before, timeout=30, interval=0.02)
+        with cluster.slaves["h"].client(timeout=60) as client:
+            own = client.post("/v1/chat/completions", json=chat("B", 6))
+        assert own.status_code == 200
+    finally:
+        runner.join(120)
+    assert [r.status_code for r in results] == [200] * 12
+    rows = settled_decisions(cluster, since)
+    waited = [
+        r for r in rows if r["node_id"] == "h" and r["outcome"] == "native_waited_behind_borrowed"
+    ]
+    assert all(r.get("borrowed_ahead", 0) <= 1 for r in waited), waited
