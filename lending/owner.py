@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from lending.planner import Lease
+from lending.pricing import helper_finish_ms, owner_finish_ms
 from proxy.queue import Entry
 
 if TYPE_CHECKING:
@@ -83,12 +84,52 @@ class OwnerLending:
     def refill(self, lane: str, model_id: str) -> None:
         """A lent request finished: lend the next held one into its slot at once.
 
-        Only under a priced lease: a probe is one request, and the master's next answer
-        decides whether more follow.
+        Only under a priced lease (a probe is one request, and the master's next answer
+        decides whether more follow), and only while the helper would hand the next request
+        back before the owner could drain its backlog alone: the master's cost rule, asked
+        here so that the tail of a backlog is not sent to a helper the owner would beat.
         """
         lease = self.live(lane, model_id)
-        if lease is not None and lease.knows_speeds():
+        if lease is None or not lease.knows_speeds():
+            return
+        if self._helper_drains_sooner(lane, model_id, lease):
             self.lend(lane, model_id, reason=REFILLED)
+
+    def _helper_drains_sooner(self, lane: str, model_id: str, lease: Lease) -> bool:
+        lending = self.node.lending
+        queue = lending.queues.get(lane)
+        if queue is None:
+            return False
+        pending = queue.stats(model_id).pending_count
+        if pending <= 0:
+            return False
+        now_ms = lending.clock() * 1000.0
+        job = lease.owner_job_ms or 0.0
+        admitted = queue.admitted(model_id)
+        starts = [e.admitted_at * 1000.0 for e in admitted if e.admitted_at is not None]
+        if starts:
+            # The first held request follows the admitted jobs; the rest follow it.
+            owner = (
+                owner_finish_ms(
+                    now_ms=now_ms,
+                    oldest_admitted_start_ms=min(starts),
+                    last_own_completion_ms=lending.last_completion_ms.get((lane, model_id)),
+                    in_flight=len(admitted),
+                    job_ms=job,
+                )
+                + (pending - 1) * job
+            )
+        else:
+            owner = now_ms + pending * job
+        helper = helper_finish_ms(
+            now_ms=now_ms,
+            lent_at_ms=[
+                e.lent_at * 1000.0 for e in self.lent_to(lane, lease) if e.lent_at is not None
+            ],
+            switch_ms=lease.helper_switch_ms or 0.0,
+            service_ms=lease.helper_service_ms or 0.0,
+        )
+        return helper < owner
 
     def apply(self, lane: str, model_id: str, lease: Lease | None) -> None:
         """The master's answer for (lane, model): install the lease and lend, or clear it."""

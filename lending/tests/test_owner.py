@@ -1,0 +1,143 @@
+"""The owner's refill of a finished lent slot, with exact numbers on a fake clock."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from lending.owner import LiveLease, OwnerLending
+from lending.planner import Lease
+from proxy.queue import Entry, LaneQueue, State
+
+
+class FakeLog:
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+
+    def record(self, **fields: Any) -> None:
+        self.rows.append(fields)
+
+
+def make(
+    *, owner_job_ms: float, service_ms: float, probe: bool = False
+) -> tuple[OwnerLending, LaneQueue, list[float], FakeLog]:
+    now = [0.0]
+    queue = LaneQueue("text", depth=2, clock=lambda: now[0])
+    log = FakeLog()
+    lending = SimpleNamespace(
+        clock=lambda: now[0],
+        queues={"text": queue},
+        queue=lambda lane: queue,
+        last_completion_ms={},
+        costs=None,
+        is_owner=lambda lane, model: True,
+    )
+    node = SimpleNamespace(
+        lending=lending,
+        decisions=log,
+        node_id="o",
+        cluster=SimpleNamespace(by_public_id={}),
+    )
+    owner = OwnerLending(node)  # type: ignore[arg-type]
+    lease = Lease(
+        lane="text",
+        owner_node_id="o",
+        owner_model_id="a",
+        helper_node_id="h",
+        helper_model_id="b",
+        load_helper_model=True,
+        restore_helper_model=False,
+        helper_slots=1,
+        probe=probe,
+        ttl_ms=30_000,
+        owner_job_ms=owner_job_ms,
+        helper_switch_ms=0.0,
+        helper_service_ms=service_ms,
+    )
+    owner.leases[("text", "a")] = LiveLease(lease, expires_at=1_000.0)
+    return owner, queue, now, log
+
+
+def backlog(queue: LaneQueue, held: int) -> Entry:
+    """Two admitted at t=0, ``held`` waiting, and one more lent to the helper at t=0."""
+    for _ in range(2 + held + 1):
+        queue.enqueue(Entry("a", 0.0))
+    (lent,) = queue.withdraw("a", 1, helper=("h", "b"))
+    return lent
+
+
+def refilled(log: FakeLog) -> list[dict[str, Any]]:
+    return [r for r in log.rows if r["outcome"] == "lent" and r["reason"] == "refilled"]
+
+
+def test_a_finished_lent_slot_goes_to_the_next_held_request_at_once() -> None:
+    owner, queue, now, log = make(owner_job_ms=1000.0, service_ms=250.0)
+    lent = backlog(queue, held=3)
+    now[0] = 0.25
+    queue.lent_finished(lent, admit=False)
+
+    owner.refill("text", "a")
+
+    # Owner alone: 1000 + 1000 + 3 x 1000 = 5000 ms; the helper hands one back at 500 ms.
+    (row,) = refilled(log)
+    assert (row["helper_node_id"], row["slots"], row["lent_out"]) == ("h", 1, 1)
+    assert len(queue.lent("a")) == 1
+    assert [e.state for e in queue.pending("a")] == [State.QUEUED, State.QUEUED]
+
+
+def test_the_tail_of_a_backlog_stays_with_an_owner_that_finishes_no_later() -> None:
+    # A slower helper: at t=0.4 the owner finishes its two admitted jobs and the last held
+    # one at 400 + 200 + 200 = 800 ms; the helper would too (400 + 400). Not sooner: kept.
+    owner, queue, now, log = make(owner_job_ms=200.0, service_ms=400.0)
+    lent = backlog(queue, held=1)
+    now[0] = 0.4
+    queue.lent_finished(lent, admit=False)
+
+    owner.refill("text", "a")
+
+    assert refilled(log) == []
+    assert queue.lent("a") == []
+
+
+def test_one_millisecond_sooner_is_enough_to_refill() -> None:
+    owner, queue, now, log = make(owner_job_ms=200.0, service_ms=399.0)
+    lent = backlog(queue, held=1)
+    now[0] = 0.4
+    queue.lent_finished(lent, admit=False)
+
+    owner.refill("text", "a")
+
+    assert len(refilled(log)) == 1
+
+
+def test_a_probe_lease_is_never_refilled() -> None:
+    owner, queue, now, log = make(owner_job_ms=1000.0, service_ms=250.0, probe=True)
+    lent = backlog(queue, held=3)
+    now[0] = 0.25
+    queue.lent_finished(lent, admit=False)
+
+    owner.refill("text", "a")
+
+    assert refilled(log) == []
+
+
+@pytest.mark.parametrize(("service_ms", "refills"), [(500.0, True), (700.0, False)])
+def test_with_nothing_of_its_own_admitted_the_owner_drains_the_held_requests_one_by_one(
+    service_ms: float, refills: bool
+) -> None:
+    # Another model fills both backend slots; model a has two held and one lent.
+    owner, queue, now, log = make(owner_job_ms=300.0, service_ms=service_ms)
+    queue.enqueue(Entry("x", 0.0))
+    queue.enqueue(Entry("x", 0.0))
+    for _ in range(3):
+        queue.enqueue(Entry("a", 0.0))
+    (lent,) = queue.withdraw("a", 1, helper=("h", "b"))
+    now[0] = 0.5
+    queue.lent_finished(lent, admit=False)
+
+    owner.refill("text", "a")
+
+    # Owner: 500 + 2 x 300 = 1100 ms; helper: 500 + 500 (or 700).
+    assert (len(refilled(log)) == 1) is refills
