@@ -18,6 +18,7 @@ from typing import Any, Literal
 from django.db import transaction
 
 from lending.models import ImageLink, TextLink
+from registry.eligibility import text_pair_ineligible_reason
 from routerproject.errors import RouterError
 
 Lane = Literal["image", "text"]
@@ -65,33 +66,12 @@ def lane_endpoints(
     return out
 
 
-def text_ineligible_reason(rec: Mapping[str, Any]) -> str | None:
-    """Why a text model cannot take part in lending (None: it can). Spec: LLM lending."""
-    if "text_ineligible_reason" in rec:
-        reason = rec.get("text_ineligible_reason")
-        return str(reason) if reason else None
-    # Records from a build that did not send the reason: judge from what they carry.
-    if not rec.get("has_llm"):
-        return "does not run as a text model"
-    context = rec.get("context_size") or (rec.get("capabilities") or {}).get("context")
-    if not isinstance(context, int) or context <= 0:
-        return "does not report a context window"
-    parallel = rec.get("parallel")
-    if isinstance(parallel, int) and parallel >= 2:
-        return "serves requests concurrently"
-    return None
-
-
 def pair_ineligible_reason(lane: Lane, a: Endpoint, b: Endpoint) -> str | None:
+    """Why two models cannot be linked on `lane` (None: they can); the rule is pure, in
+    registry/eligibility.py."""
     if lane != "text":
         return None
-    for end in (a, b):
-        reason = text_ineligible_reason(end.record)
-        if reason:
-            return f"{end.node_id}/{end.model_id} {reason}"
-    if bool(a.record.get("has_multimodal")) != bool(b.record.get("has_multimodal")):
-        return "a multimodal model links only with another multimodal model"
-    return None
+    return text_pair_ineligible_reason(a.record, b.record)
 
 
 def links_all(lane: Lane) -> list[dict[str, Any]]:

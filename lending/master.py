@@ -29,6 +29,7 @@ import aiohttp
 from analytics.fitting import fits_from_wire
 from lending.planner import Endpoint, Lease, LinkTarget, PlanResult, Settings, plan_lane
 from lending.pricing import CostTable
+from registry.eligibility import record_text_ineligible_reason
 from registry.nodeclient import NodeCallError
 
 if TYPE_CHECKING:
@@ -438,8 +439,6 @@ def _settle(waiter: asyncio.Future[Lease | None], task: asyncio.Task[Lease | Non
 def _endpoint(
     lane: str, record: Mapping[str, Any], model_id: str, status: Mapping[str, Any]
 ) -> Endpoint:
-    from lending.links import text_ineligible_reason
-
     config = str(record.get("filename", ""))
     active_text = status.get("active_text_config", "")
     active_image = status.get("active_image_config", "")
@@ -463,7 +462,7 @@ def _endpoint(
         idle_for_ms=float(status.get("idle_for_ms", 0) or 0),
         context_capacity=context if isinstance(context, int) else 0,
         multimodal=bool(record.get("has_multimodal")),
-        eligible=lane != "text" or text_ineligible_reason(record) is None,
+        eligible=lane != "text" or record_text_ineligible_reason(record) is None,
         pending_count=int(queue.get("pending_count", 0)),
         # An owner build that does not report it counts every held request as lendable.
         lendable_count=int(queue.get("lendable_count", queue.get("pending_count", 0)) or 0),

@@ -16,6 +16,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+# The reasons stay importable from here, where the model records are built.
+from registry.eligibility import REASON_CONCURRENT as REASON_CONCURRENT
+from registry.eligibility import REASON_NO_CONTEXT as REASON_NO_CONTEXT
+from registry.eligibility import REASON_NOT_TEXT as REASON_NOT_TEXT
+from registry.eligibility import config_text_ineligible_reason
 from registry.hashing import (
     LIST_PATH_FIELDS,
     PATH_FIELDS,
@@ -40,9 +45,6 @@ PORTABLE_FILENAME_SUFFIX = "_filename"
 PORTABLE_HF_SUFFIX = "_hf"
 PORTABLE_FILENAME_MAX_CHARS = 255
 
-REASON_NOT_TEXT = "does not run as a text model"
-REASON_NO_CONTEXT = "does not report a context window"
-REASON_CONCURRENT = "serves requests concurrently"
 
 # Credentials that a koboldcpp config may carry; they are dropped from the `options` that
 # travel to other nodes and to the WebUI.
@@ -134,14 +136,12 @@ class ModelConfig:
 
     @property
     def text_eligible_reason(self) -> str | None:
-        """Why this config cannot be linked as a text model for lending (None: it can)."""
-        if not self.has_llm:
-            return REASON_NOT_TEXT
-        if self.context_size is None or self.context_size <= 0:
-            return REASON_NO_CONTEXT
-        if self.parallel is not None and self.parallel >= 2:
-            return REASON_CONCURRENT
-        return None
+        """Why this config cannot be linked as a text model for lending (None: it can).
+
+        Judged from the values the file states, not from the merged `context_size` and
+        `parallel` the backend is launched with (registry/eligibility.py says why).
+        """
+        return config_text_ineligible_reason(has_llm=self.has_llm, raw=self.raw)
 
     def capabilities(self) -> dict[str, Any]:
         caps: dict[str, Any] = {"llm": self.has_llm}
