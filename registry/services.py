@@ -110,10 +110,17 @@ async def model_load_local(*, node: Node, model_id: str) -> dict[str, Any]:
         )
     started = time.monotonic()
     loaded: list[str] = []
-    for lane in _lanes(cfg):
-        runtime = node.runtimes.runtime_for(cfg, lane)
-        await runtime.load(cfg)
-        loaded.append(lane)
+    # A load the node does for itself is its own work (spec: idle means idle from its own
+    # requests and any model load it does for itself): while it runs the node takes no
+    # borrowed work, and a helper that just loaded is not idle for probes or switch pricing.
+    node.lending.own_begin()
+    try:
+        for lane in _lanes(cfg):
+            runtime = node.runtimes.runtime_for(cfg, lane)
+            await runtime.load(cfg)
+            loaded.append(lane)
+    finally:
+        node.lending.own_end()
     return {
         "ok": True,
         "node_id": node.node_id,
