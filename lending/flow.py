@@ -22,6 +22,7 @@ from routerproject.errors import RouterError
 if TYPE_CHECKING:
     from proxy.forwarding import Ctx, Job
     from proxy.node import Node
+    from proxy.runtimes import Runtime
 
 Shaper = Callable[["Ctx", "Job", aiohttp.ClientResponse], Awaitable[None]]
 
@@ -73,6 +74,32 @@ def report_enqueued(node: Node, lane: str, entry: Entry) -> None:
         node.owner.report(lane, entry.model_id, "enqueued")
 
 
+class Takeback(asyncio.Future[None]):
+    """Resolved when the helper's own work takes back a borrowed request still waiting for its
+    runtime (or for the helper model to load).
+
+    It knows that runtime, so a native request can tell the borrowed work it really waits
+    behind (holding the runtime) from the borrowed work it is about to hand back.
+    """
+
+    def __init__(self, runtime: Runtime) -> None:
+        super().__init__(loop=asyncio.get_running_loop())
+        self.runtime_key = id(runtime)
+
+
+def borrowed_running_on(node: Node, lane: str, runtime: Runtime) -> int:
+    """Borrowed requests that hold `runtime` now: admitted to it and no longer waiting for it."""
+    admitted = node.restore.borrowed_on(runtime)
+    if not admitted:
+        return 0
+    waiting = sum(
+        1
+        for takeback in node.lending.borrowed_waiting.get(lane, ())
+        if getattr(takeback, "runtime_key", None) == id(runtime)
+    )
+    return max(0, admitted - waiting)
+
+
 def yield_borrowed(node: Node, lane: str) -> None:
     """A native request arrived: every borrowed request not yet running goes back to its owner.
 
@@ -93,17 +120,25 @@ def yield_borrowed(node: Node, lane: str) -> None:
 
 
 def _log_waited(node: Node, lane: str, entry: Entry) -> None:
-    if entry.borrowed or not entry.borrowed_ahead:
+    if entry.borrowed:
         return
-    now = node.lending.clock()
+    log_waited_behind_borrowed(node, lane, entry.model_id, entry.borrowed_ahead, entry.arrived_at)
+
+
+def log_waited_behind_borrowed(
+    node: Node, lane: str, model_id: str, borrowed_ahead: int, arrived_at: float
+) -> None:
+    """The helper row for a native request that had borrowed work ahead of it on arrival."""
+    if borrowed_ahead <= 0:
+        return
     node.decisions.record(
         kind="helper",
         lane=lane,
         owner_node_id=node.node_id,
-        owner_model_id=entry.model_id,
+        owner_model_id=model_id,
         outcome="native_waited_behind_borrowed",
-        borrowed_ahead=entry.borrowed_ahead,
-        wait_ms=int((now - entry.arrived_at) * 1000),
+        borrowed_ahead=borrowed_ahead,
+        wait_ms=int((node.lending.clock() - arrived_at) * 1000),
     )
 
 
@@ -194,7 +229,7 @@ def _helper_row(node: Node, lane: str, model_id: str, reason: str, **fields: Any
 async def borrowed_acquire(node: Node, job: Job, acquiring: Awaitable[Any]) -> Any:
     """Wait for the runtime (maybe a model load) unless the helper's own work takes it back."""
     lane = job.lane
-    takeback: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    takeback = Takeback(node.runtimes.runtime_for(job.cfg, lane))
     waiting = node.lending.borrowed_waiting.setdefault(lane, set())
     waiting.add(takeback)
     task = asyncio.ensure_future(acquiring)

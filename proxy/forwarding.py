@@ -17,7 +17,14 @@ import aiohttp
 import orjson
 
 from guardians.routing import REFUSAL_STATUSES, ImageRefused, is_image_refusal
-from lending.flow import borrowed_acquire, helper_turn, owner_turn, yield_borrowed
+from lending.flow import (
+    borrowed_acquire,
+    borrowed_running_on,
+    helper_turn,
+    log_waited_behind_borrowed,
+    owner_turn,
+    yield_borrowed,
+)
 from proxy import translate, work
 from proxy.backends import Lane, Launch
 from proxy.httpclient import get_session
@@ -241,10 +248,16 @@ async def forward(ctx: Ctx, node: Node, job: Job, shape: Shaper) -> None:
             node.restore.borrowed_started(job, ctx.offload_restore)
             launch = await borrowed_acquire(node, job, _acquire(runtime, job, borrowed=True))
         else:
+            arrived = lending.clock()
+            enrolled = lending.is_enrolled(job.lane, job.model_id)
+            # An enrolled request's wait behind borrowed work is logged by its router queue;
+            # an unlinked model goes straight to the runtime, so it is counted here: only the
+            # borrowed jobs holding the runtime, not those the line below hands back.
+            ahead = 0 if enrolled else borrowed_running_on(node, job.lane, runtime)
             # The node's own request, enrolled or not: borrowed work it has not started goes
             # back to its owners now, so its own work goes first.
             yield_borrowed(node, job.lane)
-            if lending.is_enrolled(job.lane, job.model_id):
+            if enrolled:
                 entry = queue_entry(node, job, ctx)
                 if job.has_image:
                     node.owner.image_entries.add(id(entry))
@@ -259,6 +272,7 @@ async def forward(ctx: Ctx, node: Node, job: Job, shape: Shaper) -> None:
             else:
                 node.restore.own_started(job)
             launch = await _acquire(runtime, job)
+            log_waited_behind_borrowed(node, job.lane, job.model_id, ahead, arrived)
         try:
             url = launch.base_url + launch.backend_path(job.backend_path)
             session = get_session()
