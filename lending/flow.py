@@ -160,11 +160,9 @@ async def relay(ctx: Ctx, node: Node, job: Job, lease: Lease, shape: Shaper) -> 
     from registry.nodeclient import NodeCallError
 
     content_type = job.content_type.decode("latin-1")
-    limit = _cutoff(lease)
     try:
         async with contextlib.AsyncExitStack() as stack:
-            if limit is not None:
-                await stack.enter_async_context(asyncio.timeout(limit))
+            cutoff = await stack.enter_async_context(asyncio.timeout(_cutoff(lease)))
             if node.role == "master":
                 from lending.master import RelayRefused, get_master
 
@@ -198,6 +196,9 @@ async def relay(ctx: Ctx, node: Node, job: Job, lease: Lease, shape: Shaper) -> 
                 resp = await stack.enter_async_context(
                     get_session().post(url, data=job.body, headers=headers, allow_redirects=False)
                 )
+            # The cutoff is for a helper that has not started answering. This one has: a long
+            # answer now streams back whole instead of being cut off half-way.
+            cutoff.reschedule(None)
             if resp.status == 409 or resp.status >= 500:
                 return False
             # The helper answers under its own model ID; the client sees the ID it asked for.
