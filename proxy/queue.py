@@ -383,7 +383,8 @@ class LaneQueue:
     ) -> list[Entry]:
         """Take up to `count` waiting entries of the model for lending, newest first.
 
-        With `size`, the largest entries go first (newest first among equals): a helper that
+        An entry the hold keeps for a faster helper goes first: it was kept for exactly this.
+        With `size`, the largest entries go next (newest first among equals): a helper that
         takes the long jobs leaves the owner the short ones, which is what evens out the two
         finish times; taking `size` costs a scan of the model's waiting entries.
         Never pinned, borrowed or returned entries, and only those `fits` accepts. They become
@@ -398,12 +399,22 @@ class LaneQueue:
         while lendable and not _waiting_native(lendable[-1]):
             lendable.pop()
         taken: list[Entry] = []
-        if size is not None:
-            candidates = [e for e in lendable if _waiting_native(e) and (fits is None or fits(e))]
-            taken = heapq.nlargest(count, candidates, key=lambda e: (size(e), e.seq))
-        else:
+        held = self._held.get(model_id)
+        if held is not None and held.state is State.HELD and (fits is None or fits(held)):
+            taken.append(held)
+        wanted = count - len(taken)
+        if wanted > 0 and size is not None:
+            candidates = [
+                e
+                for e in lendable
+                if _waiting_native(e) and e is not held and (fits is None or fits(e))
+            ]
+            taken.extend(heapq.nlargest(wanted, candidates, key=lambda e: (size(e), e.seq)))
+        elif wanted > 0:
             for entry in reversed(lendable):
-                if not _waiting_native(entry) or (fits is not None and not fits(entry)):
+                if not _waiting_native(entry) or entry is held:
+                    continue
+                if fits is not None and not fits(entry):
                     continue
                 taken.append(entry)
                 if len(taken) >= count:

@@ -226,6 +226,23 @@ def test_an_entry_cannot_be_enqueued_twice():
         queue.enqueue(entry)
 
 
+@pytest.mark.parametrize("borrowed", [False, True])
+def test_an_entry_still_waiting_cannot_be_enqueued_again(borrowed: bool) -> None:
+    clock = FakeClock()
+    queue = make_queue(clock, depth=1)
+    running = arrive(queue, clock)
+    waiting = arrive(queue, clock, borrowed=borrowed)
+    assert waiting.state is State.QUEUED
+    with pytest.raises(ValueError, match="already queued"):
+        queue.enqueue(waiting)
+    # Refused whole: still one waiting entry, and it is admitted exactly once.
+    assert queue.pending() == [waiting]
+    assert len(queue) == 2
+    assert queue.complete(running) == [waiting]
+    assert queue.pending() == []
+    assert len(queue) == 1
+
+
 def test_growing_the_depth_admits_at_once_and_shrinking_it_evicts_nothing():
     clock = FakeClock()
     queue = make_queue(clock, depth=1)
@@ -596,7 +613,9 @@ def test_the_snapshot_lists_queued_held_and_lent_entries_with_their_waits():
     arrive(queue, clock, "A", pinned=True)
     clock.advance(1.0)
     lendable = arrive(queue, clock, "A")
-    assert queue.withdraw("A", 1, helper=("node-2", "A2")) == [lendable]
+    assert queue.withdraw(
+        "A", 1, helper=("node-2", "A2"), fits=lambda entry: entry is lendable
+    ) == [lendable]
     clock.advance(1.5)
     assert held.state is State.HELD
     rows = queue.snapshot(clock())
@@ -789,7 +808,8 @@ class NaiveQueue:
             for e in self.pending(model_id)
             if not (e.pinned or e.borrowed or e.returned) and fits(e)
         ]
-        taken = sorted(candidates, key=lambda e: -e.seq)[:count]
+        # The entry held for the helper goes first, then the newest.
+        taken = sorted(candidates, key=lambda e: (e.state is not State.HELD, -e.seq))[:count]
         for entry in taken:
             entry.state = State.LENT
             entry.lent_at = self.clock()
@@ -1028,3 +1048,26 @@ def test_streams_and_returned_requests_are_not_lendable_in_the_stats():
     assert queue.withdraw("A", 1) == [out]
     assert queue.stats("A").lendable_count == 0
     assert queue.stats("A").pending_count == 2
+
+
+def test_the_request_held_for_the_helper_is_the_one_lent_to_it():
+    clock = FakeClock()
+    queue = make_queue(clock, hold=always_hold)
+    arrive(queue, clock)
+    held = arrive(queue, clock)
+    newer = [arrive(queue, clock) for _ in range(3)]
+    assert held.state is State.HELD
+
+    assert queue.withdraw("A", 2) == [held, newer[2]]
+    assert queue.pending() == newer[:2]
+
+
+def test_a_held_request_the_helper_cannot_take_is_passed_over():
+    clock = FakeClock()
+    queue = make_queue(clock, hold=always_hold)
+    arrive(queue, clock)
+    held = arrive(queue, clock, context=9000)
+    newer = arrive(queue, clock, context=10)
+
+    assert queue.withdraw("A", 1, fits=lambda e: e.context < 4096) == [newer]
+    assert held.state is State.HELD
