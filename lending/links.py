@@ -153,25 +153,6 @@ class LinkSpec:
     restore_after_borrow: bool
 
 
-def _endpoint_ref(value: Any, where: str) -> tuple[str, str]:
-    if not isinstance(value, dict):
-        raise RouterError(400, f"{where} must be an object with node_id and model_id", param=where)
-    node_id, model_id = value.get("node_id"), value.get("model_id")
-    if not isinstance(node_id, str) or not node_id:
-        raise RouterError(400, f"{where}.node_id is required", param=f"{where}.node_id")
-    if not isinstance(model_id, str) or not model_id:
-        raise RouterError(400, f"{where}.model_id is required", param=f"{where}.model_id")
-    return node_id, model_id
-
-
-def _flag(value: Any, default: bool, where: str) -> bool:
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise RouterError(400, f"{where} must be true or false", param=where)
-    return value
-
-
 def resolve_anchor(
     endpoints: Mapping[tuple[str, str], Endpoint], node_id: str, model_id: str, lane: Lane
 ) -> Endpoint:
@@ -186,29 +167,26 @@ def resolve_anchor(
     return end
 
 
-def parse_link_set(
-    body: Any, *, lane: Lane, endpoints: Mapping[tuple[str, str], Endpoint]
-) -> tuple[Endpoint, list[LinkSpec], bool]:
-    """Validate a POST body completely; nothing is saved unless every part is valid."""
-    if not isinstance(body, dict):
-        raise RouterError(400, "request body must be a JSON object")
-    anchor = resolve_anchor(endpoints, *_endpoint_ref(body.get("anchor"), "anchor"), lane)
-    ack = body.get("acknowledge_different_weights", False)
-    if not isinstance(ack, bool):
-        raise RouterError(
-            400,
-            "acknowledge_different_weights must be true or false",
-            param="acknowledge_different_weights",
-        )
+def link_set_resolve(
+    *,
+    lane: Lane,
+    endpoints: Mapping[tuple[str, str], Endpoint],
+    anchor: tuple[str, str],
+    lends_to: Sequence[Mapping[str, Any]],
+    borrows_from: Sequence[Mapping[str, Any]],
+) -> tuple[Endpoint, list[LinkSpec]]:
+    """The anchor and links of a well-formed link set, checked against the cluster view.
+
+    Every link is checked before any is saved: an unknown or ineligible model, a model on the
+    anchor's own node or a duplicate refuses the whole set, naming the entry at fault.
+    """
+    anchor_end = resolve_anchor(endpoints, *anchor, lane)
     specs: list[LinkSpec] = []
     seen: set[tuple[str, str, str, str]] = set()
-    for field in ("lends_to", "borrows_from"):
-        items = body.get(field, [])
-        if not isinstance(items, list):
-            raise RouterError(400, f"{field} must be a list", param=field)
+    for field, items in (("lends_to", lends_to), ("borrows_from", borrows_from)):
         for i, item in enumerate(items):
             where = f"{field}[{i}]"
-            node_id, model_id = _endpoint_ref(item, where)
+            node_id, model_id = item["node_id"], item["model_id"]
             other = endpoints.get((node_id, model_id))
             if other is None:
                 raise RouterError(
@@ -217,29 +195,27 @@ def parse_link_set(
                     param=where,
                     code="unknown_model",
                 )
-            if other.node_id == anchor.node_id:
+            if other.node_id == anchor_end.node_id:
                 raise RouterError(
                     400,
                     f"{where}: {node_id}/{model_id} is on the anchor's own node; links join "
                     "models on different nodes",
                     param=where,
                 )
-            reason = pair_ineligible_reason(lane, anchor, other)
+            reason = pair_ineligible_reason(lane, anchor_end, other)
             if reason:
                 raise RouterError(
                     400, f"{where}: not eligible: {reason}", param=where, code="ineligible_model"
                 )
-            load = _flag(item.get("load_if_unloaded"), True, f"{where}.load_if_unloaded")
-            restore = _flag(
-                item.get("restore_after_borrow"), False, f"{where}.restore_after_borrow"
-            )
-            owner, helper = (anchor, other) if field == "lends_to" else (other, anchor)
+            owner, helper = (anchor_end, other) if field == "lends_to" else (other, anchor_end)
             key = (owner.node_id, owner.model_id, helper.node_id, helper.model_id)
             if key in seen:
                 raise RouterError(400, f"{where}: duplicate link", param=where)
             seen.add(key)
-            specs.append(LinkSpec(owner, helper, load, restore))
-    return anchor, specs, ack
+            specs.append(
+                LinkSpec(owner, helper, item["load_if_unloaded"], item["restore_after_borrow"])
+            )
+    return anchor_end, specs
 
 
 def links_replace(

@@ -1,7 +1,8 @@
 """The router's ASGI front: client inference paths and the node protocol, ahead of Django.
 
 `ProxyApp` claims the client paths of `proxy.handlers.ROUTES` and everything under
-`/router/v1/node/`; every other request (management API, admin, WebUI) falls through to Django.
+`/router/v1/node/`; every other request (management API, admin, WebUI) falls through to Django,
+a management request only once its admin key is checked, before Django reads its body.
 
 Each request runs linear phases: authorize, read the body (bounded), handle (which may wait
 for a model load), stream the answer, release. A task watches for `http.disconnect` while the
@@ -18,11 +19,13 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
+from django.conf import settings
 
 from proxy.forwarding import JSON, ASGIApp, Ctx, Receive, Scope, Send
 from proxy.handlers import ROUTES, Handler
 from proxy.node import Node, get_node
 from proxy.nodeapi import NODE_PREFIX, node_route
+from routerproject.api import admin_key_required, admin_key_valid
 from routerproject.errors import RouterError, error_body, is_ollama_path
 
 logger = logging.getLogger(__name__)
@@ -47,7 +50,7 @@ class ProxyApp:
         cluster_call = False
         if route is None:
             if not path.startswith(NODE_PREFIX):
-                await self.fallback(scope, receive, send)
+                await self._management(scope, receive, send)
                 return
             route = node_route(path)
             cluster_call = True
@@ -81,6 +84,17 @@ class ProxyApp:
                 await ctx.error(internal)
             else:
                 await self._abort_stream(ctx, internal)
+
+    async def _management(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path, method = scope["path"], scope["method"]
+        if admin_key_required(path, method):
+            ctx = Ctx(scope, receive, send, path, method)
+            if not admin_key_valid(ctx.header(b"authorization"), settings.ROUTER.auth.admin_keys):
+                await ctx.error(
+                    RouterError(401, "a valid admin key is required", type="unauthorized")
+                )
+                return
+        await self.fallback(scope, receive, send)
 
     async def _run(self, ctx: Ctx, node: Node, handler: Handler) -> None:
         task = asyncio.current_task()

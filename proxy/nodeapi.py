@@ -16,7 +16,9 @@ from proxy.forwarding import Ctx, parse_json_body
 from proxy.handlers import GET, POST, ROUTES, Handler
 from proxy.node import Node
 from registry import services
+from registry.api.serializers import NodeModelStateSerializer, RuntimeUnloadSerializer
 from registry.cluster import MINIMUM_PROTOCOL_VERSION, PROTOCOL_VERSION, SnapshotRejected
+from routerproject.api import validated
 from routerproject.errors import RouterError
 
 NODE_PREFIX = "/router/v1/node/"
@@ -92,8 +94,8 @@ async def handle_model_state(ctx: Ctx, node: Node) -> None:
     if node_id is not None and node_id != node.node_id:
         # The master's idea of who answers at this URL is out of date: change nothing here.
         raise RouterError(409, f'this is node "{node.node_id}", not {node_id!r}', code="wrong_node")
-    local_id, enabled = services.model_state_parse(doc)
-    snapshot = await services.model_state_set_local(node=node, local_id=local_id, enabled=enabled)
+    fields = validated(NodeModelStateSerializer(data=doc))
+    snapshot = await services.model_state_set_local(node=node, **fields)
     await ctx.json(200, snapshot)
 
 
@@ -103,7 +105,7 @@ async def handle_state(ctx: Ctx, node: Node) -> None:
 
 async def handle_state_unload(ctx: Ctx, node: Node) -> None:
     """The master's generation-checked unload of one of this node's runtimes."""
-    fields = services.runtime_unload_parse(parse_json_body(ctx))
+    fields = validated(RuntimeUnloadSerializer(data=parse_json_body(ctx)))
     node_id = fields.pop("node_id")
     if node_id != node.node_id:
         # The master's idea of who answers at this URL is out of date: unload nothing here.

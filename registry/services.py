@@ -221,28 +221,6 @@ def node_state(*, node: Node) -> dict[str, Any]:
 # -- generation-checked unload (the Nodes page's Unload) -----------------------------------
 
 
-def runtime_unload_parse(doc: dict[str, Any]) -> dict[str, Any]:
-    """The fields of a generation-checked unload body; 400 naming the first field at fault."""
-    fields: dict[str, Any] = {}
-    for name in ("node_id", "backend_id", "runtime_id"):
-        value = doc.get(name)
-        if value is None:
-            raise RouterError(400, f"{name} is required", param=name)
-        if not isinstance(value, str) or not value:
-            raise RouterError(400, f"{name} must be a non-empty string", param=name)
-        fields[name] = value
-    generation = doc.get("expected_generation")
-    if generation is None:
-        raise RouterError(400, "expected_generation is required", param="expected_generation")
-    # bool is an int to Python, but `true` is not a generation.
-    if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
-        raise RouterError(
-            400, "expected_generation must be a non-negative integer", param="expected_generation"
-        )
-    fields["expected_generation"] = generation
-    return fields
-
-
 def _runtime_named(node: Node, backend_id: str, runtime_id: str) -> Runtime:
     for bid, rid, runtime in node_runtimes(node=node):
         if bid != backend_id:
@@ -413,17 +391,6 @@ def cluster_state(*, node: Node) -> dict[str, Any]:
 
 
 # -- enabling and disabling models ---------------------------------------------------------
-
-
-def model_state_parse(doc: dict[str, Any]) -> tuple[str, bool]:
-    """(local_id, enabled) of an enable/disable request body; 400 naming the field at fault."""
-    local_id = doc.get("local_id")
-    if not isinstance(local_id, str) or not local_id:
-        raise RouterError(400, "local_id is required: the model's local ID", param="local_id")
-    enabled = doc.get("enabled")
-    if not isinstance(enabled, bool):
-        raise RouterError(400, "enabled must be true or false", param="enabled")
-    return local_id, enabled
 
 
 def model_state_save(*, local_id: str, enabled: bool) -> None:

@@ -7,9 +7,12 @@ import os
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "routerproject.settings")
 
 from channels.routing import ProtocolTypeRouter
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 from django.core.asgi import get_asgi_application
 
-django_app = get_asgi_application()
+# Static files (the admin's, Swagger UI's) come from the apps' static/ folders, found as
+# `runserver` finds them: a node serves a handful of small files and needs no collectstatic.
+django_app = ASGIStaticFilesHandler(get_asgi_application())
 
 from proxy.app import ProxyApp  # noqa: E402  (needs the app registry ready)
 

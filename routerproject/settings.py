@@ -42,6 +42,8 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
     "django_q",
     "registry",
     "proxy",
@@ -109,12 +111,44 @@ STATIC_ROOT = STORE_DIR / "static"
 CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
 REST_FRAMEWORK = {
+    # The admin key is checked at the ASGI edge (proxy.app), before Django reads the body.
     "DEFAULT_AUTHENTICATION_CLASSES": [],
     "DEFAULT_PERMISSION_CLASSES": [],
     "UNAUTHENTICATED_USER": None,
-    "EXCEPTION_HANDLER": "routerproject.errors.drf_exception_handler",
-    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "EXCEPTION_HANDLER": "routerproject.api.exception_handler",
+    "DEFAULT_RENDERER_CLASSES": ["routerproject.api_formats.JSONBodyRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["routerproject.api_formats.JSONBodyParser"],
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "routerproject.api_formats.FirstChoiceNegotiation",
+    "DEFAULT_SCHEMA_CLASS": "routerproject.api.RouterAutoSchema",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Cluster router",
+    "DESCRIPTION": (
+        "The client inference API (OpenAI, Ollama and Kobold paths, answered with the model ID "
+        "the client asked for) and the management API under /router/v1/. The node protocol "
+        "under /router/v1/node/ is internal to a cluster and not described."
+    ),
+    "VERSION": ROUTER_VERSION,
+    "OAS_VERSION": "3.1.0",
+    "DEFAULT_GENERATOR_CLASS": "routerproject.api.RouterSchemaGenerator",
+    # Request bodies get their own components, so only they carry minLength for required text.
+    "COMPONENT_SPLIT_REQUEST": True,
+    # Enums stay inline where they are used: no generated *Enum components to name or collide.
+    "POSTPROCESSING_HOOKS": [],
+    "ENUM_GENERATE_CHOICE_DESCRIPTION": False,
+    "TAGS": [
+        {"name": "Management", "description": "This node's models (admin keys)."},
+        {
+            "name": "Site",
+            "description": "Site route: served by a master or a standalone node; a slave "
+            "answers 404, as if the route did not exist. The document is the same on every "
+            "role.",
+        },
+        {"name": "Schema", "description": "This document and Swagger UI for it."},
+    ],
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
 }
 
 Q_CLUSTER = {

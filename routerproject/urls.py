@@ -7,9 +7,13 @@ from routerproject import views
 
 urlpatterns = [
     path("admin/", admin.site.urls),
-    path("router/v1/site/", include("lending.api.urls")),
-    path("router/v1/site/", include("guardians.api.urls")),
+    # Each app serves its own management routes; dotted names keep this module free of imports
+    # from the apps, so the layers stay one-way.
     path("router/v1/", include("registry.api.urls")),
+    path("router/v1/", include("analytics.api.urls")),
+    path("router/v1/", include("lending.api.urls")),
+    path("router/v1/", include("guardians.api.urls")),
+    path("router/v1/", include("proxy.api.urls")),
     path("ui/lending", views.lending_tab, name="ui-lending"),
     path("ui/nodes", views.nodes_page, name="ui-nodes"),
     path("", views.index, name="index"),

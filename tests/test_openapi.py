@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import orjson
 import pytest
@@ -15,22 +16,23 @@ import yaml
 from asgiref.sync import async_to_sync
 from asgiref.testing import ApplicationCommunicator
 from django.conf import settings
-from django.test import AsyncClient, Client
+from django.test import AsyncClient
 from django.urls import URLPattern, URLResolver, get_resolver, resolve
 from jsonschema import Draft202012Validator
 from openapi_spec_validator import OpenAPIV31SpecValidator, validate
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
-from analytics.models import RequestRecord
-from lending.models import OffloadDecision
+from analytics.tests.factories import RequestRecordFactory
+from lending.tests.factories import OffloadDecisionFactory
+from proxy.api.schema import OPENAPI_CONTENT_TYPE, openapi_bytes, openapi_document
 from proxy.app import ProxyApp
 from proxy.handlers import ROUTES
 from proxy.httpclient import close_session
 from proxy.node import Node, build_node, set_node
 from registry import services
-from registry.api.schema import OPENAPI_CONTENT_TYPE, openapi_bytes, openapi_document
 from registry.recipes import Component, Recipe
+from routerproject.asgi import application
 from routerproject.config import load_config
 
 # The views reach the database through database_sync_to_async, which closes the connection
@@ -38,6 +40,8 @@ from routerproject.config import load_config
 pytestmark = pytest.mark.django_db(transaction=True)
 
 SCHEMA_URL = "/router/v1/schema"
+DOCS_URL = "/router/v1/docs"
+SIDECAR_STATIC = "/static/drf_spectacular_sidecar/swagger-ui-dist/"
 ADMIN_KEY = "admin-key-for-openapi-tests"
 NODE_ID = "schema-test"
 PROBE_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS")
@@ -104,6 +108,94 @@ def admin_keys(monkeypatch: pytest.MonkeyPatch) -> None:
     router = settings.ROUTER
     auth = router.auth.model_copy(update={"admin_keys": [ADMIN_KEY]})
     monkeypatch.setattr(settings, "ROUTER", router.model_copy(update={"auth": auth}))
+
+
+class EdgeResponse:
+    """An answer as a client on the network gets it."""
+
+    def __init__(self, status: int, headers: Iterable[tuple[bytes, bytes]], content: bytes):
+        self.status_code = status
+        self.headers = {k.decode().lower(): v.decode() for k, v in headers}
+        self.content = content
+
+    def __getitem__(self, name: str) -> str:
+        return self.headers[name.lower()]
+
+    def json(self) -> Any:
+        return orjson.loads(self.content)
+
+
+class EdgeClient:
+    """Requests through the router's whole ASGI application, the proxy's edge first.
+
+    The admin key is checked there, before Django reads the body, so a test of what a client
+    without the key gets must come in this way; Django's test client would skip the check.
+    """
+
+    def get(self, path: str, data: dict[str, str] | None = None) -> EdgeResponse:
+        return self.generic("GET", path, query=urlencode(data or {}))
+
+    def post(
+        self, path: str, data: bytes = b"", content_type: str = "application/json"
+    ) -> EdgeResponse:
+        return self.generic("POST", path, data, content_type)
+
+    def delete(self, path: str) -> EdgeResponse:
+        return self.generic("DELETE", path)
+
+    def generic(
+        self,
+        method: str,
+        path: str,
+        data: bytes = b"",
+        content_type: str = "application/octet-stream",
+        *,
+        query: str = "",
+        headers: dict[str, str] | None = None,
+    ) -> EdgeResponse:
+        if "?" in path:
+            path, query = path.split("?", 1)
+        sent = [
+            (b"host", b"testserver"),
+            (b"content-type", content_type.encode()),
+            (b"content-length", str(len(data)).encode()),
+        ]
+        sent += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+        return async_to_sync(self._call)(method, path, query, data, sent)
+
+    @staticmethod
+    async def _call(
+        method: str, path: str, query: str, body: bytes, headers: list[tuple[bytes, bytes]]
+    ) -> EdgeResponse:
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": method,
+            "scheme": "http",
+            "path": path,
+            "raw_path": path.encode(),
+            "query_string": query.encode(),
+            "headers": headers,
+            "client": ("127.0.0.1", 50000),
+            "server": ("testserver", 80),
+        }
+        comm = ApplicationCommunicator(application, scope)
+        await comm.send_input({"type": "http.request", "body": body, "more_body": False})
+        start = await comm.receive_output(MESSAGE_TIMEOUT_SECS)
+        chunks: list[bytes] = []
+        while True:
+            message = await comm.receive_output(MESSAGE_TIMEOUT_SECS)
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        await comm.wait(MESSAGE_TIMEOUT_SECS)
+        return EdgeResponse(start["status"], start.get("headers", []), b"".join(chunks))
+
+
+@pytest.fixture
+def client() -> EdgeClient:
+    return EdgeClient()
 
 
 def _closed(node: Any) -> Any:
@@ -234,7 +326,7 @@ def test_the_error_envelope_is_the_one_the_router_sends() -> None:
 
 
 def test_the_schema_route_serves_the_document_without_an_admin_key(
-    client: Client, admin_keys: None
+    client: EdgeClient, admin_keys: None
 ) -> None:
     response = client.get(SCHEMA_URL)
     assert response.status_code == 200
@@ -244,11 +336,49 @@ def test_the_schema_route_serves_the_document_without_an_admin_key(
 
 
 def test_the_schema_route_refuses_other_methods_like_every_management_route(
-    client: Client,
+    client: EdgeClient,
 ) -> None:
     response = client.post(SCHEMA_URL, b"{}", content_type="application/json")
     assert response.status_code == 404
     assert response.json()["error"]["type"] == "not_found"
+
+
+def test_swagger_ui_is_served_behind_the_admin_key_with_assets_from_this_node(
+    client: EdgeClient, admin_keys: None
+) -> None:
+    assert client.get(DOCS_URL).status_code == 401
+    page = client.generic("GET", DOCS_URL, headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+    assert page.status_code == 200
+    assert page["Content-Type"].startswith("text/html")
+    html = page.content.decode()
+    assert SCHEMA_URL in html
+    assets = re.findall(r'(?:src|href)="([^"]+)"', html)
+    assert f"{SIDECAR_STATIC}swagger-ui-bundle.js" in assets
+    # Every script and style comes from this node: no CDN.
+    assert all(url.startswith("/static/") for url in assets), assets
+    bundle = client.get(f"{SIDECAR_STATIC}swagger-ui-bundle.js")
+    assert bundle.status_code == 200
+    assert "javascript" in bundle["Content-Type"]
+    assert b"SwaggerUIBundle" in bundle.content
+
+
+async def test_the_admin_key_is_checked_before_the_body_is_read(admin_keys: None) -> None:
+    async def django(scope: Any, receive: Any, send: Any) -> None:
+        raise AssertionError("a request without the admin key reached Django")
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/router/v1/load",
+        "query_string": b"",
+        "headers": [(b"content-length", b"400000000")],
+    }
+    comm = ApplicationCommunicator(ProxyApp(django), scope)
+    # No body is ever sent: the answer must come without waiting for one.
+    start = await comm.receive_output(MESSAGE_TIMEOUT_SECS)
+    body = await comm.receive_output(MESSAGE_TIMEOUT_SECS)
+    assert start["status"] == 401
+    assert orjson.loads(body["body"])["error"]["type"] == "unauthorized"
 
 
 # -- no drift from the code ------------------------------------------------------------------
@@ -269,7 +399,7 @@ def test_every_described_management_path_resolves() -> None:
 
 
 def test_every_management_route_is_described_with_exactly_the_methods_it_serves(
-    client: Client, admin_keys: None
+    client: EdgeClient, admin_keys: None
 ) -> None:
     # With admin keys set and none sent, a route answers a method it serves with 401 (or 200
     # for the public schema) and one it does not serve with 404 (405 from a view that says
@@ -319,7 +449,7 @@ def test_the_node_protocol_is_not_described() -> None:
 # -- real answers match the document ---------------------------------------------------------
 
 
-def test_settings_answers_match(client: Client) -> None:
+def test_settings_answers_match(client: EdgeClient) -> None:
     url = "/router/v1/site/offload/settings"
     response = client.get(url)
     assert response.status_code == 200
@@ -334,7 +464,7 @@ def test_settings_answers_match(client: Client) -> None:
     assert_matches(url, "POST", 400, refused.json())
 
 
-def test_model_records_and_version_match(client: Client, node: Node) -> None:
+def test_model_records_and_version_match(client: EdgeClient, node: Node) -> None:
     response = client.get("/router/v1/models")
     assert response.status_code == 200
     records = response.json()["models"]
@@ -345,7 +475,7 @@ def test_model_records_and_version_match(client: Client, node: Node) -> None:
     assert_matches("/router/v1/version", "GET", 200, version.json())
 
 
-def test_a_bad_link_body_is_a_400_that_matches(client: Client, node: Node) -> None:
+def test_a_bad_link_body_is_a_400_that_matches(client: EdgeClient, node: Node) -> None:
     url = "/router/v1/site/routing-groups"
     response = client.post(url, orjson.dumps({"anchor": {"node_id": NODE_ID}}), "application/json")
     assert response.status_code == 400
@@ -353,7 +483,7 @@ def test_a_bad_link_body_is_a_400_that_matches(client: Client, node: Node) -> No
     assert_matches(url, "POST", 400, response.json())
 
 
-def test_link_listings_match(client: Client, node: Node) -> None:
+def test_link_listings_match(client: EdgeClient, node: Node) -> None:
     url = "/router/v1/site/text-routing-groups"
     everything = client.get(url)
     assert everything.json() == {"links": []}
@@ -367,8 +497,8 @@ def test_link_listings_match(client: Client, node: Node) -> None:
     assert_matches(url, "DELETE", 200, deleted.json())
 
 
-def test_decision_and_analytics_rows_match(client: Client, node: Node) -> None:
-    OffloadDecision.objects.create(
+def test_decision_and_analytics_rows_match(client: EdgeClient, node: Node) -> None:
+    OffloadDecisionFactory(
         recorded_at=1_700_000_000_000,
         node_id=NODE_ID,
         kind="plan",
@@ -381,7 +511,7 @@ def test_decision_and_analytics_rows_match(client: Client, node: Node) -> None:
         router_version=settings.ROUTER_VERSION,
     )
     now = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
-    RequestRecord.objects.create(
+    RequestRecordFactory(
         node_id=NODE_ID,
         model_id="chat",
         lane="text",
@@ -404,7 +534,7 @@ def test_decision_and_analytics_rows_match(client: Client, node: Node) -> None:
     assert_matches("/router/v1/site/analytics", "GET", 400, refused.json())
 
 
-def test_summary_and_node_state_match(client: Client, node: Node) -> None:
+def test_summary_and_node_state_match(client: EdgeClient, node: Node) -> None:
     summary = client.get("/router/v1/site/offload/summary")
     assert summary.json()["nodes"][0]["node_id"] == NODE_ID
     assert_matches("/router/v1/site/offload/summary", "GET", 200, summary.json())
@@ -416,7 +546,7 @@ def test_summary_and_node_state_match(client: Client, node: Node) -> None:
     assert_matches("/router/v1/site/nodes/state", "GET", 404, unknown.json())
 
 
-def test_model_state_answers_match(client: Client, node: Node) -> None:
+def test_model_state_answers_match(client: EdgeClient, node: Node) -> None:
     url = "/router/v1/site/models/state"
     body = {"node_id": NODE_ID, "local_id": "chat", "enabled": False}
     disabled = client.post(url, orjson.dumps(body), "application/json")
@@ -435,7 +565,7 @@ def test_model_state_answers_match(client: Client, node: Node) -> None:
     assert [m["disabled"] for m in enabled.json()["models"] if m["local_id"] == "chat"] == [False]
 
 
-def test_inventory_answers_match(client: Client, node: Node, tmp_path: Path) -> None:
+def test_inventory_answers_match(client: EdgeClient, node: Node, tmp_path: Path) -> None:
     url = "/router/v1/site/inventory"
     roots = tmp_path / "files"
     (roots / "sub").mkdir(parents=True)
@@ -500,7 +630,7 @@ async def test_runtime_unload_answers_match(node: Node) -> None:
         await close_session()
 
 
-def test_guardian_answers_match(client: Client, node: Node) -> None:
+def test_guardian_answers_match(client: EdgeClient, node: Node) -> None:
     url = "/router/v1/site/guardians"
     current = client.get(url)
     assert current.status_code == 200
@@ -517,7 +647,7 @@ def test_guardian_answers_match(client: Client, node: Node) -> None:
     assert_matches(url, "DELETE", 200, cleared.json())
 
 
-def test_a_missing_admin_key_is_a_401_that_matches(client: Client, admin_keys: None) -> None:
+def test_a_missing_admin_key_is_a_401_that_matches(client: EdgeClient, admin_keys: None) -> None:
     response = client.get("/router/v1/models")
     assert response.status_code == 401
     assert_matches("/router/v1/models", "GET", 401, response.json())

@@ -1,4 +1,4 @@
-"""Routes under /router/v1/site/ for guardian settings."""
+"""Guardians' routes under /router/v1/."""
 
 from __future__ import annotations
 
@@ -7,5 +7,5 @@ from django.urls import path
 from guardians.api import views
 
 urlpatterns = [
-    path("guardians", views.guardians, name="site-guardians"),
+    path("site/guardians", views.GuardiansView.as_view(), name="site-guardians"),
 ]

@@ -6,20 +6,22 @@ slave. A POST is validated whole before anything is written, so a bad entry chan
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from channels.db import database_sync_to_async
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework.request import Request
+from rest_framework.response import Response
 
+from guardians.api import serializers as s
 from guardians.routing import is_guardian_candidate
-from guardians.store import SCOPES, Change, guardians_apply
+from guardians.store import Change, guardians_apply
 from lending.propagate import guardians_publish
 from proxy.node import Node, get_node
 from proxy.routing import candidates
-from registry.api.views import _json_body, admin_api
+from routerproject.api import SiteAPIView, error_response
 from routerproject.errors import RouterError
-
-_BODY_KEYS = ("cluster", "nodes", "models")
 
 
 def guardian_candidates(node: Node) -> list[str]:
@@ -55,12 +57,8 @@ def _document(node: Node, errors: dict[str, str] | None = None) -> dict[str, Any
     return doc
 
 
-def _guardian_value(value: Any, param: str, allowed: set[str]) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value:
-        raise RouterError(400, f"{param} must be a model ID or null", param=param)
-    if value not in allowed:
+def _guardian_value(value: str | None, param: str, allowed: set[str]) -> str | None:
+    if value is not None and value not in allowed:
         raise RouterError(
             400,
             f'guardian "{value}" is not a multimodal text model (one with vision) in this cluster',
@@ -70,12 +68,9 @@ def _guardian_value(value: Any, param: str, allowed: set[str]) -> str | None:
     return value
 
 
-def parse_changes(node: Node, body: dict[str, Any]) -> list[Change]:
-    unknown = sorted(set(body) - set(_BODY_KEYS))
-    if unknown:
-        raise RouterError(400, f"unknown field {unknown[0]!r}", param=unknown[0])
-    if not any(key in body for key in _BODY_KEYS):
-        raise RouterError(400, "set at least one of cluster, nodes, models", param="cluster")
+def changes_resolve(node: Node, body: Mapping[str, Any]) -> list[Change]:
+    """The changes of a well-formed update, checked against the cluster view: every guardian is
+    a multimodal text model, every node and model is known, and no model guards itself."""
     allowed = set(guardian_candidates(node))
     changes: list[Change] = []
     if "cluster" in body:
@@ -83,12 +78,7 @@ def parse_changes(node: Node, body: dict[str, Any]) -> list[Change]:
     known_nodes = {node.node_id, *node.cluster.nodes}
     text_models = _text_models(node)
     for field, scope in (("nodes", "node"), ("models", "model")):
-        if field not in body:
-            continue
-        entries = body[field]
-        if not isinstance(entries, dict):
-            raise RouterError(400, f"{field} must be an object", param=field)
-        for key, value in entries.items():
+        for key, value in body.get(field, {}).items():
             param = f"{field}.{key}"
             if scope == "node" and key not in known_nodes:
                 raise RouterError(400, f'node "{key}" is not in this cluster', param=param)
@@ -101,25 +91,61 @@ def parse_changes(node: Node, body: dict[str, Any]) -> list[Change]:
     return changes
 
 
-def _delete_change(request: HttpRequest) -> Change:
-    scope = request.GET.get("scope", "")
-    if scope not in SCOPES:
-        raise RouterError(400, "scope must be cluster, node or model", param="scope")
-    key = request.GET.get("key", "")
-    if scope != "cluster" and not key:
-        raise RouterError(400, f"key is required for the {scope} scope", param="key")
-    return Change(scope, "" if scope == "cluster" else key, None)
+GUARDIANS_ANSWER = OpenApiResponse(s.GuardiansSerializer, "The guardians after the change.")
 
 
-@admin_api(("GET", "POST", "DELETE"), site=True)
-async def guardians(request: HttpRequest) -> HttpResponse:
-    node = get_node()
-    if request.method == "GET":
-        return JsonResponse(_document(node))
-    if request.method == "POST":
-        changes = parse_changes(node, _json_body(request))
-    else:
-        changes = [_delete_change(request)]
-    await database_sync_to_async(guardians_apply)(changes)
-    errors = await guardians_publish(node)
-    return JsonResponse(_document(node, errors))
+class GuardiansView(SiteAPIView):
+    """Guardian models per scope and in effect."""
+
+    @extend_schema(
+        operation_id="guardiansGet",
+        summary="Guardian models per scope and in effect",
+        responses={
+            200: OpenApiResponse(
+                s.GuardiansSerializer, "The guardians and the models that may be one."
+            )
+        },
+    )
+    async def get(self, request: Request) -> Response:
+        return Response(_document(get_node()))
+
+    @extend_schema(
+        operation_id="guardiansSet",
+        summary="Set guardians for any of the three scopes",
+        request=s.GuardiansUpdateSerializer,
+        responses={
+            200: GUARDIANS_ANSWER,
+            400: error_response(
+                "A guardian that is not a multimodal text model (code invalid_guardian), an "
+                "unknown node or text model, a model set to guard itself, or an unknown field. "
+                "Nothing is saved."
+            ),
+        },
+    )
+    async def post(self, request: Request) -> Response:
+        body = s.GuardiansUpdateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        node = get_node()
+        return await self._apply(node, changes_resolve(node, body.validated_data))
+
+    @extend_schema(
+        operation_id="guardiansClear",
+        summary="Clear the guardian of one scope",
+        parameters=[s.GuardianClearQuerySerializer],
+        responses={
+            200: GUARDIANS_ANSWER,
+            400: error_response("An unknown scope, or no key for node or model."),
+        },
+    )
+    async def delete(self, request: Request) -> Response:
+        query = s.GuardianClearQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        scope = query.validated_data["scope"]
+        key = "" if scope == "cluster" else query.validated_data["key"]
+        return await self._apply(get_node(), [Change(scope, key, None)])
+
+    @staticmethod
+    async def _apply(node: Node, changes: list[Change]) -> Response:
+        await database_sync_to_async(guardians_apply)(changes)
+        errors = await guardians_publish(node)
+        return Response(_document(node, errors))

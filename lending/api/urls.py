@@ -1,4 +1,4 @@
-"""Routes under /router/v1/site/ (included before the registry's /router/v1/ routes)."""
+"""Lending's routes under /router/v1/."""
 
 from __future__ import annotations
 
@@ -7,6 +7,11 @@ from django.urls import path
 from lending.api import views
 
 urlpatterns = [
-    path("offload/settings", views.offload_settings, name="site-offload-settings"),
-    path("offload/decisions", views.offload_decisions, name="site-offload-decisions"),
+    path("site/routing-groups", views.ImageLinksView.as_view(), name="site-routing-groups"),
+    path(
+        "site/text-routing-groups", views.TextLinksView.as_view(), name="site-text-routing-groups"
+    ),
+    path("site/offload/settings", views.SettingsView.as_view(), name="site-offload-settings"),
+    path("site/offload/decisions", views.DecisionsView.as_view(), name="site-offload-decisions"),
+    path("site/offload/summary", views.SummaryView.as_view(), name="site-offload-summary"),
 ]

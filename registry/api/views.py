@@ -1,156 +1,210 @@
-"""Management API for the node's models: list, load, unload, state.
+"""Management API for the node's models: list, load, unload, state, inventory.
 
-These views are async because they act on the router process's in-memory runtimes, which live
-on the event loop; Django runs async views on that same loop under ASGI.
+These views are async (adrf) because they act on the router process's in-memory runtimes, which
+live on the event loop; Django runs async views on that same loop under ASGI.
 """
 
 from __future__ import annotations
 
-import hmac
-from collections.abc import Callable, Coroutine
-from functools import wraps
 from typing import Any
 
-import orjson
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.views.decorators.csrf import csrf_exempt
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework.request import Request
+from rest_framework.response import Response
 
 from proxy.node import get_node
 from proxy.runtimes import BackendError
 from registry import services
-from routerproject.errors import RouterError, error_envelope
+from registry.api import serializers as s
+from registry.inventory import include_files_parse, inventory_site
+from routerproject.api import RouterAPIView, SiteAPIView, error_response
+from routerproject.errors import RouterError
 
-View = Callable[..., Coroutine[Any, Any, HttpResponse]]
 PROTOCOL_VERSION = 2
 
-
-def _error(err: RouterError) -> JsonResponse:
-    return JsonResponse(err.envelope(), status=err.status)
-
-
-def admin_api(methods: tuple[str, ...], *, site: bool = False) -> Callable[[View], View]:
-    """Admin-key check, method check and one error shape for every management view.
-
-    `site` routes control the whole cluster, so only a master or a standalone node serves
-    them; on a slave they do not exist (404), as operators of the reference expect.
-    """
-
-    def decorate(view: View) -> View:
-        @csrf_exempt
-        @wraps(view)
-        async def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-            if request.method not in methods or (site and settings.ROUTER.cluster.role == "slave"):
-                return JsonResponse(
-                    error_envelope("endpoint not found", type="not_found"), status=404
-                )
-            keys = settings.ROUTER.auth.admin_keys
-            if keys:
-                header = request.headers.get("Authorization", "")
-                token = header[7:].strip() if header.startswith("Bearer ") else ""
-                ok = False
-                for key in keys:
-                    ok |= hmac.compare_digest(token.encode(), key.encode())
-                if not ok:
-                    return _error(
-                        RouterError(401, "a valid admin key is required", type="unauthorized")
-                    )
-            try:
-                return await view(request, *args, **kwargs)
-            except RouterError as err:
-                return _error(err)
-
-        return wrapper
-
-    return decorate
+MODEL_ERRORS = {
+    400: error_response("The request is invalid; `param` names the field at fault."),
+    404: error_response("The model is not known (code model_not_found)."),
+    502: error_response("The backend or the owning node failed."),
+    503: error_response("The owning node is not healthy (code node_unavailable)."),
+}
+NODE_ERRORS = {
+    404: error_response("The node is not known, or this node is a slave."),
+    502: error_response("The node did not answer."),
+}
 
 
-def _json_body(request: HttpRequest) -> dict[str, Any]:
-    if not request.body.strip():
-        return {}
-    try:
-        doc = orjson.loads(request.body)
-    except orjson.JSONDecodeError as exc:
-        raise RouterError(400, f"invalid JSON body: {exc}") from exc
-    if not isinstance(doc, dict):
-        raise RouterError(400, "request body must be a JSON object")
-    return doc
-
-
-@admin_api(("GET",))
-async def models_list(request: HttpRequest) -> HttpResponse:
-    return JsonResponse({"models": services.model_records(node=get_node())})
-
-
-@admin_api(("GET",))
-async def version(request: HttpRequest) -> HttpResponse:
-    return JsonResponse(
-        {
-            "version": settings.ROUTER_VERSION,
-            "protocol_version": PROTOCOL_VERSION,
-            "minimum_protocol_version": PROTOCOL_VERSION,
-        }
+class ModelsView(RouterAPIView):
+    @extend_schema(
+        operation_id="modelsList",
+        summary="Every model record of the cluster view",
+        description="A slave or standalone node lists its own models.",
+        responses={200: OpenApiResponse(s.ModelListSerializer, "The records.")},
     )
+    async def get(self, request: Request) -> Response:
+        return Response({"models": services.model_records(node=get_node())})
 
 
-@admin_api(("POST",))
-async def load(request: HttpRequest) -> HttpResponse:
-    doc = _json_body(request)
-    model = doc.get("model")
-    if not isinstance(model, str) or not model:
-        raise RouterError(400, "model is required", param="model")
-    try:
-        result = await services.model_load(node=get_node(), model_id=model)
-    except BackendError as exc:
-        raise RouterError(502, str(exc), type="backend_error") from exc
-    return JsonResponse(result)
-
-
-@admin_api(("POST",))
-async def unload(request: HttpRequest) -> HttpResponse:
-    doc = _json_body(request)
-    model = doc.get("model")
-    target = doc.get("target", "all" if not model else None)
-    if model is not None and not isinstance(model, str):
-        raise RouterError(400, "model must be a string", param="model")
-    if target is not None and target not in services.UNLOAD_TARGETS:
-        raise RouterError(
-            400, f"target must be one of {', '.join(services.UNLOAD_TARGETS)}", param="target"
-        )
-    result = await services.model_unload(node=get_node(), model_id=model or None, target=target)
-    return JsonResponse(result)
-
-
-@admin_api(("GET",), site=True)
-async def nodes_state(request: HttpRequest) -> HttpResponse:
-    node = get_node()
-    wanted = request.GET.get("node_id")
-    if wanted and wanted != node.node_id:
-        remote = node.cluster.nodes.get(wanted)
-        if remote is None:
-            raise RouterError(404, f"node {wanted!r} is not known", type="not_found")
-        return JsonResponse(await services.remote_node_state(node=node, remote=remote))
-    state = services.node_state(node=node)
-    state["cluster"] = services.cluster_state(node=node)
-    return JsonResponse(state)
-
-
-@admin_api(("POST",), site=True)
-async def nodes_unload(request: HttpRequest) -> HttpResponse:
-    fields = services.runtime_unload_parse(_json_body(request))
-    return JsonResponse(await services.runtime_unload(node=get_node(), **fields))
-
-
-@admin_api(("POST",), site=True)
-async def model_state(request: HttpRequest) -> HttpResponse:
-    doc = _json_body(request)
-    node_id = doc.get("node_id")
-    if not isinstance(node_id, str) or not node_id:
-        raise RouterError(
-            400, "node_id is required: the node that serves the model", param="node_id"
-        )
-    local_id, enabled = services.model_state_parse(doc)
-    snapshot = await services.model_state_set(
-        node=get_node(), node_id=node_id, local_id=local_id, enabled=enabled
+class VersionView(RouterAPIView):
+    @extend_schema(
+        operation_id="versionGet",
+        summary="Build and cluster protocol versions",
+        responses={200: OpenApiResponse(s.VersionSerializer, "The versions.")},
     )
-    return JsonResponse(snapshot)
+    async def get(self, request: Request) -> Response:
+        return Response(
+            {
+                "version": settings.ROUTER_VERSION,
+                "protocol_version": PROTOCOL_VERSION,
+                "minimum_protocol_version": PROTOCOL_VERSION,
+            }
+        )
+
+
+class LoadView(RouterAPIView):
+    @extend_schema(
+        operation_id="modelLoad",
+        summary="Load a model on the node that owns it",
+        request=s.LoadSerializer,
+        responses={
+            200: OpenApiResponse(s.LoadResultSerializer, "The model is loaded."),
+            **MODEL_ERRORS,
+        },
+    )
+    async def post(self, request: Request) -> Response:
+        body = s.LoadSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        try:
+            result = await services.model_load(
+                node=get_node(), model_id=body.validated_data["model"]
+            )
+        except BackendError as exc:
+            raise RouterError(502, str(exc), type="backend_error") from exc
+        return Response(result)
+
+
+class UnloadView(RouterAPIView):
+    @extend_schema(
+        operation_id="modelUnload",
+        summary="Unload a model, or empty this node's runtimes",
+        request=s.UnloadSerializer,
+        responses={
+            200: OpenApiResponse(s.UnloadResultSerializer, "What was unloaded."),
+            **MODEL_ERRORS,
+        },
+    )
+    async def post(self, request: Request) -> Response:
+        body = s.UnloadSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        model = body.validated_data.get("model")
+        target = body.validated_data.get("target", "all" if not model else None)
+        result = await services.model_unload(node=get_node(), model_id=model or None, target=target)
+        return Response(result)
+
+
+class NodesStateView(SiteAPIView):
+    @extend_schema(
+        operation_id="nodesState",
+        summary="Backends, loaded models, active and held requests of a node",
+        parameters=[
+            OpenApiParameter("node_id", str, description="Another node to ask; default this node.")
+        ],
+        responses={200: OpenApiResponse(s.NodeStateSerializer, "The node's state."), **NODE_ERRORS},
+    )
+    async def get(self, request: Request) -> Response:
+        node = get_node()
+        wanted = request.query_params.get("node_id")
+        if wanted and wanted != node.node_id:
+            remote = node.cluster.nodes.get(wanted)
+            if remote is None:
+                raise RouterError(404, f"node {wanted!r} is not known", type="not_found")
+            return Response(await services.remote_node_state(node=node, remote=remote))
+        state: dict[str, Any] = services.node_state(node=node)
+        state["cluster"] = services.cluster_state(node=node)
+        return Response(state)
+
+
+class NodesUnloadView(SiteAPIView):
+    @extend_schema(
+        operation_id="nodesUnload",
+        summary="Unload one runtime of a node if it still holds the load the caller saw",
+        description="Waits for the requests on that runtime to finish, borrowed "
+        "(lent-to-this-node) ones included, then stops it. The generation is checked again "
+        "after that wait, so a model switched in meanwhile is not unloaded. Another node's "
+        "runtime is unloaded by that node, through the master.",
+        request=s.RuntimeUnloadSerializer,
+        responses={
+            200: OpenApiResponse(
+                s.NodeStateSerializer,
+                "The runtime is unloaded; the answer is that node's fresh state (without "
+                "`cluster`).",
+            ),
+            400: error_response(
+                "A missing or mistyped field, or a backend or runtime the node does not have; "
+                "`param` names the field."
+            ),
+            **NODE_ERRORS,
+            409: error_response(
+                "The runtime holds another load now, or nothing (code stale_generation): the "
+                "message says what is loaded; nothing changed."
+            ),
+        },
+    )
+    async def post(self, request: Request) -> Response:
+        body = s.RuntimeUnloadSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        return Response(await services.runtime_unload(node=get_node(), **body.validated_data))
+
+
+class ModelStateView(SiteAPIView):
+    @extend_schema(
+        operation_id="modelStateSet",
+        summary="Enable or disable a model on one node",
+        description="Kept in that node's own database, so it survives restarts. A disabled "
+        "model that is loaded stays loaded until it is unloaded or replaced; new requests for "
+        "it get 404 at once, on the master too.",
+        request=s.ModelStateSerializer,
+        responses={
+            200: OpenApiResponse(s.NodeSnapshotSerializer, "The node's snapshot after the change."),
+            400: error_response("A field is missing or of the wrong type (`param` names it)."),
+            404: error_response(
+                "The node is not known, the model is not a config on it (code model_not_found), "
+                "or this node is a slave."
+            ),
+            502: error_response("The node did not answer."),
+        },
+    )
+    async def post(self, request: Request) -> Response:
+        body = s.ModelStateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        snapshot = await services.model_state_set(node=get_node(), **body.validated_data)
+        return Response(snapshot)
+
+
+class InventoryView(SiteAPIView):
+    @extend_schema(
+        operation_id="siteInventory",
+        summary="Every node with its hardware, models and (on request) model files",
+        description="The master asks every healthy node at once; a node that fails has "
+        "`available: false` and `error` set, and the rest still answers. Memory is VRAM when "
+        "nvidia-smi answers, else RAM (Linux), else null with a note.",
+        parameters=[
+            OpenApiParameter(
+                "include_files",
+                str,
+                enum=["true", "false", "1", "0"],
+                default="false",
+                description="List the files below each node's models.file_roots (capped); "
+                "without it no file is looked at.",
+            )
+        ],
+        responses={
+            200: OpenApiResponse(s.InventorySerializer, "The inventory."),
+            400: error_response("The request is invalid; `param` names the field at fault."),
+        },
+    )
+    async def get(self, request: Request) -> Response:
+        # The node protocol reads the same parameter, so its rule lives with the inventory.
+        include_files = include_files_parse(request.query_params.get("include_files"))
+        return Response(await inventory_site(node=get_node(), include_files=include_files))

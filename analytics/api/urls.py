@@ -1,0 +1,11 @@
+"""Analytics' routes under /router/v1/."""
+
+from __future__ import annotations
+
+from django.urls import path
+
+from analytics.api import views
+
+urlpatterns = [
+    path("site/analytics", views.AnalyticsView.as_view(), name="site-analytics"),
+]

@@ -1,0 +1,559 @@
+"""The client paths of the OpenAPI document: the part no generator can read.
+
+The proxy serves these paths itself, ahead of Django (`proxy.handlers.ROUTES`), so they are
+described here by hand, beside the route table; `proxy.api.schema` merges this part into the
+document drf-spectacular generates from the management views, and `tests/test_openapi.py`
+keeps it in step with `ROUTES` and with real answers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+Schema = dict[str, Any]
+
+JSON = "application/json"
+SSE = "text/event-stream"
+NDJSON = "application/x-ndjson"
+
+TAGS: list[Schema] = [
+    {"name": "Client", "description": "Health."},
+    {"name": "Client: OpenAI", "description": "OpenAI-compatible inference."},
+    {"name": "Client: images", "description": "AUTOMATIC1111-style image paths."},
+    {"name": "Client: Ollama", "description": 'Ollama paths; errors are {"error": "…"}.'},
+    {"name": "Client: Kobold", "description": "KoboldCpp's generate API."},
+]
+INFERENCE_KEY: Schema = {
+    "type": "http",
+    "scheme": "bearer",
+    "description": "One of `auth.inference_keys`. Checked only when that list is set.",
+}
+
+# -- small builders --------------------------------------------------------------------------
+
+
+def _ref(name: str) -> Schema:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _obj(
+    properties: dict[str, Schema],
+    *,
+    required: tuple[str, ...] = (),
+    description: str | None = None,
+    additional: bool = True,
+) -> Schema:
+    doc: Schema = {"type": "object", "properties": properties}
+    if not additional:
+        doc["additionalProperties"] = False
+    if required:
+        doc["required"] = list(required)
+    if description:
+        doc["description"] = description
+    return doc
+
+
+def _array(items: Schema, description: str | None = None) -> Schema:
+    doc: Schema = {"type": "array", "items": items}
+    if description:
+        doc["description"] = description
+    return doc
+
+
+def _str(description: str | None = None, **extra: Any) -> Schema:
+    doc: Schema = {"type": "string", **extra}
+    if description:
+        doc["description"] = description
+    return doc
+
+
+def _int(description: str | None = None, **extra: Any) -> Schema:
+    doc: Schema = {"type": "integer", **extra}
+    if description:
+        doc["description"] = description
+    return doc
+
+
+def _num(description: str | None = None) -> Schema:
+    doc: Schema = {"type": "number"}
+    if description:
+        doc["description"] = description
+    return doc
+
+
+def _bool(description: str | None = None, **extra: Any) -> Schema:
+    doc: Schema = {"type": "boolean", **extra}
+    if description:
+        doc["description"] = description
+    return doc
+
+
+def _map(values: Schema, description: str | None = None) -> Schema:
+    doc: Schema = {"type": "object", "additionalProperties": values}
+    if description:
+        doc["description"] = description
+    return doc
+
+
+def _json_response(description: str, schema: Schema) -> Schema:
+    return {"description": description, "content": {JSON: {"schema": schema}}}
+
+
+def _json_body(schema: Schema, *, required: bool = True) -> Schema:
+    return {"required": required, "content": {JSON: {"schema": schema}}}
+
+
+def _error(description: str, *, ollama: bool = False) -> Schema:
+    return _json_response(description, _ref("OllamaError" if ollama else "Error"))
+
+
+def _client_schemas() -> dict[str, Schema]:
+    model = _str("Public model ID.", minLength=1)
+    return {
+        "ChatRequest": _obj(
+            {
+                "model": model,
+                "messages": _array(_map({})),
+                "stream": _bool("Answer as text/event-stream.", default=False),
+                "max_tokens": _int(),
+            },
+            required=("model",),
+            description="An OpenAI chat request; fields besides the model go to the backend "
+            "unchanged.",
+        ),
+        "CompletionRequest": _obj(
+            {
+                "model": model,
+                "prompt": {"type": ["string", "array"]},
+                "stream": _bool("Answer as text/event-stream.", default=False),
+                "max_tokens": _int(),
+            },
+            required=("model",),
+        ),
+        "EmbeddingsRequest": _obj(
+            {
+                "model": _str(
+                    "Public model ID; without one, a model whose embeddings are loaded answers."
+                ),
+                "input": {"type": ["string", "array"]},
+            },
+            required=("input",),
+        ),
+        "ImageRequest": _obj(
+            {
+                "model": _str("Public image ID (or the config's model ID).", minLength=1),
+                "prompt": _str(),
+                "n": _int(minimum=1),
+                "size": _str("WIDTHxHEIGHT or auto."),
+                "steps": _int(minimum=1),
+            },
+            required=("model",),
+        ),
+        "TranscriptionRequest": _obj(
+            {
+                "file": _str("The audio (WAV).", contentMediaType="audio/wav"),
+                "model": _str("Public model ID; without one a free voice model is chosen."),
+            },
+            required=("file",),
+        ),
+        "OllamaChatRequest": _obj(
+            {
+                "model": model,
+                "messages": _array(_map({})),
+                "stream": _bool("Answer as NDJSON (the default).", default=True),
+                "options": _map({}),
+                "format": {"type": ["string", "object"]},
+            },
+            required=("model",),
+        ),
+        "OllamaGenerateRequest": _obj(
+            {
+                "model": model,
+                "prompt": _str(),
+                "system": _str(),
+                "images": _array(_str(contentEncoding="base64")),
+                "stream": _bool("Answer as NDJSON (the default).", default=True),
+                "options": _map({}),
+                "format": {"type": ["string", "object"]},
+            },
+            required=("model",),
+        ),
+        "OllamaEmbedRequest": _obj(
+            {
+                "model": model,
+                "input": {"anyOf": [_str(), _array(_str(), "At least one text.")]},
+            },
+            required=("model", "input"),
+        ),
+        "OllamaEmbeddingsRequest": _obj(
+            {"model": model, "prompt": _str()},
+            required=("model", "prompt"),
+            description="The older single-text form.",
+        ),
+        "OllamaEmbedAnswer": _obj(
+            {
+                "model": _str(),
+                "embeddings": _array(_array(_num())),
+                "total_duration": _int(),
+                "load_duration": _int(),
+                "prompt_eval_count": _int(),
+            },
+            required=("model", "embeddings"),
+        ),
+        "OllamaEmbeddingsAnswer": _obj({"embedding": _array(_num())}, required=("embedding",)),
+        "OllamaShowRequest": _obj(
+            {"model": _str("Public model ID."), "name": _str("The older name for model.")}
+        ),
+        "OllamaShowAnswer": _obj(
+            {
+                "modelfile": _str(),
+                "parameters": _str(),
+                "template": _str(),
+                "details": _map({}),
+                "model_info": _map({}, "general.architecture and <family>.context_length."),
+                "capabilities": _array(_str(), "completion, vision, embedding."),
+                "modified_at": _str(format="date-time"),
+            },
+            required=("details", "model_info", "capabilities"),
+        ),
+        "OllamaVersion": _obj({"version": _str()}, required=("version",)),
+        "SdModel": _obj(
+            {
+                "title": _str(),
+                "model_name": _str(),
+                "filename": _str(),
+                "config": _str(),
+                "hash": _str(),
+                "sha256": _str(),
+            },
+            required=("title", "model_name"),
+        ),
+        "Txt2ImgRequest": _obj(
+            {
+                "prompt": _str(),
+                "width": _int(minimum=1),
+                "height": _int(minimum=1),
+                "steps": _int(minimum=1),
+                "batch_size": _int(minimum=1),
+                "sd_model_checkpoint": _str("The image model; or in override_settings."),
+                "override_settings": _map({}),
+            }
+        ),
+        "KoboldGenerateRequest": _obj(
+            {
+                "model": _str("Public model ID; without one, the loaded text model."),
+                "prompt": _str(),
+                "max_length": _int(minimum=1, default=100),
+                "sampler_seed": _int(),
+                "stop_sequence": {"anyOf": [_str(), _array(_str())]},
+            }
+        ),
+        "BackendAnswer": _obj(
+            {"model": _str("The model ID the client asked for.")},
+            description="The backend's OpenAI answer, passed through with the client's model ID.",
+        ),
+        "OpenAIModelList": _obj(
+            {
+                "object": _str(const="list"),
+                "data": _array(
+                    _obj(
+                        {
+                            "id": _str(),
+                            "object": _str(const="model"),
+                            "created": _int(),
+                            "owned_by": _str(),
+                        },
+                        required=("id", "object", "created", "owned_by"),
+                    )
+                ),
+            },
+            required=("object", "data"),
+        ),
+        "OllamaModel": _obj(
+            {
+                "name": _str(),
+                "model": _str(),
+                "modified_at": _str(format="date-time"),
+                "size": _int(),
+                "digest": _str(),
+                "details": _obj({"format": _str(), "family": _str()}),
+                "expires_at": _str("/api/ps only."),
+                "size_vram": _int("/api/ps only."),
+            },
+            required=("name", "model", "modified_at", "size", "digest", "details"),
+        ),
+        "OllamaModelList": _obj({"models": _array(_ref("OllamaModel"))}, required=("models",)),
+        "KoboldAnswer": _obj(
+            {
+                "results": _array(
+                    _obj({"text": _str(), "finish_reason": _str()}, required=("text",))
+                )
+            },
+            required=("results",),
+        ),
+        "Ping": _obj({"status": _str(const="healthy")}, required=("status",)),
+    }
+
+
+# -- paths -----------------------------------------------------------------------------------
+
+
+def _client_errors(*, ollama: bool = False, model: bool = True) -> dict[str, Schema]:
+    errors = {
+        "401": _error("`auth.inference_keys` is set and the request carries none.", ollama=ollama)
+    }
+    if not model:
+        return errors
+    errors.update(
+        {
+            "400": _error(
+                "Invalid JSON, no model, or a field the router checks is wrong.", ollama=ollama
+            ),
+            "404": _error("The model is not known (code model_not_found).", ollama=ollama),
+            "413": _error("The body is larger than `server.max_body_bytes`.", ollama=ollama),
+            "502": _error("No replica can serve it, or the backend failed.", ollama=ollama),
+            "503": _error(
+                "The model's node is not healthy (code node_unavailable).", ollama=ollama
+            ),
+        }
+    )
+    return errors
+
+
+def _client_op(
+    operation_id: str,
+    summary: str,
+    tag: str,
+    ok: Schema,
+    *,
+    body: Schema | None = None,
+    ollama: bool = False,
+) -> Schema:
+    op: Schema = {
+        "operationId": operation_id,
+        "summary": summary,
+        "tags": [tag],
+        "security": [{"inferenceKey": []}],
+        "responses": {"200": ok, **_client_errors(ollama=ollama, model=body is not None)},
+    }
+    if body is not None:
+        op["requestBody"] = body
+    return op
+
+
+def _stream_item(stream_type: str) -> Schema:
+    if stream_type == SSE:
+        # One server-sent event, as SSE-aware tools parse the stream; `data` holds the
+        # backend's JSON chunk (or the final `[DONE]`) with the model ID rewritten.
+        return {
+            "type": "object",
+            "description": "One event of the stream, as the backend sent it.",
+            "properties": {
+                "data": _str("A JSON chunk, or [DONE] at the end."),
+                "event": _str(),
+                "id": _str(),
+            },
+        }
+    return _str("The stream, one JSON record per line, as the backend sent it.")
+
+
+def _streaming(description: str, json_schema: Schema, stream_type: str) -> Schema:
+    return {
+        "description": description,
+        "content": {
+            JSON: {"schema": json_schema},
+            stream_type: {"schema": _stream_item(stream_type)},
+        },
+    }
+
+
+def client_paths() -> dict[str, Schema]:
+    """The client paths, keyed as in `ROUTES`."""
+    answer = _ref("BackendAnswer")
+    openai_stream = "The answer; with stream: true, as text/event-stream."
+    ollama_stream = "The answer; as NDJSON unless stream is false."
+    return {
+        "/ping": {
+            "get": {
+                "operationId": "ping",
+                "summary": "Health check",
+                "tags": ["Client"],
+                "security": [],
+                "responses": {"200": _json_response("The router is up.", _ref("Ping"))},
+            }
+        },
+        "/v1/models": {
+            "get": _client_op(
+                "openaiModels",
+                "Text and embeddings models",
+                "Client: OpenAI",
+                _json_response("The models.", _ref("OpenAIModelList")),
+            )
+        },
+        "/v1/chat/completions": {
+            "post": _client_op(
+                "openaiChat",
+                "Chat completion",
+                "Client: OpenAI",
+                _streaming(openai_stream, answer, SSE),
+                body=_json_body(_ref("ChatRequest")),
+            )
+        },
+        "/v1/completions": {
+            "post": _client_op(
+                "openaiCompletion",
+                "Text completion",
+                "Client: OpenAI",
+                _streaming(openai_stream, answer, SSE),
+                body=_json_body(_ref("CompletionRequest")),
+            )
+        },
+        "/v1/embeddings": {
+            "post": _client_op(
+                "openaiEmbeddings",
+                "Embeddings",
+                "Client: OpenAI",
+                _json_response("The embeddings.", answer),
+                body=_json_body(_ref("EmbeddingsRequest")),
+            )
+        },
+        "/v1/images/generations": {
+            "post": _client_op(
+                "openaiImages",
+                "Image generation",
+                "Client: OpenAI",
+                _json_response("The images.", answer),
+                body=_json_body(_ref("ImageRequest")),
+            )
+        },
+        "/v1/audio/transcriptions": {
+            "post": _client_op(
+                "openaiTranscription",
+                "Speech to text",
+                "Client: OpenAI",
+                _json_response("The transcription.", answer),
+                body={
+                    "required": True,
+                    "content": {"multipart/form-data": {"schema": _ref("TranscriptionRequest")}},
+                },
+            )
+        },
+        "/api/chat": {
+            "post": _client_op(
+                "ollamaChat",
+                "Ollama chat",
+                "Client: Ollama",
+                _streaming(ollama_stream, _map({}), NDJSON),
+                body=_json_body(_ref("OllamaChatRequest")),
+                ollama=True,
+            )
+        },
+        "/api/generate": {
+            "post": _client_op(
+                "ollamaGenerate",
+                "Ollama generate",
+                "Client: Ollama",
+                _streaming(ollama_stream, _map({}), NDJSON),
+                body=_json_body(_ref("OllamaGenerateRequest")),
+                ollama=True,
+            )
+        },
+        "/api/tags": {
+            "get": _client_op(
+                "ollamaTags",
+                "Ollama model list",
+                "Client: Ollama",
+                _json_response("The models.", _ref("OllamaModelList")),
+                ollama=True,
+            )
+        },
+        "/api/ps": {
+            "get": _client_op(
+                "ollamaPs",
+                "Ollama loaded models",
+                "Client: Ollama",
+                _json_response("The loaded models.", _ref("OllamaModelList")),
+                ollama=True,
+            )
+        },
+        "/api/embed": {
+            "post": _client_op(
+                "ollamaEmbed",
+                "Ollama embeddings",
+                "Client: Ollama",
+                _json_response("The embeddings.", _ref("OllamaEmbedAnswer")),
+                body=_json_body(_ref("OllamaEmbedRequest")),
+                ollama=True,
+            )
+        },
+        "/api/embeddings": {
+            "post": _client_op(
+                "ollamaEmbeddings",
+                "Ollama embeddings, the older single-text form",
+                "Client: Ollama",
+                _json_response("The embedding.", _ref("OllamaEmbeddingsAnswer")),
+                body=_json_body(_ref("OllamaEmbeddingsRequest")),
+                ollama=True,
+            )
+        },
+        "/api/show": {
+            "post": _client_op(
+                "ollamaShow",
+                "Ollama model details (context length, capabilities), from the records",
+                "Client: Ollama",
+                _json_response("The details.", _ref("OllamaShowAnswer")),
+                body=_json_body(_ref("OllamaShowRequest")),
+                ollama=True,
+            )
+        },
+        "/api/version": {
+            "get": _client_op(
+                "ollamaVersion",
+                "The router's version, as Ollama reports its own",
+                "Client: Ollama",
+                _json_response("The version.", _ref("OllamaVersion")),
+            )
+        },
+        "/sdapi/v1/sd-models": {
+            "get": _client_op(
+                "sdModels",
+                "Image models, as the AUTOMATIC1111 API lists them",
+                "Client: images",
+                _json_response("The image models.", _array(_ref("SdModel"))),
+            )
+        },
+        "/sdapi/v1/txt2img": {
+            "post": _client_op(
+                "sdTxt2Img",
+                "Image generation, AUTOMATIC1111 style",
+                "Client: images",
+                _json_response("The images.", _ref("BackendAnswer")),
+                body=_json_body(_ref("Txt2ImgRequest")),
+            )
+        },
+        "/api/v1/generate": {
+            "post": _client_op(
+                "koboldGenerate",
+                "Kobold generate",
+                "Client: Kobold",
+                _json_response("The text.", _ref("KoboldAnswer")),
+                body=_json_body(_ref("KoboldGenerateRequest")),
+            )
+        },
+    }
+
+
+# -- the part ----------------------------------------------------------------------------------
+
+
+def client_components() -> dict[str, Schema]:
+    """The schemas the client paths refer to, and the envelope Ollama's paths answer with."""
+    return {
+        "OllamaError": _obj(
+            {"error": _str("What went wrong.")},
+            required=("error",),
+            description="The error body on Ollama paths (/api/chat, /api/generate, /api/tags, "
+            "/api/ps).",
+        ),
+        **_client_schemas(),
+    }
