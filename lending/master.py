@@ -2,16 +2,21 @@
 
 On every owner event (coalesced per owner model), on the tick and when a probe falls due, the
 master polls every node's runtime status concurrently (a node that does not answer in time
-contributes nothing and never stalls the plan), merges the cost fits the nodes publish, builds
-the planner's view of each lane from the registry and the link set, runs the pure planner
-(lending/planner.py), replaces its lease book with the result, logs one `plan` row per
-evaluated pair, re-arms the probe timer, and delivers every lease: to the asking owner as the
-answer to its event, to the others through `offload/grant`.
+contributes nothing, and later plans skip it until it answers again), merges the cost fits the
+nodes publish, builds the planner's view of each lane from the registry and the link set, runs
+the pure planner (lending/planner.py), replaces its lease book with the result, logs one `plan`
+row per evaluated pair, re-arms the probe timer, and delivers every lease: to the asking owner
+as the answer to its event, to the others through `offload/grant`.
 
 Lent requests come back through the master (`offload/request`): it checks its own live lease,
 rewrites the model to the helper's own ID and forwards to the helper, or serves in-process
 when the helper is itself. It logs `relay_refused` for every request it cannot pass on and
 answers 409, so the owner runs the request itself.
+
+A node that does not answer (a failed runtime-status poll, or a failed health poll reported by
+the registry) is treated as the stall check's "no": every request lent to it that it has not
+started answering goes back to its owner at once, and the node is *silent*: plans skip it and
+relays to it are refused until a background re-probe or a health poll finds it answering.
 """
 
 from __future__ import annotations
@@ -37,7 +42,15 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-STATUS_TIMEOUT_SECS = 2.0
+# A node answers runtime status from its event loop without any I/O, in milliseconds over
+# loopback or a LAN. Every plan waits for its slowest poll, and a plan sits on an owner's request
+# path, so a node that takes longer than this is treated as not answering, not waited for.
+STATUS_TIMEOUT_SECS = 0.5
+# A silent node is asked again in the background, never by a plan. The wait is long because a
+# stopped process answers nothing until it resumes, and then at once: a short one would only
+# reconnect more often.
+REPROBE_TIMEOUT_SECS = 10.0
+REPROBE_INTERVAL_SECS = 1.0
 LANES = ("image", "text")
 
 
@@ -63,6 +76,11 @@ class MasterLending:
         self.relay_changed: dict[str, float] = {}
         self.stalled: set[asyncio.Task[Any]] = set()
         self._stall_task: asyncio.Task[None] | None = None
+        self.silent: set[str] = set()
+        """Nodes that did not answer: plans skip them and relays to them are refused."""
+        self._reprobes: dict[str, asyncio.Task[None]] = {}
+        # The registry reports health poll outcomes here (it must not import lending).
+        node.cluster.health_listeners.append(self._on_health)
 
     # -- events ---------------------------------------------------------------------------
 
@@ -176,15 +194,79 @@ class MasterLending:
                 doc = await client.call_ok(
                     "GET", url, "/router/v1/node/runtime-status", timeout=STATUS_TIMEOUT_SECS
                 )
-            except NodeCallError:
-                return node_id, None
+            except NodeCallError as exc:
+                return node_id, exc
             return node_id, doc
 
-        targets = [(n.node_id, n.node_url) for n in node.cluster.nodes.values() if n.healthy]
+        targets = [
+            (n.node_id, n.node_url)
+            for n in node.cluster.nodes.values()
+            if n.healthy and n.node_id not in self.silent
+        ]
         for node_id, doc in await asyncio.gather(*(one(nid, url) for nid, url in targets)):
-            if isinstance(doc, dict):
+            if isinstance(doc, NodeCallError):
+                self.node_silent(node_id, f"runtime status: {doc}")
+            elif isinstance(doc, dict):
                 statuses[node_id] = doc
         return statuses
+
+    # -- nodes that do not answer -----------------------------------------------------------
+
+    def node_silent(self, node_id: str, why: str) -> None:
+        """`node_id` did not answer: the stall check's "no", and plans skip it from now on."""
+        if node_id not in self.silent:
+            logger.warning(
+                "node %s does not answer (%s): plans skip it until it does", node_id, why
+            )
+            self.silent.add(node_id)
+        self._return_lent(node_id)
+        if node_id not in self._reprobes:
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:
+                return  # no loop to probe on: the next successful health poll clears it
+            task = asyncio.ensure_future(self._reprobe(node_id))
+            self._reprobes[node_id] = task
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            task.add_done_callback(functools.partial(self._reprobe_done, node_id))
+
+    def node_answers(self, node_id: str) -> None:
+        if node_id in self.silent:
+            logger.info("node %s answers again: plans consider it again", node_id)
+            self.silent.discard(node_id)
+        task = self._reprobes.pop(node_id, None)
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+
+    def _reprobe_done(self, node_id: str, task: asyncio.Task[None]) -> None:
+        if self._reprobes.get(node_id) is task:
+            del self._reprobes[node_id]
+
+    def _on_health(self, node_id: str, healthy: bool) -> None:
+        if healthy:
+            self.node_answers(node_id)
+        else:
+            self.node_silent(node_id, "health poll failed")
+
+    async def _reprobe(self, node_id: str) -> None:
+        node = self.node
+        while node_id in self.silent:
+            await asyncio.sleep(REPROBE_INTERVAL_SECS)
+            remote = node.cluster.nodes.get(node_id)
+            if remote is None or node.client is None:
+                self.silent.discard(node_id)  # gone from the cluster: nothing left to skip
+                return
+            try:
+                await node.client.call_ok(
+                    "GET",
+                    remote.node_url,
+                    "/router/v1/node/runtime-status",
+                    timeout=REPROBE_TIMEOUT_SECS,
+                )
+            except NodeCallError:
+                continue
+            self.node_answers(node_id)
 
     @staticmethod
     def _costs(statuses: Mapping[str, Mapping[str, Any]]) -> CostTable | None:
@@ -326,7 +408,7 @@ class MasterLending:
             raise self._refuse(lane, owner_node, owner_model, "helper_is_master", lease)
         remote = node.cluster.nodes.get(lease.helper_node_id)
         client = node.client
-        if remote is None or not remote.healthy or client is None:
+        if remote is None or not remote.healthy or remote.node_id in self.silent or client is None:
             raise self._refuse(lane, owner_node, owner_model, "helper_unreachable", lease)
         try:
             body = set_body_model(body, lease.helper_model_id)
@@ -345,6 +427,7 @@ class MasterLending:
         task = asyncio.current_task()
         assert task is not None
         self._relay_begin(helper, task)
+        watched = True
         try:
             try:
                 url = client.checked_url(remote.node_url, "/router/v1/node/inference" + path)
@@ -359,18 +442,27 @@ class MasterLending:
                 self.stalled.discard(task)
                 task.uncancel()
                 raise self._refuse(lane, owner_node, owner_model, "helper_stalled", lease) from None
+            # The helper has started answering. Taking the request back now would cut an
+            # answer already on its way (the owner may have begun passing it on), so it
+            # leaves the set a silent or stalled helper loses. Nothing awaits between the
+            # answer arriving and this line, so a loss can never land half-way through it.
+            self._relay_end(helper, task)
+            watched = False
             try:
                 yield resp
             finally:
                 await ctx.__aexit__(None, None, None)
         finally:
-            self._relay_end(helper, task)
+            if watched:
+                self._relay_end(helper, task)
+            self.stalled.discard(task)
 
     # -- stall check --------------------------------------------------------------------------
     # If the requests lent to a helper show no change for `offload_lent_stall_timeout`, ask
-    # the helper whether it still runs borrowed work. Yes (or no answer, or an older build
-    # without the query): it keeps them. No: every request lent to it comes back at once and
-    # the owners serve them.
+    # the helper whether it still runs borrowed work. Yes (or an older build without the
+    # query, which answers with an error status): it keeps them. No, or no answer at all (the
+    # same signal as a failed status poll): every request lent to it that it has not started
+    # answering comes back at once and the owners serve them.
 
     def _relay_begin(self, helper: str, task: asyncio.Task[Any]) -> None:
         self.relays.setdefault(helper, set()).add(task)
@@ -403,17 +495,26 @@ class MasterLending:
                 "/router/v1/node/offload/borrowed",
                 timeout=STATUS_TIMEOUT_SECS,
             )
-        except NodeCallError:
-            self.relay_changed[helper] = time.monotonic()  # treated as busy: check again later
+        except NodeCallError as exc:
+            if exc.kind in ("timeout", "transport"):
+                self.node_silent(helper, f"stall check: {exc}")
+            # Otherwise it answered, with an error: an older build is treated as busy.
+            self.relay_changed[helper] = time.monotonic()
             return
         if isinstance(doc, dict) and int(doc.get("borrowed", 1) or 0) == 0:
             logger.warning("helper %s runs no borrowed work: its lent requests go back", helper)
-            for task in list(self.relays.get(helper, set())):
-                self.stalled.add(task)
-                task.cancel()
+            self._return_lent(helper)
         self.relay_changed[helper] = time.monotonic()
 
+    def _return_lent(self, helper: str) -> None:
+        """Every request lent to `helper` that it has not started answering goes back now."""
+        for task in list(self.relays.get(helper, set())):
+            self.stalled.add(task)
+            task.cancel()
+
     async def close(self) -> None:
+        with contextlib.suppress(ValueError):
+            self.node.cluster.health_listeners.remove(self._on_health)
         if self._probe_timer is not None:
             self._probe_timer.cancel()
         if self._stall_task is not None:

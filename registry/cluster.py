@@ -161,6 +161,10 @@ class ClusterState:
         self.by_public_id: dict[str, list[Replica]] = {}
         self.by_public_image_id: dict[str, list[Replica]] = {}
         self._rr: dict[str, itertools.count[int]] = {}
+        self.health_listeners: list[Callable[[str, bool], None]] = []
+        """Told (node ID, healthy) after every poll or registration outcome of a node. Upper
+        layers register here (lending returns work lent to a node that stopped answering):
+        the registry must not import them."""
         self.rebuild()
 
     # -- snapshots ------------------------------------------------------------------------
@@ -226,13 +230,18 @@ class ClusterState:
         self.nodes[node_id] = node
         self.routing_allow.add(url)
         self.rebuild()
+        self._tell_health(node_id, True)
         return node
 
     def mark_unhealthy(self, url: str, error: str) -> list[str]:
         """A failed poll: every node registered from `url` turns unavailable."""
         changed = []
+        failed = []
         for node in self.nodes.values():
-            if node.node_url == url and (node.healthy or node.error != error):
+            if node.node_url != url:
+                continue
+            failed.append(node.node_id)
+            if node.healthy or node.error != error:
                 node.healthy = False
                 node.error = error
                 for rec in node.records:
@@ -240,7 +249,19 @@ class ClusterState:
                 changed.append(node.node_id)
         if changed:
             self.rebuild()
+        # Every failure is told, not only a change: a listener may have been told since that
+        # the node answers something else.
+        for node_id in failed:
+            self._tell_health(node_id, False)
         return changed
+
+    def _tell_health(self, node_id: str, healthy: bool) -> None:
+        for listener in list(self.health_listeners):
+            try:
+                listener(node_id, healthy)
+            except Exception:
+                # A listener's bug must not stop the registry from recording health.
+                logger.exception("health listener failed for node %s", node_id)
 
     def node_for_url(self, url: str) -> RemoteNode | None:
         return next((n for n in self.nodes.values() if n.node_url == url), None)
