@@ -231,6 +231,20 @@ def test_a_helper_whose_link_forbids_loading_is_never_used_while_unloaded() -> N
     assert result.probe_due_ms is None
 
 
+def test_a_link_that_forbids_loading_still_uses_a_helper_already_loaded() -> None:
+    costs = table({("own", "m"): flat(1000), ("h1", "h"): flat(250)}, {("h1", "h.yaml"): 2000})
+    result = plan([(owner(40), [link(helper("h1", loaded=True), load=False)])], costs)
+
+    row = only_row(result)
+    assert (row.outcome, row.reason, row.switch_ms) == ("granted", "", 0)
+    (lease,) = result.leases
+    assert (lease.helper_node_id, lease.load_helper_model, lease.helper_switch_ms) == (
+        "h1",
+        False,
+        0,
+    )
+
+
 def test_a_helper_not_accepting_borrowed_work_is_skipped_before_anything_else() -> None:
     costs = table({("own", "m"): flat(1000)})
     result = plan(

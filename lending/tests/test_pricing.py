@@ -127,6 +127,22 @@ def test_helper_finish_starts_a_job_lent_after_a_gap_when_it_was_lent() -> None:
     assert finish == 6_100
 
 
+def test_helper_finish_never_starts_a_lent_job_before_it_was_lent() -> None:
+    # The helper idles from 1100 until the second job is lent at 5000; asked at 5050, while
+    # that job still runs: busy = max(1100, 5000) + 100 = 5100, finish = 5100 + 100.
+    # Starting it when the helper fell idle would give max(1200, 5050) + 100 = 5150.
+    finish = helper_finish_ms(now_ms=5_050, lent_at_ms=[1_000, 5_000], switch_ms=0, service_ms=100)
+    assert finish == 5_200
+
+
+def test_helper_finish_pays_the_switch_before_the_first_lent_job_only() -> None:
+    # busy = 1000 + 500 = 1500 -> 1600; the second job, lent at 4000, starts then: 4100.
+    finish = helper_finish_ms(
+        now_ms=4_050, lent_at_ms=[1_000, 4_000], switch_ms=500, service_ms=100
+    )
+    assert finish == 4_200
+
+
 def test_a_fast_helper_finishes_before_a_slow_owner_in_a_hold_scenario() -> None:
     owner = owner_finish_ms(
         now_ms=10_000,

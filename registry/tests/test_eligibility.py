@@ -80,6 +80,23 @@ def test_a_context_window_is_contextsize_or_the_vllm_max_model_length(
     assert rule(contextsize=contextsize, max_model_length=max_model_length) == reason
 
 
+@pytest.mark.parametrize("value", [True, False, 1.0, "1", "4096"])
+def test_only_whole_numbers_count_as_settings(value: Any) -> None:
+    # Records of other nodes carry the config's own JSON values: `true` or `1.0` is not the
+    # one-at-a-time `1`, and states no context window.
+    assert rule(parallel=value) == REASON_CONCURRENT
+    assert rule(max_number_sequences=value) == REASON_CONCURRENT
+    assert rule(contextsize=value) == REASON_NO_CONTEXT
+    assert rule(contextsize=UNSET, max_model_length=value) == REASON_NO_CONTEXT
+
+
+def test_a_record_from_an_older_build_is_judged_by_its_options_values() -> None:
+    options = {"contextsize": 4096, "parallel": True}
+    assert record_text_ineligible_reason(record(options=options)) == REASON_CONCURRENT
+    vllm = {"contextsize": 4096, "vllm": {"settings": {"max_number_sequences": 1.0}}}
+    assert record_text_ineligible_reason(record(options=vllm)) == REASON_CONCURRENT
+
+
 def test_the_first_reason_that_applies_is_given() -> None:
     assert rule(has_llm=False, contextsize=UNSET, parallel=4) == REASON_NOT_TEXT
     assert rule(contextsize=UNSET, parallel=4) == REASON_NO_CONTEXT

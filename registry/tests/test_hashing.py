@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from registry import hashing
 from registry.hashing import FileHasher, config_hash, model_hash
 
 
@@ -231,3 +232,130 @@ def test_hasher_without_a_cache_path_saves_nothing(tmp_path: Path) -> None:
     hasher.hash_file(tmp_path / "w.bin")
     hasher.save()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["w.bin"]
+
+
+# --- rules that two nodes' configs and a persisted cache depend on -------------------------
+
+
+def test_config_hash_ignores_bare_file_names_in_path_fields() -> None:
+    # A config that names its weights beside it has no separator to give the path away; the
+    # field name alone marks it as a location, or two nodes' replicas would never merge.
+    node_a = {"model_param": "llama-7b.gguf", "mmproj": "proj.gguf", "lora": ["style.gguf"]}
+    node_b = {"model_param": "llama-copy.gguf", "mmproj": "p.gguf", "lora": ["renamed.gguf"]}
+    assert config_hash(node_a) == config_hash(node_b)
+    assert config_hash(node_a) == _sha(
+        b'{"lora":["<path>"],"mmproj":"<path>","model_param":"<path>"}'
+    )
+
+
+def test_model_hash_takes_a_list_field_given_only_as_portable_hashes(tmp_path: Path) -> None:
+    first, second = "0a" * 32, "1b" * 32
+    raw = {"sdmodel_hash": "2c" * 32, "sdlora_hash": [first, second]}
+    result = model_hash(raw, base_dir=tmp_path, hasher=FileHasher(None))
+    assert result == _expected(
+        [f"sdmodel={'2c' * 32}", f"sdlora[0]={first}", f"sdlora[1]={second}"]
+    )
+
+
+def _cache_file(cache: Path, weights: Path, entry: dict[str, object], version: object = 1) -> None:
+    cache.write_text(json.dumps({"version": version, "entries": {str(weights): entry}}))
+
+
+BOGUS_SHA = "f" * 64
+
+
+def test_the_cache_file_is_written_with_format_version_one(tmp_path: Path) -> None:
+    weights = tmp_path / "w.bin"
+    weights.write_bytes(b"original")
+    cache = tmp_path / "hash-cache.json"
+    hasher = FileHasher(cache)
+    hasher.hash_file(weights)
+    hasher.save()
+    stat = weights.stat()
+    assert json.loads(cache.read_text()) == {
+        "version": 1,
+        "entries": {
+            str(weights): {
+                "size": stat.st_size,
+                "mtime_ns": stat.st_mtime_ns,
+                "sha256": _sha(b"original"),
+            }
+        },
+    }
+
+
+@pytest.mark.parametrize("version", [0, 2, "1", None])
+def test_a_cache_of_another_format_version_is_not_trusted(tmp_path: Path, version: object) -> None:
+    weights = tmp_path / "w.bin"
+    weights.write_bytes(b"original")
+    stat = weights.stat()
+    cache = tmp_path / "hash-cache.json"
+    entry = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": BOGUS_SHA}
+    _cache_file(cache, weights, entry, version=version)
+    assert FileHasher(cache).hash_file(weights) == _sha(b"original")
+
+
+def test_a_cache_entry_of_the_current_version_is_trusted(tmp_path: Path) -> None:
+    # The counterpart of the tests around it: a well-formed entry really is used unread.
+    weights = tmp_path / "w.bin"
+    weights.write_bytes(b"x")
+    stat = weights.stat()
+    cache = tmp_path / "hash-cache.json"
+    entry = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": BOGUS_SHA}
+    _cache_file(cache, weights, entry)
+    assert FileHasher(cache).hash_file(weights) == BOGUS_SHA
+
+
+MTIME_NS = 1_700_000_000_000_000_000  # exactly representable as a float
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"size": True, "mtime_ns": MTIME_NS},
+        {"size": 1.0, "mtime_ns": MTIME_NS},
+        {"mtime_ns": MTIME_NS},
+        {"size": 1, "mtime_ns": float(MTIME_NS)},
+        {"size": 1, "mtime_ns": True},
+        {"size": 1},
+    ],
+)
+def test_a_cache_entry_whose_size_or_mtime_is_not_an_integer_is_dropped(
+    tmp_path: Path, entry: dict[str, object]
+) -> None:
+    # A one-byte file with that mtime: `True` and `1.0` compare equal to its size of 1.
+    weights = tmp_path / "w.bin"
+    weights.write_bytes(b"x")
+    os.utime(weights, ns=(MTIME_NS, MTIME_NS))
+    cache = tmp_path / "hash-cache.json"
+    _cache_file(cache, weights, {**entry, "sha256": BOGUS_SHA})
+    assert FileHasher(cache).hash_file(weights) == _sha(b"x")
+
+
+@pytest.mark.parametrize("change", ["grows", "gets_a_new_mtime"])
+def test_a_file_rewritten_while_it_is_read_is_not_cached(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str
+) -> None:
+    weights = tmp_path / "w.bin"
+    weights.write_bytes(b"original")
+    os.utime(weights, ns=(MTIME_NS, MTIME_NS))
+    real_sha256_of = hashing._sha256_of
+
+    def read_while_a_writer_changes_it(path: str) -> str | None:
+        digest = real_sha256_of(path)
+        if change == "grows":
+            with open(path, "ab") as handle:
+                handle.write(b" and more")
+            os.utime(path, ns=(MTIME_NS, MTIME_NS))
+        else:
+            os.utime(path, ns=(MTIME_NS, MTIME_NS + 1))
+        return digest
+
+    monkeypatch.setattr(hashing, "_sha256_of", read_while_a_writer_changes_it)
+    cache = tmp_path / "hash-cache.json"
+    hasher = FileHasher(cache)
+
+    assert hasher.hash_file(weights) == _sha(b"original")
+    hasher.save()
+
+    assert json.loads(cache.read_text())["entries"] == {}

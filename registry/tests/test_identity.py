@@ -125,6 +125,20 @@ def test_conflicting_hashes_get_suffixes_2_and_3_in_node_order() -> None:
     assert sorted(view.by_public_id) == ["x", "x-2", "x-3"]
 
 
+def test_suffixes_do_not_depend_on_the_order_slaves_are_listed_in() -> None:
+    # B's replicas are on b and d: its rank is its smallest node, b, whichever came in first.
+    expected = {
+        (MASTER, "x"): "x",
+        ("b", "x"): "x-2",
+        ("c", "x"): "x-3",
+        ("d", "x"): "x-2",
+    }
+    snapshots = {"b": [rec("x", "b", "B")], "c": [rec("x", "c", "C")], "d": [rec("x", "d", "B")]}
+    for order in (["d", "c", "b"], ["c", "d", "b"], ["b", "c", "d"]):
+        view = run([rec("x", MASTER, "M")], {node: snapshots[node] for node in order})
+        assert ids(view) == expected, order
+
+
 def test_a_different_config_hash_alone_is_a_conflict() -> None:
     view = run([rec("x", MASTER, "A")], {"b": [rec("x", "b", "A", config="ch-other")]})
 

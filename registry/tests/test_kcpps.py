@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -8,6 +9,7 @@ from typing import Any
 import pytest
 
 from registry.hashing import FileHasher, config_hash
+from registry.identity import merge
 from registry.kcpps import (
     REASON_CONCURRENT,
     REASON_NO_CONTEXT,
@@ -20,6 +22,10 @@ from registry.kcpps import (
 
 DEMO_KCPPS_DIR = Path(__file__).resolve().parents[2] / "demo" / "kcpps"
 SIM_WEIGHTS = {"load_ms": 10, "base_ms": 1, "vision": False}
+
+
+def _lines_hash(lines: list[str]) -> str:
+    return hashlib.sha256("\n".join(sorted(lines)).encode()).hexdigest()
 
 
 @pytest.fixture
@@ -213,6 +219,69 @@ def test_a_portable_reference_counts_as_the_model_but_is_unresolved(layout: Path
         node_id="n", node_url="http://n", source="local", available=True, loaded=False
     )
     assert record["unresolved_fields"] == ["model_param"]
+
+
+def test_image_loras_given_only_as_portable_hashes_are_unresolved_and_named(
+    layout: Path,
+) -> None:
+    hashes = ["0a" * 32, "1b" * 32]
+    raw = {
+        "sdmodel_hash": "2c" * 32,
+        "sdmodel_filename": "dream.safetensors",
+        "sdlora_hash": hashes,
+        "sdlora_filename": ["style.safetensors", "detail.safetensors"],
+    }
+    config = _load(layout, "portable-image", raw)
+    assert config.unresolved_fields == ("sdlora", "sdmodel")
+    assert config.capabilities()["image"] == {
+        "model": "dream.safetensors",
+        "lora": ["style.safetensors", "detail.safetensors"],
+    }
+    assert config.model_hash == _lines_hash(
+        [f"sdmodel={'2c' * 32}", f"sdlora[0]={hashes[0]}", f"sdlora[1]={hashes[1]}"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("raw", "key"),
+    [
+        ({"sdmodel_hash": "2c" * 32, "sdlora_hash": ["0a" * 32, "AB" * 32]}, "sdlora_hash"),
+        ({"sdmodel_hash": "2c" * 32, "sdlora_hash": ["0a" * 32, 7]}, "sdlora_hash"),
+        ({"sdmodel_hash": "2c" * 32, "sdlora_filename": ["ok.gguf", "a/b"]}, "sdlora_filename"),
+        ({"model_param_hash": ["0a" * 32]}, "model_param_hash"),
+    ],
+)
+def test_every_element_of_a_portable_list_is_checked(
+    tmp_path: Path, raw: dict[str, Any], key: str
+) -> None:
+    with pytest.raises(ModelConfigError) as caught:
+        _load(tmp_path, "m", raw)
+    assert caught.value.key == key
+
+
+def test_bare_file_names_on_two_nodes_make_replicas_of_one_model(tmp_path: Path) -> None:
+    # Each node keeps its weights beside the config under its own file name.
+    records = []
+    for node, name in (("node-a", "llama-7b.gguf"), ("node-b", "llama-copy.gguf")):
+        (tmp_path / node).mkdir()
+        (tmp_path / node / name).write_bytes(b"the same weights")
+        config = _load(tmp_path / node, "llama", {"model_param": name, "contextsize": 4096})
+        records.append(
+            config.to_record(
+                node_id=node,
+                node_url=f"http://{node}",
+                source="local",
+                available=True,
+                loaded=False,
+            )
+        )
+    assert records[0]["config_hash"] == records[1]["config_hash"]
+    assert records[0]["model_hash"] == records[1]["model_hash"] != ""
+    view = merge([records[0]], {"node-b": [records[1]]}, previous={})
+    assert [(r["node_id"], r["public_id"]) for r in view.records] == [
+        ("node-a", "llama"),
+        ("node-b", "llama"),
+    ]
 
 
 # --- text eligibility ----------------------------------------------------------------------
