@@ -167,14 +167,18 @@ def test_a_slave_answers_its_own_inventory_only_to_the_cluster(cluster: Cluster)
 
 
 def test_a_killed_slave_is_marked_and_the_rest_still_answers(cluster: Cluster) -> None:
-    # Last in the module: s2 stays down.
     cluster.slaves["s2"].kill()
-    doc = inventory(cluster, include_files="true")
-    by_node = {n["node_id"]: n for n in doc["nodes"]}
-    s2 = by_node["s2"]
-    assert s2["available"] is False and s2["error"]
-    assert s2["hardware"] is None and s2["files"] is None
-    # What the master last heard from it is still shown.
-    assert [m["local_id"] for m in s2["models"]] == ["two"]
-    assert by_node["master"]["available"] and by_node["s1"]["available"]
-    assert paths(by_node["s1"]) == ["big.gguf", "vision/proj.gguf"]
+    try:
+        doc = inventory(cluster, include_files="true")
+        by_node = {n["node_id"]: n for n in doc["nodes"]}
+        s2 = by_node["s2"]
+        assert s2["available"] is False and s2["error"]
+        assert s2["hardware"] is None and s2["files"] is None
+        # What the master last heard from it is still shown.
+        assert [m["local_id"] for m in s2["models"]] == ["two"]
+        assert by_node["master"]["available"] and by_node["s1"]["available"]
+        assert paths(by_node["s1"]) == ["big.gguf", "vision/proj.gguf"]
+    finally:
+        # The other tests of the module, in whatever order they run, expect s2 up.
+        cluster.restart_slave("s2")
+        cluster.wait_healthy("s2")

@@ -3,8 +3,11 @@ answers under the owner's model ID, and every client answered when the helper or
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,9 +19,8 @@ pytestmark = pytest.mark.integration
 AUTH = {"Authorization": f"Bearer {CLUSTER_TOKEN}"}
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    root = tmp_path_factory.mktemp("lendflow")
+def start_lending_cluster(root: Path) -> Cluster:
+    """Owner o (big, slow) links to helper h (fast, loaded); the master probes after 100 ms."""
     c = start_cluster(
         root,
         [],
@@ -26,7 +28,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             "o": [text_model("big", load_ms=50, base_ms=5, output_ms_per_token=40)],
             "h": [text_model("fast", load_ms=50, base_ms=5, output_ms_per_token=2)],
         },
-        master_sections={"cluster": {"offload_probe_idle": "100ms"}},
+        master_sections={
+            # Two lent at once, so that a helper can hold borrowed work not yet started.
+            "cluster": {"offload_probe_idle": "100ms", "offload_probe_helper_slots": 2}
+        },
     )
     try:
         with c.master.client() as client:
@@ -37,6 +42,27 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             }
             assert client.post("/router/v1/site/text-routing-groups", json=link).status_code == 200
             assert client.post("/router/v1/load", json={"model": "fast"}).status_code == 200
+    except BaseException:
+        c.cleanup()
+        raise
+    return c
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """Shared by the tests that leave every node running."""
+    c = start_lending_cluster(tmp_path_factory.mktemp("lendflow"))
+    try:
+        yield c
+    finally:
+        c.cleanup()
+
+
+@pytest.fixture
+def own_cluster(tmp_path: Path) -> Iterator[Cluster]:
+    """A cluster of its own, for a test that kills one of its nodes."""
+    c = start_lending_cluster(tmp_path)
+    try:
         yield c
     finally:
         c.cleanup()
@@ -74,11 +100,28 @@ def decisions(c: Cluster, **params: str) -> list[dict[str, Any]]:
     return doc["records"]
 
 
-def helper_stats(c: Cluster) -> dict[str, Any]:
+def helper_backend(c: Cluster) -> dict[str, Any]:
     with c.master.client() as client:
         state = client.get("/router/v1/site/nodes/state", params={"node_id": "h"}).json()
-    backend = next(b for b in state["backends"] if b["id"] == "text-runtime")
-    return httpx.get(backend["base_url"] + "/sim/stats").json()
+    backend: dict[str, Any] = next(b for b in state["backends"] if b["id"] == "text-runtime")
+    return backend
+
+
+def helper_stats(c: Cluster) -> dict[str, Any]:
+    return httpx.get(helper_backend(c)["base_url"] + "/sim/stats").json()
+
+
+def borrowed_on_helper(c: Cluster) -> int:
+    """Borrowed requests the helper runs or holds in its router queue (the stall check's query)."""
+    with c.slaves["h"].client() as client:
+        doc = client.get("/router/v1/node/offload/borrowed", headers=AUTH).json()
+    return int(doc["borrowed"])
+
+
+def helper_chat(c: Cluster) -> httpx.Response:
+    with c.slaves["h"].client(timeout=120) as client:
+        body = {"model": "fast", "messages": [{"role": "user", "content": "mine"}], "max_tokens": 2}
+        return client.post("/v1/chat/completions", json=body)
 
 
 def test_held_requests_are_probed_to_the_helper_and_every_client_is_answered_once(
@@ -109,9 +152,47 @@ def test_the_lending_tab_data_shows_nodes_and_leases(cluster: Cluster) -> None:
 
 
 def test_a_helper_request_of_its_own_is_never_blocked_by_borrowed_work(cluster: Cluster) -> None:
-    with cluster.slaves["h"].client() as client:
-        body = {"model": "fast", "messages": [{"role": "user", "content": "mine"}], "max_tokens": 2}
-        assert client.post("/v1/chat/completions", json=body).status_code == 200
+    since = _now_ms()
+    backend_pid = int(helper_backend(cluster)["pid"])
+    burst_results: list[httpx.Response] = []
+    own: list[httpx.Response] = []
+    runner = threading.Thread(target=lambda: burst_results.extend(burst(cluster, 6)))
+    mine = threading.Thread(target=lambda: own.append(helper_chat(cluster)))
+    # A stopped backend keeps the borrowed request inside it running for as long as the test
+    # needs: the helper then holds borrowed work that is running and borrowed work that waits.
+    os.kill(backend_pid, signal.SIGSTOP)
+    try:
+        runner.start()
+        wait_for(lambda: borrowed_on_helper(cluster) >= 2, timeout=30)
+        mine.start()
+        # The own request hands back the borrowed request that had not started; it waits
+        # only for the one inside the backend.
+        wait_for(lambda: borrowed_on_helper(cluster) == 1, timeout=15)
+        assert not own, "answered while the backend was stopped"
+    finally:
+        os.kill(backend_pid, signal.SIGCONT)
+    mine.join(60)
+    runner.join(120)
+
+    assert [r.status_code for r in own] == [200] and own[0].json()["model"] == "fast"
+    assert [r.status_code for r in burst_results] == [200] * 6
+    assert all(r.json()["model"] == "big" for r in burst_results)
+    kinds = {"native_waited_behind_borrowed", "borrowed_returned"}
+
+    def helper_rows() -> list[dict[str, Any]]:
+        # Rows reach the log in batches: wait until both kinds are readable.
+        rows = [r for r in decisions(cluster, since_ms=since, node_id="h") if r["outcome"] in kinds]
+        return rows if {r["outcome"] for r in rows} == kinds else []
+
+    rows = wait_for(helper_rows, timeout=15, interval=0.2)
+    waited = [r for r in rows if r["outcome"] == "native_waited_behind_borrowed"]
+    assert [r["borrowed_ahead"] for r in waited] == [1]
+    returned = [r for r in rows if r["outcome"] == "borrowed_returned"]
+    assert {r["reason"] for r in returned} <= {
+        "own_work_arrived",
+        "helper_busy_on_arrival",
+    }
+    assert "own_work_arrived" in {r["reason"] for r in returned}
 
 
 def test_a_relay_without_a_live_lease_is_refused_and_logged(cluster: Cluster) -> None:
@@ -131,7 +212,8 @@ def test_a_relay_without_a_live_lease_is_refused_and_logged(cluster: Cluster) ->
     assert any(r["reason"] == "no_live_lease" and r["owner_model_id"] == "nope" for r in rows)
 
 
-def test_a_killed_helper_leaves_no_client_unanswered(cluster: Cluster) -> None:
+def test_a_killed_helper_leaves_no_client_unanswered(own_cluster: Cluster) -> None:
+    cluster = own_cluster
     results: list[httpx.Response] = []
     runner = threading.Thread(target=lambda: results.extend(burst(cluster, 8, max_tokens=25)))
     runner.start()
@@ -145,9 +227,9 @@ def test_a_killed_helper_leaves_no_client_unanswered(cluster: Cluster) -> None:
     assert all(r.json()["model"] == "big" for r in results)
 
 
-def test_with_the_master_down_owners_keep_serving_their_own_work(cluster: Cluster) -> None:
-    cluster.master.kill()
-    responses = burst(cluster, 4, max_tokens=3)
+def test_with_the_master_down_owners_keep_serving_their_own_work(own_cluster: Cluster) -> None:
+    own_cluster.master.kill()
+    responses = burst(own_cluster, 4, max_tokens=3)
     assert [r.status_code for r in responses] == [200] * 4
 
 
