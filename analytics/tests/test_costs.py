@@ -9,7 +9,7 @@ import pytest
 
 from analytics.costs import node_costs_compute
 from analytics.fitting import fits_from_wire
-from analytics.models import LoadRecord, RequestRecord
+from analytics.tests.factories import LoadRecordFactory, RequestRecordFactory
 
 NOW = datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)
 WINDOW_SECS = 3600.0
@@ -33,7 +33,7 @@ def add_request(model_id: str, lane: str, age_secs: float = 60.0, **fields: Any)
         "finished_at": finished,
     }
     values.update(fields)
-    RequestRecord.objects.create(**values)
+    RequestRecordFactory(**values)
 
 
 def add_text(model_id: str, prompt: int, output: int, **fields: Any) -> None:
@@ -69,7 +69,7 @@ def add_load(config: str, duration_ms: float, age_secs: float = 60.0, **fields: 
         "finished_at": NOW - timedelta(seconds=age_secs),
     }
     values.update(fields)
-    LoadRecord.objects.create(**values)
+    LoadRecordFactory(**values)
 
 
 def compute(min_samples: int) -> Any:

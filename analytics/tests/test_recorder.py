@@ -13,6 +13,7 @@ from analytics import recorder as recorder_module
 from analytics.models import LoadRecord, RequestRecord
 from analytics.recorder import Recorder, RequestSample
 from analytics.services import analytics_prune
+from analytics.tests.factories import LoadRecordFactory, RequestRecordFactory
 from proxy.runtimes import LoadEvent
 
 NODE_ID = "node-a"
@@ -321,7 +322,7 @@ def test_prune_deletes_only_rows_older_than_the_retention() -> None:
     }
     for name, age in ages.items():
         finished = now - age
-        RequestRecord.objects.create(
+        RequestRecordFactory(
             node_id=NODE_ID,
             model_id=name,
             lane="text",
@@ -329,7 +330,7 @@ def test_prune_deletes_only_rows_older_than_the_retention() -> None:
             started_at=finished,
             finished_at=finished,
         )
-        LoadRecord.objects.create(
+        LoadRecordFactory(
             node_id=NODE_ID,
             model_id=name,
             config_filename=f"{name}.kcpps",

@@ -6,12 +6,13 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from lending.models import (
-    ImageLink,
-    LegacyRoutingGroupMember,
-    OffloadDecision,
-    OffloadSetting,
-    TextLink,
+from lending.models import ImageLink, OffloadDecision
+from lending.tests.factories import (
+    ImageLinkFactory,
+    LegacyRoutingGroupMemberFactory,
+    OffloadDecisionFactory,
+    OffloadSettingFactory,
+    TextLinkFactory,
 )
 
 pytestmark = pytest.mark.django_db
@@ -29,22 +30,22 @@ def admin_client() -> Client:
 
 @pytest.fixture
 def rows() -> None:
-    ImageLink.objects.create(
+    ImageLinkFactory(
         owner_node_id="node-a",
         owner_model_id="sdxl",
         helper_node_id="node-b",
         helper_model_id="sdxl-b",
         restore_after_borrow=True,
     )
-    TextLink.objects.create(
+    TextLinkFactory(
         owner_node_id="node-c",
         owner_model_id="chat",
         helper_node_id="node-d",
         helper_model_id="chat-d",
         load_if_unloaded=False,
     )
-    OffloadSetting.objects.create(key="offload_probe_idle", value="2s", updated_at=T0_MS)
-    OffloadDecision.objects.create(
+    OffloadSettingFactory(key="offload_probe_idle", value="2s", updated_at=T0_MS)
+    OffloadDecisionFactory(
         recorded_at=T0_MS,
         node_id="node-a",
         kind="plan",
@@ -55,10 +56,10 @@ def rows() -> None:
         helper_model_id="sdxl-b",
         outcome="granted",
     )
-    OffloadDecision.objects.create(
+    OffloadDecisionFactory(
         recorded_at=T0_MS + 5, node_id="node-a", kind="helper", outcome="borrowed_returned"
     )
-    LegacyRoutingGroupMember.objects.create(
+    LegacyRoutingGroupMemberFactory(
         lane="text", group_id="old-group-7", node_id="node-e", model_id="llama"
     )
 

@@ -28,6 +28,7 @@ from lending.models import OffloadDecision
 from lending.services import decisions_prune
 from lending.settings_store import settings_save
 from lending.tasks import prune_decisions
+from lending.tests.factories import OffloadDecisionFactory
 from routerproject.errors import RouterError
 
 NODE_ID = "node-a"
@@ -67,7 +68,10 @@ def stored(*fields: str) -> list[tuple[Any, ...]]:
 
 def make_rows(*rows: dict[str, Any]) -> None:
     OffloadDecision.objects.bulk_create(
-        [OffloadDecision(**{"node_id": NODE_ID, "router_version": VERSION, **r}) for r in rows]
+        [
+            OffloadDecisionFactory.build(**{"node_id": NODE_ID, "router_version": VERSION, **r})
+            for r in rows
+        ]
     )
 
 
@@ -337,7 +341,7 @@ def test_the_query_returns_newest_first_with_zero_fields_left_out() -> None:
 
 @pytest.mark.django_db
 def test_the_query_always_shows_the_identity_fields_even_when_empty() -> None:
-    OffloadDecision.objects.create(recorded_at=5)
+    OffloadDecisionFactory(recorded_at=5)
     (row,) = decisions_query(lane=None, outcome=None, kind=None, since_ms=None, limit=10)
     assert set(row) == {"id", "recorded_at", "node_id", "kind", "router_version"}
 
@@ -373,7 +377,7 @@ def test_the_query_filters_by_lane_outcome_kind_time_and_limit() -> None:
 @pytest.mark.django_db
 def test_the_query_can_keep_to_one_writer_node() -> None:
     make_rows({"recorded_at": 1, "kind": "plan"})
-    OffloadDecision.objects.create(recorded_at=2, kind="plan", node_id="node-b")
+    OffloadDecisionFactory(recorded_at=2, kind="plan", node_id="node-b")
     rows = decisions_query(
         lane=None, outcome=None, kind=None, since_ms=None, limit=10, node_id="node-b"
     )

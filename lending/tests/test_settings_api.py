@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import factory
 import orjson
 import pytest
 from django.conf import settings
@@ -14,6 +15,7 @@ from lending import services
 from lending.keys import LENDING_KEYS, default_values, fingerprint
 from lending.models import OffloadDecision, OffloadSetting
 from lending.settings_store import SettingEntry
+from lending.tests.factories import OffloadDecisionFactory, OffloadSettingFactory
 
 # The views reach the database through database_sync_to_async, which closes the connection
 # around each call: only committed rows (transaction=True) survive that.
@@ -165,7 +167,7 @@ def test_a_stale_override_shows_while_the_config_value_applies(
     client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     use_router_config(monkeypatch, scheduling_backend_depth="3")
-    OffloadSetting.objects.create(key=DEPTH, value="0", updated_at=1)
+    OffloadSettingFactory(key=DEPTH, value="0", updated_at=1)
     by_key = entries_by_key(client.get(SETTINGS_URL).json())
     assert by_key[DEPTH]["config"] == "3"
     assert by_key[DEPTH]["override"] == "0"
@@ -188,9 +190,9 @@ def test_a_slave_does_not_serve_the_site_api(
 
 
 def make_decisions(count: int, **fields: Any) -> None:
-    OffloadDecision.objects.bulk_create(
-        [OffloadDecision(recorded_at=1000 + i, node_id="test", **fields) for i in range(count)]
-    )
+    times = factory.Iterator(range(1000, 1000 + count))
+    rows = OffloadDecisionFactory.build_batch(count, recorded_at=times, node_id="test", **fields)
+    OffloadDecision.objects.bulk_create(rows)
 
 
 def test_decisions_come_newest_first_with_the_column_names(client: Client) -> None:

@@ -16,6 +16,7 @@ from lending.settings_store import (
     settings_resolve,
     settings_save,
 )
+from lending.tests.factories import OffloadSettingFactory
 
 NOW_MS = 1_750_000_000_000
 DEPTH = "scheduling_backend_depth"
@@ -172,7 +173,7 @@ def test_clearing_one_key_leaves_the_others() -> None:
 @pytest.mark.django_db
 def test_clearing_without_a_key_removes_every_override() -> None:
     settings_save(values={DEPTH: "4", HOLD: "false"}, now_ms=NOW_MS)
-    OffloadSetting.objects.create(key="offload_from_a_newer_build", value="x", updated_at=1)
+    OffloadSettingFactory(key="offload_from_a_newer_build", value="x", updated_at=1)
     assert settings_clear(key=None) == 3
     assert overrides_load() == {}
 
@@ -185,7 +186,7 @@ def test_clearing_an_unknown_key_is_refused() -> None:
 
 @pytest.mark.django_db
 def test_a_stored_value_that_no_longer_validates_loads_as_it_is() -> None:
-    OffloadSetting.objects.create(key=DEPTH, value="0", updated_at=NOW_MS)
+    OffloadSettingFactory(key=DEPTH, value="0", updated_at=NOW_MS)
     assert overrides_load() == {DEPTH: "0"}
 
 

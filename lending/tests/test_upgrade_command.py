@@ -12,6 +12,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from lending.models import ImageLink, LegacyRoutingGroupMember, TextLink
+from lending.tests.factories import LegacyRoutingGroupMemberFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -58,7 +59,7 @@ IMAGE_FILE = {
 
 
 def legacy(lane: str, group_id: str, node_id: str, model_id: str, restore: bool = False) -> None:
-    LegacyRoutingGroupMember.objects.create(
+    LegacyRoutingGroupMemberFactory(
         lane=lane,
         group_id=group_id,
         node_id=node_id,
