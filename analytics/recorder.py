@@ -15,8 +15,6 @@ from typing import Any
 
 from channels.db import database_sync_to_async
 
-from proxy.runtimes import LoadEvent
-
 logger = logging.getLogger(__name__)
 
 FLUSH_INTERVAL_SECS = 1.0
@@ -44,6 +42,20 @@ class RequestSample:
     started_at: float
     finished_at: float
     borrowed: bool = False
+
+
+@dataclass(frozen=True)
+class LoadEvent:
+    """What analytics records for every load attempt (the runtimes report each one here)."""
+
+    lane: str
+    model_id: str
+    config_filename: str
+    duration_ms: float
+    success: bool
+    reason: str
+    error: str
+    finished_at: float
 
 
 class Recorder:

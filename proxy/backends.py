@@ -10,13 +10,10 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from typing import Literal
 
 from proxy.readiness import Probe
-from registry.kcpps import ModelConfig
+from registry.kcpps import Lane, ModelConfig
 from routerproject.config import FamilyConfig, RouterConfig
-
-Lane = Literal["text", "image", "whisper"]
 
 DEFAULT_BINARIES = {
     "llama": "llama-server",

@@ -26,7 +26,7 @@ from lending.flow import (
     yield_borrowed,
 )
 from proxy import translate, work
-from proxy.backends import Lane, Launch
+from proxy.backends import Launch
 from proxy.httpclient import get_session
 from proxy.node import Node
 from proxy.queue import Entry, State
@@ -38,11 +38,11 @@ from proxy.rewrite import (
     rewrite_json_model,
     usage_from_json,
 )
-from proxy.runtimes import BackendError, Runtime
+from proxy.runtimes import Runtime
 from registry.cluster import Replica
-from registry.kcpps import ModelConfig
+from registry.kcpps import Lane, ModelConfig
 from registry.nodeclient import NodeCallError
-from routerproject.errors import RouterError, error_body
+from routerproject.errors import BackendError, RouterError, error_body
 
 logger = logging.getLogger(__name__)
 

@@ -30,11 +30,13 @@ from typing import Any
 
 import aiohttp
 
-from proxy.backends import Lane, Launch, LaunchError, build_launch, runtime_lane
+from analytics.recorder import LoadEvent
+from proxy.backends import Launch, LaunchError, build_launch, runtime_lane
 from proxy.httpclient import get_session
 from proxy.readiness import is_ready, probe_path
-from registry.kcpps import ModelConfig
+from registry.kcpps import Lane, ModelConfig
 from routerproject.config import RouterConfig
+from routerproject.errors import BackendError
 
 logger = logging.getLogger(__name__)
 
@@ -45,24 +47,6 @@ LOG_TAIL_BYTES = 2000
 PR_SET_PDEATHSIG = 1
 # Backends start in the project directory so `python -m proxy.sim` resolves.
 REPO_DIR = str(Path(__file__).resolve().parent.parent)
-
-
-class BackendError(Exception):
-    """The backend could not serve: it failed to load, died, or is not reachable."""
-
-
-@dataclass(frozen=True)
-class LoadEvent:
-    """What analytics records for every load attempt."""
-
-    lane: str
-    model_id: str
-    config_filename: str
-    duration_ms: float
-    success: bool
-    reason: str
-    error: str
-    finished_at: float
 
 
 LoadListener = Callable[[LoadEvent], None]

@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 # The reasons stay importable from here, where the model records are built.
@@ -35,6 +35,8 @@ from registry.hashing import (
 )
 
 BACKEND_MODES = ("kobold", "llama_sdcpp", "vllm", "sim", "upstream")
+# The node's runtime sides a config can be served on; the config's capabilities say which.
+Lane = Literal["text", "image", "whisper"]
 CONFIG_SUFFIX = ".kcpps"
 # Backends that serve /v1/embeddings from the text model itself (llama-server does, and the
 # sim imitates it; an upstream OpenAI-compatible server is assumed to).

@@ -32,6 +32,13 @@ class RouterError(Exception):
         return error_envelope(self.message, type=self.type, code=self.code, param=self.param)
 
 
+class BackendError(Exception):
+    """The backend could not serve: it failed to load, died, or is not reachable.
+
+    Raised by the proxy's runtimes; the management API below them turns it into a 502.
+    """
+
+
 def error_envelope(
     message: str, *, type: str, code: str | None = None, param: str | None = None
 ) -> dict[str, Any]:

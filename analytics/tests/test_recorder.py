@@ -11,10 +11,9 @@ from asgiref.sync import async_to_sync
 
 from analytics import recorder as recorder_module
 from analytics.models import LoadRecord, RequestRecord
-from analytics.recorder import Recorder, RequestSample
+from analytics.recorder import LoadEvent, Recorder, RequestSample
 from analytics.services import analytics_prune
 from analytics.tests.factories import LoadRecordFactory, RequestRecordFactory
-from proxy.runtimes import LoadEvent
 
 NODE_ID = "node-a"
 # A fixed instant with whole microseconds, so a round trip through the database is exact.

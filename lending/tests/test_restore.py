@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from proxy.backends import Lane
 from proxy.forwarding import Job
 from proxy.node import Node, build_node
+from registry.kcpps import Lane
 from routerproject.config import load_config
 
 SIM_WEIGHTS = {"load_ms": 5, "base_ms": 1, "output_ms_per_token": 0}

@@ -20,12 +20,14 @@ import aiohttp
 import pytest
 import yaml
 
+from analytics.recorder import LoadEvent
 from proxy.backends import Launch
 from proxy.httpclient import close_session, get_session
-from proxy.runtimes import BackendError, LoadEvent, Runtime, RuntimeManager, free_port
+from proxy.runtimes import Runtime, RuntimeManager, free_port
 from registry.hashing import FileHasher
 from registry.kcpps import ModelConfig, load_model_config
 from routerproject.config import RouterConfig, load_config
+from routerproject.errors import BackendError
 
 REPO_DIR = Path(__file__).resolve().parents[2]
 LOAD_MS = 50

@@ -12,10 +12,10 @@ import yaml
 
 from lending.runtime import Lending
 from proxy.node import Node, build_node
-from proxy.runtimes import BackendError
 from registry import services
 from registry.kcpps import ModelConfig
 from routerproject.config import load_config
+from routerproject.errors import BackendError
 
 
 class Clock:
