@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.node import Node
-from proxy.routing import candidates, choose
+from guardians.ports import GuardiansNode
 from registry.cluster import Replica
+from registry.routing import candidates, choose
 from routerproject.errors import RouterError
 
 REFUSAL_STATUSES = frozenset({400, 500})
@@ -58,7 +58,7 @@ def is_guardian_candidate(replicas: list[Replica]) -> bool:
     )
 
 
-def guardian_route(node: Node, public_id: str, replica: Replica) -> GuardianRoute | None:
+def guardian_route(node: GuardiansNode, public_id: str, replica: Replica) -> GuardianRoute | None:
     """Where the guardian of `public_id` (as served by `replica`) answers; None when unset."""
     guardian_id = node.guardians.for_model(public_id, replica.node_id)
     if guardian_id is None:
@@ -89,7 +89,7 @@ def guardian_route(node: Node, public_id: str, replica: Replica) -> GuardianRout
 
 
 def before_dispatch(
-    node: Node, public_id: str, replica: Replica, has_image: bool
+    node: GuardiansNode, public_id: str, replica: Replica, has_image: bool
 ) -> GuardianRoute | None:
     """The guardian route for an image request to a model without vision; None otherwise.
 

@@ -8,12 +8,12 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlencode
 
-from proxy.node import Node
+from lending.ports import LendingNode
 from registry.nodeclient import NodeCallError
 
 
 async def gather_remote(
-    node: Node,
+    node: LendingNode,
     path: str,
     *,
     params: Mapping[str, str] | None = None,

@@ -1,4 +1,4 @@
-"""The master publishes links, lending settings and guardians to every slave.
+"""The master publishes links and lending settings to every slave (guardians push theirs too).
 
 At once after any change, and again on every tick, so a slave that restarted or missed a push
 converges within one refresh interval. Slaves then run exactly what the master runs.
@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from channels.db import database_sync_to_async
 
 from lending.links import links_snapshot
+from lending.ports import LendingNode
 from lending.settings_store import overrides_load, settings_effective, settings_resolve
-from proxy.node import Node
 from registry.nodeclient import NodeCallError
 
 logger = logging.getLogger(__name__)
@@ -25,7 +26,7 @@ _last_outcome: dict[tuple[str, str], str] = {}
 
 
 async def push_to_slaves(
-    node: Node, path: str, body: Any, *, only: str | None = None
+    node: LendingNode, path: str, body: Any, *, only: str | None = None
 ) -> dict[str, str]:
     """POST `body` to `path` on every registered slave (or just `only`); node_id → error."""
     client = node.client
@@ -61,14 +62,14 @@ async def push_to_slaves(
     return errors
 
 
-def _effective_values(node: Node) -> dict[str, str]:
+def _effective_values(node: LendingNode) -> dict[str, str]:
     entries = settings_resolve(
         file_values=node.config.lending_file_values(), overrides=overrides_load()
     )
     return settings_effective(entries)
 
 
-async def links_publish(node: Node) -> dict[str, str]:
+async def links_publish(node: LendingNode) -> dict[str, str]:
     """Load the link set from the database, run it here, and push it to every slave."""
     if node.role == "slave":
         return {}
@@ -77,7 +78,7 @@ async def links_publish(node: Node) -> dict[str, str]:
     return await push_to_slaves(node, "/router/v1/node/routing-links", snapshot)
 
 
-async def settings_publish(node: Node) -> dict[str, str]:
+async def settings_publish(node: LendingNode) -> dict[str, str]:
     """Resolve the effective settings (database → config file → default), run them, push them."""
     if node.role == "slave":
         return {}
@@ -86,21 +87,14 @@ async def settings_publish(node: Node) -> dict[str, str]:
     return await push_to_slaves(node, "/router/v1/node/offload/settings", values)
 
 
-GUARDIANS_PATH = "/router/v1/node/guardians"
+CatchUp = Callable[[str], Awaitable[object]]
+"""Brings one slave (by node_id) up to what the master runs: how a layer above lending adds its
+own push (the guardians) to a catch-up, bound to the node by the node container."""
 
 
-async def guardians_publish(node: Node) -> dict[str, str]:
-    """Load the guardian settings from the database, route with them here, push them."""
-    from guardians.store import guardians_load
-
-    if node.role == "slave":
-        return {}
-    node.guardians = await database_sync_to_async(guardians_load)()
-    return await push_to_slaves(node, GUARDIANS_PATH, node.guardians.as_dict())
-
-
-async def node_catch_up(node: Node, node_id: str) -> None:
-    """Bring one slave that just (re)registered up to the master's links, settings, guardians."""
+async def node_catch_up(node: LendingNode, node_id: str, *, also: Sequence[CatchUp] = ()) -> None:
+    """Bring one slave that just (re)registered up to the master's links and settings, then
+    run the pushes of the layers above (`also`) for it, in that order."""
     if node.role != "master":
         return
     links = await database_sync_to_async(links_snapshot)()
@@ -108,13 +102,14 @@ async def node_catch_up(node: Node, node_id: str) -> None:
     await push_to_slaves(
         node, "/router/v1/node/offload/settings", dict(node.lending.values), only=node_id
     )
-    await push_to_slaves(node, GUARDIANS_PATH, node.guardians.as_dict(), only=node_id)
+    for push in also:
+        await push(node_id)
 
 
 _catch_up_tasks: set[asyncio.Task[None]] = set()
 
 
-def schedule_catch_up(node: Node, node_id: str) -> None:
-    task = asyncio.ensure_future(node_catch_up(node, node_id))
+def schedule_catch_up(node: LendingNode, node_id: str, *, also: Sequence[CatchUp] = ()) -> None:
+    task = asyncio.ensure_future(node_catch_up(node, node_id, also=also))
     _catch_up_tasks.add(task)
     task.add_done_callback(_catch_up_tasks.discard)

@@ -7,6 +7,7 @@ from typing import Any
 from django.conf import settings
 
 from lending.decisions import decisions_query
+from lending.ports import LendingNode
 from lending.settings_store import (
     EffectiveSettings,
     SettingEntry,
@@ -18,6 +19,7 @@ from lending.settings_store import (
 
 __all__ = [
     "decisions_query",
+    "lending_summary",
     "settings_document",
     "settings_effective_load",
     "settings_entries",
@@ -48,4 +50,13 @@ def settings_document(entries: list[SettingEntry]) -> dict[str, Any]:
         # This router always has its database store; the field stays for the reference's
         # WebUI, which disables the form when it is false.
         "editable": True,
+    }
+
+
+def lending_summary(*, node: LendingNode) -> dict[str, Any]:
+    """This node's entry of the lending summary: its build, settings and held requests."""
+    return {
+        "node_id": node.node_id,
+        "build_version": settings.ROUTER_VERSION,
+        **node.lending.summary(),
     }

@@ -55,13 +55,13 @@ async def settings_changed(*, entries: Sequence[SettingEntry]) -> None:
 
     The place to apply the new values in this process and push them to every slave.
     """
+    from lending.ports import running_node
     from lending.propagate import settings_publish
-    from proxy.node import get_node
 
     logger.info("lending settings changed; fingerprint %s", settings_fingerprint(entries))
     # Applies live here (a depth change re-admits at once) and reaches every slave now, not at
     # the next tick.
-    errors = await settings_publish(get_node())
+    errors = await settings_publish(running_node())
     for node_id, error in sorted(errors.items()):
         logger.warning("settings push to %s failed: %s", node_id, error)
 

@@ -3,6 +3,9 @@
 Runs every `scheduling_refresh_interval` on the router's event loop (the costs it computes are
 published in this process's runtime status, so it cannot live in a django-q2 worker). A
 change of the interval resets the timer at once.
+
+What the tick runs for the layers above lending (the guardians' push, the master's replan,
+which is built on the whole node) is handed in by the node container, not imported.
 """
 
 from __future__ import annotations
@@ -11,23 +14,38 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 
 from channels.db import database_sync_to_async
 
 from analytics.costs import node_costs_compute
-from lending.propagate import guardians_publish, links_publish, settings_publish
+from lending.ports import LendingNode
+from lending.propagate import links_publish, settings_publish
 from lending.services import decisions_prune
-from proxy.node import Node
 
 logger = logging.getLogger(__name__)
 
 PRUNE_EVERY_SECS = 3600.0
 
 
+TickStep = Callable[[], Awaitable[object]]
+
+
 class LendingTicker:
-    def __init__(self, node: Node) -> None:
+    def __init__(
+        self,
+        node: LendingNode,
+        *,
+        also_publish: Sequence[TickStep] = (),
+        replan: TickStep | None = None,
+    ) -> None:
+        """`also_publish` runs after lending's own pushes on a master or standalone node (the
+        guardians'); `replan` is the master's plan of every lease, run last on a master (a
+        ticker given none never replans)."""
         self.node = node
+        self.also_publish = tuple(also_publish)
+        self.replan = replan
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._interval = node.lending.settings.refresh_interval_secs
@@ -55,15 +73,14 @@ class LendingTicker:
             if self.node.role != "slave":
                 await settings_publish(self.node)
                 await links_publish(self.node)
-                await guardians_publish(self.node)
+                for publish in self.also_publish:
+                    await publish()
             await self.refit()
             if self.node.role == "slave":
                 await self.prune_if_due(time.monotonic(), int(time.time() * 1000))
-            if self.node.role == "master":
+            if self.node.role == "master" and self.replan is not None:
                 # The fallback for lost events: every lease is replanned on the tick.
-                from lending.master import get_master
-
-                await get_master(self.node).plan("tick")
+                await self.replan()
         except Exception:
             logger.exception("lending tick failed")
         logger.debug("lending tick took %.1f ms", (time.monotonic() - started) * 1000)

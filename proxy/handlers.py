@@ -1,6 +1,6 @@
 """Client API handlers: OpenAI, Ollama and Kobold paths, and the route table.
 
-Each handler parses what it needs, picks the replica (proxy/routing.py), and either forwards to
+Each handler parses what it needs, picks the replica (registry/routing.py), and either forwards to
 a local runtime (`forward`) or to the node that holds the model (`forward_remote`).
 """
 
@@ -34,8 +34,8 @@ from proxy.forwarding import (
 )
 from proxy.node import Node
 from proxy.rewrite import set_body_model
-from proxy.routing import Kind, lane_of, resolve
 from registry.cluster import Replica
+from registry.routing import Kind, lane_of, resolve
 from routerproject.errors import RouterError, is_ollama_path
 
 Handler = Callable[[Ctx, Node], Awaitable[None]]

@@ -9,10 +9,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from django.conf import settings
@@ -32,6 +32,12 @@ from registry.identity import Assignment, IdentityKey
 from registry.nodeclient import AllowList, NodeClient
 from registry.recipes import Recipe, load_recipes
 from routerproject.config import RouterConfig
+
+if TYPE_CHECKING:
+    from analytics.ports import AnalyticsNode
+    from guardians.ports import GuardiansNode
+    from lending.ports import LendingNode
+    from registry.ports import RegistryNode
 
 
 @dataclass
@@ -162,6 +168,35 @@ def build_node(
             token=c.token, allow=AllowList(urls), control_timeout=c.control_timeout
         )
     return node
+
+
+if TYPE_CHECKING:
+
+    def _is_every_port(
+        node: Node,
+    ) -> tuple[RegistryNode, AnalyticsNode, LendingNode, GuardiansNode]:
+        # The layers below see the node only through their ports, and their views read it
+        # from routerproject.node_slot with a cast: mypy proves here that Node is each port.
+        return node, node, node, node
+
+
+def catch_up_if_stale(node: Node, node_id: str, snapshot: Mapping[str, Any]) -> None:
+    """Push the master's links, settings and guardians to a slave whose snapshot shows other
+    lending settings than this node runs: it restarted or joined late, and runs defaults until
+    told. Told now rather than at the next tick.
+
+    Lending and guardians each own their push; the node, which holds both, runs them together.
+    """
+    from guardians.services import guardians_catch_up
+    from lending.propagate import schedule_catch_up
+
+    if snapshot.get("settings_fingerprint") == node.lending.fingerprint:
+        return
+
+    async def guardians(slave_id: str) -> None:
+        await guardians_catch_up(node, slave_id)
+
+    schedule_catch_up(node, node_id, also=[guardians])
 
 
 _node: Node | None = None

@@ -14,7 +14,7 @@ import orjson
 from proxy import stt
 from proxy.forwarding import Ctx, parse_json_body
 from proxy.handlers import GET, POST, ROUTES, Handler
-from proxy.node import Node
+from proxy.node import Node, catch_up_if_stale
 from registry import services
 from registry.api.serializers import NodeModelStateSerializer, RuntimeUnloadSerializer
 from registry.cluster import MINIMUM_PROTOCOL_VERSION, PROTOCOL_VERSION, SnapshotRejected
@@ -39,12 +39,7 @@ async def handle_register(ctx: Ctx, node: Node) -> None:
         remote = node.cluster.register(doc)
     except SnapshotRejected as exc:
         raise RouterError(exc.status, exc.message, type=exc.type, code=exc.code) from exc
-    if doc.get("settings_fingerprint") != node.lending.fingerprint:
-        # A slave that restarted or joined late runs defaults until told otherwise: tell it now
-        # rather than at the next tick.
-        from lending.propagate import schedule_catch_up
-
-        schedule_catch_up(node, remote.node_id)
+    catch_up_if_stale(node, remote.node_id, doc)
     await ctx.json(
         200,
         {
@@ -155,17 +150,9 @@ async def handle_offload_settings(ctx: Ctx, node: Node) -> None:
 
 
 async def handle_offload_summary(ctx: Ctx, node: Node) -> None:
-    await ctx.json(200, lending_summary(node))
+    from lending.selectors import lending_summary
 
-
-def lending_summary(node: Node) -> dict[str, Any]:
-    from django.conf import settings
-
-    return {
-        "node_id": node.node_id,
-        "build_version": settings.ROUTER_VERSION,
-        **node.lending.summary(),
-    }
+    await ctx.json(200, lending_summary(node=node))
 
 
 async def handle_offload_decisions(ctx: Ctx, node: Node) -> None:

@@ -32,9 +32,9 @@ from typing import Any
 
 from django.conf import settings
 
-from proxy.node import Node
 from registry.cluster import RemoteNode
 from registry.nodeclient import NodeCallError
+from registry.ports import RegistryNode
 from registry.recipes import COMPONENT_KINDS, Recipe
 from registry.services import model_records
 from routerproject.errors import RouterError
@@ -421,7 +421,7 @@ def recipes_doc(recipes: Mapping[str, Recipe]) -> list[dict[str, Any]]:
     ]
 
 
-async def inventory_local(*, node: Node, include_files: bool) -> dict[str, Any]:
+async def inventory_local(*, node: RegistryNode, include_files: bool) -> dict[str, Any]:
     """This node's own inventory entry (what a slave answers its master)."""
     roots = list(node.config.models.file_roots)
     if include_files:
@@ -446,7 +446,7 @@ async def inventory_local(*, node: Node, include_files: bool) -> dict[str, Any]:
 
 
 async def _inventory_remote(
-    *, node: Node, remote: RemoteNode, include_files: bool
+    *, node: RegistryNode, remote: RemoteNode, include_files: bool
 ) -> dict[str, Any]:
     """A registered node's entry: its own answer, or what the registry knows and why not."""
     entry: dict[str, Any] = {
@@ -500,7 +500,7 @@ async def _inventory_remote(
     return entry
 
 
-async def inventory_site(*, node: Node, include_files: bool) -> dict[str, Any]:
+async def inventory_site(*, node: RegistryNode, include_files: bool) -> dict[str, Any]:
     """Every node of the cluster, asked at once; a node that fails is marked, never fatal."""
     remotes = sorted(node.cluster.nodes.values(), key=lambda n: n.node_id)
     entries = await asyncio.gather(

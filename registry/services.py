@@ -5,18 +5,16 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from proxy.backends import Lane
-from proxy.node import Node
-from proxy.runtimes import Runtime
 from registry.cluster import RemoteNode
 from registry.identity import Assignment, IdentityKey
-from registry.kcpps import ModelConfig
+from registry.kcpps import Lane, ModelConfig
+from registry.ports import RegistryNode, RuntimeView
 from routerproject.errors import RouterError
 
 UNLOAD_TARGETS = ("text", "image", "embeddings", "voice", "music", "all")
 
 
-def model_records(*, node: Node) -> list[dict[str, Any]]:
+def model_records(*, node: RegistryNode) -> list[dict[str, Any]]:
     """Every model record of the cluster view (this node's own on a slave or standalone)."""
     node.cluster.rebuild()  # refresh this node's own `loaded` flags
     return node.cluster.records()
@@ -33,14 +31,14 @@ def _lanes(cfg: ModelConfig) -> list[Lane]:
     return lanes
 
 
-def _resolve(node: Node, model_id: str) -> ModelConfig:
+def _resolve(node: RegistryNode, model_id: str) -> ModelConfig:
     cfg = node.catalog.configs.get(model_id) or node.catalog.image_ids.get(model_id)
     if cfg is None:
         raise RouterError(404, f'model "{model_id}" was not found', code="model_not_found")
     return cfg
 
 
-def _owner(node: Node, model_id: str) -> tuple[str, str, str]:
+def _owner(node: RegistryNode, model_id: str) -> tuple[str, str, str]:
     """(node_id, node_url, local_id) of the replica to act on for a public model ID."""
     replicas = node.cluster.by_public_id.get(model_id) or node.cluster.by_public_image_id.get(
         model_id
@@ -61,7 +59,9 @@ def _owner(node: Node, model_id: str) -> tuple[str, str, str]:
     return healthy[0].node_id, healthy[0].node_url, healthy[0].local_id
 
 
-async def _remote_call(node: Node, url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+async def _remote_call(
+    node: RegistryNode, url: str, path: str, body: dict[str, Any]
+) -> dict[str, Any]:
     from registry.nodeclient import NodeCallError
 
     assert node.client is not None
@@ -77,7 +77,7 @@ async def _remote_call(node: Node, url: str, path: str, body: dict[str, Any]) ->
     return doc if isinstance(doc, dict) else {"ok": True}
 
 
-async def model_load(*, node: Node, model_id: str) -> dict[str, Any]:
+async def model_load(*, node: RegistryNode, model_id: str) -> dict[str, Any]:
     """Explicit load of a public model ID, on the node that owns it."""
     owner, url, local_id = _owner(node, model_id)
     if url:
@@ -87,7 +87,9 @@ async def model_load(*, node: Node, model_id: str) -> dict[str, Any]:
     return await model_load_local(node=node, model_id=local_id)
 
 
-async def model_unload(*, node: Node, model_id: str | None, target: str | None) -> dict[str, Any]:
+async def model_unload(
+    *, node: RegistryNode, model_id: str | None, target: str | None
+) -> dict[str, Any]:
     if model_id:
         owner, url, local_id = _owner(node, model_id)
         if url:
@@ -98,7 +100,7 @@ async def model_unload(*, node: Node, model_id: str | None, target: str | None) 
     return await model_unload_local(node=node, model_id=None, target=target)
 
 
-async def model_load_local(*, node: Node, model_id: str) -> dict[str, Any]:
+async def model_load_local(*, node: RegistryNode, model_id: str) -> dict[str, Any]:
     """Load every lane the config needs, waiting for running requests like any other switch."""
     cfg = _resolve(node, model_id)
     if cfg.local_id in node.disabled:
@@ -131,7 +133,7 @@ async def model_load_local(*, node: Node, model_id: str) -> dict[str, Any]:
 
 
 async def model_unload_local(
-    *, node: Node, model_id: str | None, target: str | None
+    *, node: RegistryNode, model_id: str | None, target: str | None
 ) -> dict[str, Any]:
     unloaded: list[str] = []
     if model_id:
@@ -154,7 +156,7 @@ async def model_unload_local(
     return {"ok": True, "node_id": node.node_id, "unloaded": unloaded}
 
 
-def node_runtimes(*, node: Node) -> list[tuple[str, str, Runtime]]:
+def node_runtimes(*, node: RegistryNode) -> list[tuple[str, str, RuntimeView]]:
     """(backend id, runtime id, runtime) for every runtime of this node, in state order.
 
     The node's own runtimes are named after their lane. Each upstream server has a runtime of
@@ -163,7 +165,7 @@ def node_runtimes(*, node: Node) -> list[tuple[str, str, Runtime]]:
     put for the life of the process.
     """
     own = {id(runtime): lane for lane, runtime in node.runtimes.runtimes.items()}
-    out: list[tuple[str, str, Runtime]] = []
+    out: list[tuple[str, str, RuntimeView]] = []
     upstream = 0
     for runtime in node.runtimes.all():
         lane = own.get(id(runtime))
@@ -175,7 +177,7 @@ def node_runtimes(*, node: Node) -> list[tuple[str, str, Runtime]]:
     return out
 
 
-def node_state(*, node: Node) -> dict[str, Any]:
+def node_state(*, node: RegistryNode) -> dict[str, Any]:
     backends = []
     active = []
     for backend_id, runtime_id, runtime in node_runtimes(node=node):
@@ -221,7 +223,7 @@ def node_state(*, node: Node) -> dict[str, Any]:
 # -- generation-checked unload (the Nodes page's Unload) -----------------------------------
 
 
-def _runtime_named(node: Node, backend_id: str, runtime_id: str) -> Runtime:
+def _runtime_named(node: RegistryNode, backend_id: str, runtime_id: str) -> RuntimeView:
     for bid, rid, runtime in node_runtimes(node=node):
         if bid != backend_id:
             continue
@@ -241,7 +243,9 @@ def _runtime_named(node: Node, backend_id: str, runtime_id: str) -> Runtime:
     )
 
 
-def _check_generation(node: Node, backend_id: str, runtime: Runtime, expected: int) -> None:
+def _check_generation(
+    node: RegistryNode, backend_id: str, runtime: RuntimeView, expected: int
+) -> None:
     current = runtime.current
     if current is not None and runtime.generation == expected:
         return
@@ -260,7 +264,7 @@ def _check_generation(node: Node, backend_id: str, runtime: Runtime, expected: i
 
 
 async def runtime_unload_local(
-    *, node: Node, backend_id: str, runtime_id: str, expected_generation: int
+    *, node: RegistryNode, backend_id: str, runtime_id: str, expected_generation: int
 ) -> dict[str, Any]:
     """Unload one runtime of this node if it still holds `expected_generation`.
 
@@ -285,7 +289,7 @@ async def runtime_unload_local(
 
 
 async def runtime_unload(
-    *, node: Node, node_id: str, backend_id: str, runtime_id: str, expected_generation: int
+    *, node: RegistryNode, node_id: str, backend_id: str, runtime_id: str, expected_generation: int
 ) -> dict[str, Any]:
     """Generation-checked unload on any node of the cluster; returns that node's fresh state."""
     from registry.nodeclient import NodeCallError
@@ -366,7 +370,7 @@ def public_ids_save(*, assignments: dict[IdentityKey, Assignment]) -> None:
             PublicIdAssignment.objects.filter(pk__in=[r.pk for r in existing.values()]).delete()
 
 
-async def remote_node_state(*, node: Node, remote: RemoteNode) -> dict[str, Any]:
+async def remote_node_state(*, node: RegistryNode, remote: RemoteNode) -> dict[str, Any]:
     from registry.nodeclient import NodeCallError
 
     if node.client is None:
@@ -380,7 +384,7 @@ async def remote_node_state(*, node: Node, remote: RemoteNode) -> dict[str, Any]
     return doc if isinstance(doc, dict) else {}
 
 
-def cluster_state(*, node: Node) -> dict[str, Any]:
+def cluster_state(*, node: RegistryNode) -> dict[str, Any]:
     """`site/nodes/state` without a node: every node's health as the master sees it."""
     return {
         "node_id": node.node_id,
@@ -413,7 +417,9 @@ def _unknown_model(node_id: str, local_id: str) -> RouterError:
     )
 
 
-async def model_state_set_local(*, node: Node, local_id: str, enabled: bool) -> dict[str, Any]:
+async def model_state_set_local(
+    *, node: RegistryNode, local_id: str, enabled: bool
+) -> dict[str, Any]:
     """Enable or disable one of this node's models; returns this node's snapshot.
 
     Disabling does not unload: a loaded model stays loaded until it is unloaded or replaced,
@@ -434,7 +440,7 @@ async def model_state_set_local(*, node: Node, local_id: str, enabled: bool) -> 
 
 
 async def model_state_set(
-    *, node: Node, node_id: str, local_id: str, enabled: bool
+    *, node: RegistryNode, node_id: str, local_id: str, enabled: bool
 ) -> dict[str, Any]:
     """Enable or disable a model of any node of the cluster; returns that node's snapshot.
 

@@ -14,14 +14,15 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from proxy.node import Node
 from registry.cluster import (
     MINIMUM_PROTOCOL_VERSION,
     SnapshotRejected,
 )
 from registry.nodeclient import NodeCallError
+from registry.ports import RegistryNode
 
 logger = logging.getLogger(__name__)
 
@@ -41,11 +42,21 @@ def _terminal(status: int, body: Any) -> str | None:
     return None
 
 
-class ClusterSync:
-    """Owns the periodic cluster tasks of one router process."""
+SnapshotHook = Callable[[str, Mapping[str, Any]], None]
+"""Called with a slave's node_id and the snapshot a poll took in from it."""
 
-    def __init__(self, node: Node) -> None:
+
+class ClusterSync:
+    """Owns the periodic cluster tasks of one router process.
+
+    `on_snapshot` is how the layers above hear of a slave's fresh snapshot (lending and
+    guardians push their settings to a slave that runs other ones): the node container hands
+    the hooks in, so the registry needs to know nothing about what they push.
+    """
+
+    def __init__(self, node: RegistryNode, *, on_snapshot: Sequence[SnapshotHook] = ()) -> None:
         self.node = node
+        self.on_snapshot = tuple(on_snapshot)
         self.tasks: set[asyncio.Task[None]] = set()
         self.last_poll_errors: dict[str, str] = {}
 
@@ -119,13 +130,9 @@ class ClusterSync:
             except SnapshotRejected as exc:
                 logger.warning("snapshot from %s refused: %s", url, exc.message)
                 continue
-            if (
-                isinstance(doc, dict)
-                and doc.get("settings_fingerprint") != node.lending.fingerprint
-            ):
-                from lending.propagate import schedule_catch_up
-
-                schedule_catch_up(node, remote.node_id)
+            if isinstance(doc, dict):
+                for hook in self.on_snapshot:
+                    hook(remote.node_id, doc)
 
     async def _master_loop(self) -> None:
         interval = self.node.config.cluster.health_interval

@@ -8,8 +8,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from analytics.api import serializers as s
+from analytics.ports import running_node
 from analytics.selectors import analytics_recent
-from proxy.node import get_node
 from routerproject.api import SiteAPIView, error_response
 
 
@@ -28,6 +28,6 @@ class AnalyticsView(SiteAPIView):
         query = s.AnalyticsQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
         kind, limit = query.validated_data["kind"], query.validated_data["limit"]
-        await get_node().recorder.flush()
+        await running_node().recorder.flush()
         rows = await database_sync_to_async(analytics_recent)(kind=kind, limit=limit)
         return Response({"kind": kind, "records": rows})

@@ -15,16 +15,16 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from guardians.api import serializers as s
+from guardians.ports import GuardiansNode, running_node
 from guardians.routing import is_guardian_candidate
+from guardians.services import guardians_publish
 from guardians.store import Change, guardians_apply
-from lending.propagate import guardians_publish
-from proxy.node import Node, get_node
-from proxy.routing import candidates
+from registry.routing import candidates
 from routerproject.api import SiteAPIView, error_response
 from routerproject.errors import RouterError
 
 
-def guardian_candidates(node: Node) -> list[str]:
+def guardian_candidates(node: GuardiansNode) -> list[str]:
     """Public IDs that may be set as a guardian: multimodal text models."""
     return sorted(
         public_id
@@ -33,7 +33,7 @@ def guardian_candidates(node: Node) -> list[str]:
     )
 
 
-def _text_models(node: Node) -> dict[str, str]:
+def _text_models(node: GuardiansNode) -> dict[str, str]:
     """Every text model's public ID → the node of its first replica (for the node scope)."""
     out = {}
     for public_id in sorted(node.cluster.by_public_id):
@@ -43,7 +43,7 @@ def _text_models(node: Node) -> dict[str, str]:
     return out
 
 
-def _document(node: Node, errors: dict[str, str] | None = None) -> dict[str, Any]:
+def _document(node: GuardiansNode, errors: dict[str, str] | None = None) -> dict[str, Any]:
     doc = node.guardians.as_dict()
     effective = {}
     for public_id, node_id in _text_models(node).items():
@@ -68,7 +68,7 @@ def _guardian_value(value: str | None, param: str, allowed: set[str]) -> str | N
     return value
 
 
-def changes_resolve(node: Node, body: Mapping[str, Any]) -> list[Change]:
+def changes_resolve(node: GuardiansNode, body: Mapping[str, Any]) -> list[Change]:
     """The changes of a well-formed update, checked against the cluster view: every guardian is
     a multimodal text model, every node and model is known, and no model guards itself."""
     allowed = set(guardian_candidates(node))
@@ -107,7 +107,7 @@ class GuardiansView(SiteAPIView):
         },
     )
     async def get(self, request: Request) -> Response:
-        return Response(_document(get_node()))
+        return Response(_document(running_node()))
 
     @extend_schema(
         operation_id="guardiansSet",
@@ -125,7 +125,7 @@ class GuardiansView(SiteAPIView):
     async def post(self, request: Request) -> Response:
         body = s.GuardiansUpdateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        node = get_node()
+        node = running_node()
         return await self._apply(node, changes_resolve(node, body.validated_data))
 
     @extend_schema(
@@ -142,10 +142,10 @@ class GuardiansView(SiteAPIView):
         query.is_valid(raise_exception=True)
         scope = query.validated_data["scope"]
         key = "" if scope == "cluster" else query.validated_data["key"]
-        return await self._apply(get_node(), [Change(scope, key, None)])
+        return await self._apply(running_node(), [Change(scope, key, None)])
 
     @staticmethod
-    async def _apply(node: Node, changes: list[Change]) -> Response:
+    async def _apply(node: GuardiansNode, changes: list[Change]) -> Response:
         await database_sync_to_async(guardians_apply)(changes)
         errors = await guardians_publish(node)
         return Response(_document(node, errors))

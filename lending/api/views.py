@@ -26,9 +26,8 @@ from lending.api import serializers as s
 from lending.decisions import decisions_query, merge_node_records, parse_decision_filters
 from lending.gather import gather_remote
 from lending.keys import LendingSettingError
+from lending.ports import running_node
 from lending.propagate import links_publish
-from proxy.node import get_node
-from proxy.nodeapi import lending_summary
 from routerproject.api import SiteAPIView, error_response
 from routerproject.errors import RouterError
 
@@ -105,7 +104,7 @@ class _LinksView(SiteAPIView):
     lane: ClassVar[link_svc.Lane]
 
     def _endpoints(self) -> dict[tuple[str, str], link_svc.Endpoint]:
-        return link_svc.lane_endpoints(get_node().cluster.records(), self.lane)
+        return link_svc.lane_endpoints(running_node().cluster.records(), self.lane)
 
     def _anchor_query(self, request: Request) -> tuple[str, str] | None:
         query = s.AnchorQuerySerializer(data=request.query_params)
@@ -140,7 +139,7 @@ class _LinksView(SiteAPIView):
             specs=specs,
             acknowledged=data["acknowledge_different_weights"],
         )
-        errors = await links_publish(get_node())
+        errors = await links_publish(running_node())
         return Response(
             {
                 "anchor": {"node_id": anchor.node_id, "model_id": anchor.model_id},
@@ -156,7 +155,7 @@ class _LinksView(SiteAPIView):
         deleted = await database_sync_to_async(link_svc.links_delete)(
             lane=self.lane, node_id=anchor_ref[0], model_id=anchor_ref[1]
         )
-        errors = await links_publish(get_node())
+        errors = await links_publish(running_node())
         return Response({"deleted": deleted, **_node_errors(errors)})
 
 
@@ -301,7 +300,7 @@ class DecisionsView(SiteAPIView):
             default_limit=DECISIONS_DEFAULT_LIMIT,
             max_limit=DECISIONS_MAX_LIMIT,
         )
-        node = get_node()
+        node = running_node()
         wanted = set(request.query_params.getlist("node_id")) or None
         per_node: dict[str, list[dict[str, Any]]] = {}
         if wanted is None or node.node_id in wanted:
@@ -341,9 +340,9 @@ class SummaryView(SiteAPIView):
         responses={200: OpenApiResponse(s.OffloadSummarySerializer, "The summary.")},
     )
     async def get(self, request: Request) -> Response:
-        node = get_node()
+        node = running_node()
         answers, errors = await gather_remote(node, "/router/v1/node/offload/summary")
-        nodes: list[dict[str, Any]] = [lending_summary(node)]
+        nodes: list[dict[str, Any]] = [selectors.lending_summary(node=node)]
         nodes.extend(answers[nid] for nid in sorted(answers) if isinstance(answers[nid], dict))
         doc: dict[str, Any] = {
             "master_fingerprint": node.lending.fingerprint,

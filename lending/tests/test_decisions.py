@@ -520,7 +520,7 @@ def test_a_slave_prunes_in_its_router_process_with_the_retention_its_master_push
         listeners=[],
         settings_source="local",
     )
-    ticker = LendingTicker(SimpleNamespace(role="slave", lending=lending))  # type: ignore[arg-type]
+    ticker = LendingTicker(SimpleNamespace(role="slave", lending=lending))
     # Until the master's settings arrive the slave does not know the retention: no prune.
     assert async_to_sync(ticker.prune_if_due)(100.0, T0_MS) == 0
     lending.settings_source = "master"

@@ -13,13 +13,12 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_sche
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from proxy.node import get_node
-from proxy.runtimes import BackendError
 from registry import services
 from registry.api import serializers as s
 from registry.inventory import include_files_parse, inventory_site
+from registry.ports import running_node
 from routerproject.api import RouterAPIView, SiteAPIView, error_response
-from routerproject.errors import RouterError
+from routerproject.errors import BackendError, RouterError
 
 PROTOCOL_VERSION = 2
 
@@ -43,7 +42,7 @@ class ModelsView(RouterAPIView):
         responses={200: OpenApiResponse(s.ModelListSerializer, "The records.")},
     )
     async def get(self, request: Request) -> Response:
-        return Response({"models": services.model_records(node=get_node())})
+        return Response({"models": services.model_records(node=running_node())})
 
 
 class VersionView(RouterAPIView):
@@ -77,7 +76,7 @@ class LoadView(RouterAPIView):
         body.is_valid(raise_exception=True)
         try:
             result = await services.model_load(
-                node=get_node(), model_id=body.validated_data["model"]
+                node=running_node(), model_id=body.validated_data["model"]
             )
         except BackendError as exc:
             raise RouterError(502, str(exc), type="backend_error") from exc
@@ -99,7 +98,9 @@ class UnloadView(RouterAPIView):
         body.is_valid(raise_exception=True)
         model = body.validated_data.get("model")
         target = body.validated_data.get("target", "all" if not model else None)
-        result = await services.model_unload(node=get_node(), model_id=model or None, target=target)
+        result = await services.model_unload(
+            node=running_node(), model_id=model or None, target=target
+        )
         return Response(result)
 
 
@@ -113,7 +114,7 @@ class NodesStateView(SiteAPIView):
         responses={200: OpenApiResponse(s.NodeStateSerializer, "The node's state."), **NODE_ERRORS},
     )
     async def get(self, request: Request) -> Response:
-        node = get_node()
+        node = running_node()
         wanted = request.query_params.get("node_id")
         if wanted and wanted != node.node_id:
             remote = node.cluster.nodes.get(wanted)
@@ -154,7 +155,7 @@ class NodesUnloadView(SiteAPIView):
     async def post(self, request: Request) -> Response:
         body = s.RuntimeUnloadSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        return Response(await services.runtime_unload(node=get_node(), **body.validated_data))
+        return Response(await services.runtime_unload(node=running_node(), **body.validated_data))
 
 
 class ModelStateView(SiteAPIView):
@@ -178,7 +179,7 @@ class ModelStateView(SiteAPIView):
     async def post(self, request: Request) -> Response:
         body = s.ModelStateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        snapshot = await services.model_state_set(node=get_node(), **body.validated_data)
+        snapshot = await services.model_state_set(node=running_node(), **body.validated_data)
         return Response(snapshot)
 
 
@@ -207,4 +208,4 @@ class InventoryView(SiteAPIView):
     async def get(self, request: Request) -> Response:
         # The node protocol reads the same parameter, so its rule lives with the inventory.
         include_files = include_files_parse(request.query_params.get("include_files"))
-        return Response(await inventory_site(node=get_node(), include_files=include_files))
+        return Response(await inventory_site(node=running_node(), include_files=include_files))

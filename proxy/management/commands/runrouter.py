@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +89,7 @@ class NodeRunner:
         from daphne.endpoints import build_endpoint_description_strings
         from daphne.server import Server
 
-        from proxy.node import build_node, set_node
+        from proxy.node import build_node, catch_up_if_stale, set_node
         from registry.selectors import disabled_models, public_id_assignments
         from registry.sync import ClusterSync
         from routerproject.asgi import application
@@ -101,7 +102,12 @@ class NodeRunner:
             disabled=disabled_models(),
         )
         set_node(self.node)
-        self.sync = ClusterSync(self.node)
+        node = self.node
+
+        def snapshot_seen(node_id: str, snapshot: Mapping[str, Any]) -> None:
+            catch_up_if_stale(node, node_id, snapshot)
+
+        self.sync = ClusterSync(self.node, on_snapshot=[snapshot_seen])
         listening: list[Any] = []
 
         class RouterServer(Server):
@@ -168,6 +174,8 @@ class NodeRunner:
         node.recorder.start()
         if self.want_workers:
             await self._start_workers()
+        from guardians.services import guardians_publish
+        from lending.master import get_master
         from lending.ticker import LendingTicker
         from registry.sync import RegistrationRefused
 
@@ -179,7 +187,11 @@ class NodeRunner:
             self.exit_code = 1
             await self.shutdown()
             return
-        self.ticker = LendingTicker(node)
+        self.ticker = LendingTicker(
+            node,
+            also_publish=[lambda: guardians_publish(node)],
+            replan=lambda: get_master(node).plan("tick"),
+        )
         await self.ticker.start()
         startup_model = self.config.models.startup_model
         if startup_model and startup_model in node.disabled:

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from proxy.node import Node
 from registry.cluster import Replica
+from registry.ports import RoutingNode
 from routerproject.errors import RouterError
 
 Kind = Literal["llm", "embeddings", "image", "voice"]
@@ -33,7 +33,7 @@ def not_found(model: str) -> RouterError:
     return RouterError(404, f'model "{model}" was not found', code="model_not_found", param="model")
 
 
-def candidates(node: Node, public_id: str, kind: Kind) -> list[Replica]:
+def candidates(node: RoutingNode, public_id: str, kind: Kind) -> list[Replica]:
     view = node.cluster
     if kind == "image":
         found = view.by_public_image_id.get(public_id)
@@ -50,7 +50,7 @@ def lane_of(kind: Kind) -> str:
     return {"llm": "text", "embeddings": "text", "image": "image", "voice": "whisper"}[kind]
 
 
-def choose(node: Node, public_id: str, kind: Kind, replicas: list[Replica]) -> Replica:
+def choose(node: RoutingNode, public_id: str, kind: Kind, replicas: list[Replica]) -> Replica:
     lane = lane_of(kind)
     local = [r for r in replicas if r.is_local]
     for replica in local:
@@ -73,7 +73,7 @@ def choose(node: Node, public_id: str, kind: Kind, replicas: list[Replica]) -> R
     raise RouterError(502, f'{label} "{public_id}" has no available replicas', type="backend_error")
 
 
-def recipe_replica(node: Node, public_id: str, kind: Kind) -> Replica | None:
+def recipe_replica(node: RoutingNode, public_id: str, kind: Kind) -> Replica | None:
     """The replica of a split recipe's component for this kind of request, if one is named."""
     recipe = node.recipes.get(public_id)
     if recipe is None:
@@ -104,7 +104,7 @@ def recipe_replica(node: Node, public_id: str, kind: Kind) -> Replica | None:
     )
 
 
-def resolve(node: Node, public_id: str, kind: Kind, *, borrowed: bool = False) -> Replica:
+def resolve(node: RoutingNode, public_id: str, kind: Kind, *, borrowed: bool = False) -> Replica:
     if node.recipes and not borrowed:
         picked = recipe_replica(node, public_id, kind)
         if picked is not None:
