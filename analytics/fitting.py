@@ -217,6 +217,18 @@ def fit_durations(
             match_floor=match_floor,
         )
 
+    return _fit_varying(x, y, measurable, means, match_floor)
+
+
+def _fit_varying(
+    x: np.ndarray,
+    y: np.ndarray,
+    measurable: Sequence[bool],
+    means: tuple[float, ...],
+    match_floor: float,
+) -> CostFit | None:
+    """Least squares over the terms that varied; the others become a matching condition."""
+    n, terms = x.shape
     # Only the varying terms are regressors: a constant term cannot be told apart from the
     # base, so its cost stays in the base and it becomes a condition on what is priced.
     varying = [i for i in range(terms) if measurable[i]]
@@ -419,39 +431,52 @@ def _rows(doc: Mapping[str, Any], name: str) -> list[Mapping[str, Any]]:
     return [row for row in rows if isinstance(row, Mapping)]
 
 
+class _Malformed(ValueError):
+    """A published fit row that cannot be read safely: the model stays unpriced."""
+
+
+def _uniform_from_wire(row: Mapping[str, Any], terms: int) -> tuple[float, ...] | None:
+    if row.get("uniform_work") is None:
+        return None
+    uniform = _numbers(row["uniform_work"])
+    # A uniform fit read without its work would price every size at its mean: better to leave
+    # the model unpriced than to misprice it.
+    if uniform is None or len(uniform) != terms or any(w < 0 for w in uniform):
+        raise _Malformed("uniform_work")
+    return uniform
+
+
+def _constant_from_wire(row: Mapping[str, Any], terms: int) -> tuple[float | None, ...] | None:
+    raw = row.get("constant_work")
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or len(raw) != terms:
+        raise _Malformed("constant_work")
+    parsed = tuple(None if item is None else _number(item) for item in raw)
+    # Same reasoning as for uniform_work: without its condition the fit would misprice.
+    for item, value in zip(raw, parsed, strict=True):
+        if (item is None) != (value is None) or (value is not None and value < 0):
+            raise _Malformed("constant_work")
+    return parsed
+
+
 def _model_from_wire(row: Mapping[str, Any]) -> tuple[tuple[str, str], CostFit] | None:
     model_id = row.get("model_id")
     section = row.get("section")
     base = _number(row.get("base_ms"))
     slopes = _numbers(row.get("slopes_ms"))
     samples = _count(row.get("samples"))
-    if not isinstance(model_id, str) or not model_id or section not in _SECTIONS:
+    if not isinstance(model_id, str) or not model_id or not isinstance(section, str):
         return None
-    if base is None or base < 0 or slopes is None or samples is None:
+    if section not in _SECTIONS or base is None or base < 0 or samples is None:
         return None
-    if not 1 <= len(slopes) <= MAX_WORK_TERMS or any(s < 0 for s in slopes):
+    if slopes is None or not 1 <= len(slopes) <= MAX_WORK_TERMS or any(s < 0 for s in slopes):
         return None
-    uniform: tuple[float, ...] | None = None
-    if "uniform_work" in row and row["uniform_work"] is not None:
-        uniform = _numbers(row["uniform_work"])
-        # A uniform fit read without its work would price every size at its mean: better
-        # to leave the model unpriced than to misprice it.
-        if uniform is None or len(uniform) != len(slopes) or any(w < 0 for w in uniform):
-            return None
-    constant: tuple[float | None, ...] | None = None
-    if uniform is None and row.get("constant_work") is not None:
-        raw = row["constant_work"]
-        if not isinstance(raw, list) or len(raw) != len(slopes):
-            return None
-        parsed = tuple(None if item is None else _number(item) for item in raw)
-        # Same reasoning as for uniform_work: without its condition the fit would misprice.
-        if any(
-            (item is None) != (value is None) or (value is not None and value < 0)
-            for item, value in zip(raw, parsed, strict=True)
-        ):
-            return None
-        constant = parsed
-    assert isinstance(section, str)
+    try:
+        uniform = _uniform_from_wire(row, len(slopes))
+        constant = None if uniform is not None else _constant_from_wire(row, len(slopes))
+    except _Malformed:
+        return None
     fit = CostFit(
         base_ms=base,
         slopes_ms=slopes,
@@ -485,21 +510,31 @@ def fits_from_wire(
             loads[name] = load_ms
 
     for row in _rows(doc, "tokens"):
-        model_id = row.get("model_id")
-        bpt = _number(row.get("conservative_bytes_per_token"))
-        reserved = _number(row.get("reserved_output_tokens"))
-        samples = _count(row.get("samples"))
-        if not isinstance(model_id, str) or not model_id or samples is None:
-            continue
-        if bpt is None or bpt <= 0 or reserved is None or reserved < 0:
-            continue
-        mean_bpt = _number(row.get("mean_bytes_per_token"))
-        mean_out = _number(row.get("mean_output_tokens"))
-        tokens[model_id] = TokenProfile(
-            conservative_bytes_per_token=bpt,
-            reserved_output_tokens=reserved,
-            samples=samples,
-            mean_bytes_per_token=mean_bpt if mean_bpt is not None and mean_bpt > 0 else 0.0,
-            mean_output=mean_out if mean_out is not None and mean_out > 0 else 0.0,
-        )
+        token_row = _token_profile_from_wire(row)
+        if token_row is not None:
+            tokens[token_row[0]] = token_row[1]
     return models, loads, tokens
+
+
+def _positive_or_zero(value: object) -> float:
+    number = _number(value)
+    return number if number is not None and number > 0 else 0.0
+
+
+def _token_profile_from_wire(row: Mapping[str, Any]) -> tuple[str, TokenProfile] | None:
+    model_id = row.get("model_id")
+    bpt = _number(row.get("conservative_bytes_per_token"))
+    reserved = _number(row.get("reserved_output_tokens"))
+    samples = _count(row.get("samples"))
+    if not isinstance(model_id, str) or not model_id or samples is None:
+        return None
+    if bpt is None or bpt <= 0 or reserved is None or reserved < 0:
+        return None
+    # Older builds publish no means: 0 lets the conservative values stand in.
+    return model_id, TokenProfile(
+        conservative_bytes_per_token=bpt,
+        reserved_output_tokens=reserved,
+        samples=samples,
+        mean_bytes_per_token=_positive_or_zero(row.get("mean_bytes_per_token")),
+        mean_output=_positive_or_zero(row.get("mean_output_tokens")),
+    )

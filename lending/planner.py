@@ -469,6 +469,124 @@ def _lease(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _Choice:
+    """Which candidate an owner gets, how, and with how many slots (index None: nobody)."""
+
+    index: int | None
+    outcome: str
+    slots: int
+
+
+_NOBODY = _Choice(None, OUTCOME_SKIPPED, 0)
+
+
+def _candidates(
+    lane: str,
+    demand: _Demand,
+    targets: Sequence[LinkTarget],
+    costs: CostTable,
+    settings: Settings,
+    claimed: set[str],
+    helper_costs: dict[int, _HelperCost],
+) -> list[_Candidate]:
+    out: list[_Candidate] = []
+    for target in targets:
+        helper = target.helper
+        if not helper.eligible:
+            # A model whose config became ineligible is skipped silently, as if unlinked.
+            continue
+        # A helper linked from several owners is priced once. Keyed by identity (hashing the
+        # whole frozen Endpoint costs more than pricing it); the stored endpoint guards
+        # against an id reused by a caller that builds endpoints on the fly.
+        cost = helper_costs.get(id(helper))
+        if cost is None or cost.endpoint is not helper:
+            cost = helper_costs[id(helper)] = _helper_cost(lane, helper, costs, settings)
+        out.append(_evaluate(lane=lane, demand=demand, target=target, cost=cost, claimed=claimed))
+    return out
+
+
+def _choose(
+    candidates: Sequence[_Candidate], reasons: Sequence[str], demand: _Demand, settings: Settings
+) -> _Choice:
+    """The cost rule's cheapest paying helper, else the longest-idle probe, else nobody."""
+    paying = [i for i, reason in enumerate(reasons) if not reason]
+    if paying:
+        index = min(paying, key=lambda i: (candidates[i].total_ms, *_node_order(candidates[i])))
+        service, job = candidates[index].service_ms, demand.job_ms
+        assert service is not None and job is not None
+        slots = settings.faster_slots if service <= job else settings.slower_slots
+        return _Choice(index, OUTCOME_GRANTED, slots)
+    idle_enough = [
+        i
+        for i, candidate in enumerate(candidates)
+        if not candidate.ineligible
+        and candidate.target.helper.idle_for_ms >= candidate.probe_bar_ms
+    ]
+    if not idle_enough:
+        return _NOBODY
+    index = min(
+        idle_enough,
+        key=lambda i: (-candidates[i].target.helper.idle_for_ms, *_node_order(candidates[i])),
+    )
+    return _Choice(index, OUTCOME_PROBE, settings.probe_slots)
+
+
+def _rows(
+    *,
+    trigger: str,
+    lane: str,
+    owner: Endpoint,
+    demand: _Demand,
+    candidates: Sequence[_Candidate],
+    reasons: Sequence[str],
+    choice: _Choice,
+) -> list[PlanRow]:
+    rows: list[PlanRow] = []
+    for i, candidate in enumerate(candidates):
+        helper = candidate.target.helper
+        if i == choice.index:
+            # A probe keeps the reason the cost rule passed it over.
+            outcome, reason, slots = choice.outcome, reasons[i], choice.slots
+        else:
+            outcome, reason, slots = OUTCOME_SKIPPED, reasons[i] or REASON_OUTRANKED, 0
+        # Positional: this runs once per evaluated pair on every owner event.
+        rows.append(
+            PlanRow(
+                trigger,
+                lane,
+                owner.node_id,
+                owner.model_id,
+                helper.node_id,
+                helper.model_id,
+                outcome,
+                reason,
+                owner.pending_count,
+                owner.backlog_count,
+                demand.keep_ms or 0.0,
+                candidate.switch_ms or 0.0,
+                candidate.restore_ms or 0.0,
+                candidate.service_ms or 0.0,
+                demand.job_ms or 0.0,
+                candidate.service_source,
+                helper.idle_for_ms,
+                slots,
+            )
+        )
+    return rows
+
+
+def _probe_wait(candidates: Sequence[_Candidate]) -> float | None:
+    """How long until the first helper held back only by its idle time may take a probe."""
+    waits = [
+        candidate.probe_bar_ms - candidate.target.helper.idle_for_ms
+        for candidate in candidates
+        if not candidate.ineligible
+    ]
+    positive = [wait for wait in waits if wait > 0]
+    return min(positive) if positive else None
+
+
 def plan_lane(
     *,
     lane: str,
@@ -496,95 +614,24 @@ def plan_lane(
 
     for owner, targets in planned:
         demand = _demand(lane, owner, costs)
-        candidates: list[_Candidate] = []
-        for target in targets:
-            helper = target.helper
-            if not helper.eligible:
-                # A model whose config became ineligible is skipped silently, as if unlinked.
-                continue
-            # A helper linked from several owners is priced once. Keyed by identity (hashing
-            # the whole frozen Endpoint costs more than pricing it); the stored endpoint
-            # guards against an id reused by a caller that builds endpoints on the fly.
-            cost = helper_costs.get(id(helper))
-            if cost is None or cost.endpoint is not helper:
-                cost = helper_costs[id(helper)] = _helper_cost(lane, helper, costs, settings)
-            candidates.append(
-                _evaluate(lane=lane, demand=demand, target=target, cost=cost, claimed=claimed)
-            )
+        candidates = _candidates(lane, demand, targets, costs, settings, claimed, helper_costs)
         if not candidates:
             continue
         reasons = [_cost_reason(candidate, demand) for candidate in candidates]
-
-        chosen: int | None = None
-        outcome = OUTCOME_SKIPPED
-        slots = 0
-        paying = [i for i, reason in enumerate(reasons) if not reason]
-        if paying:
-            chosen = min(
-                paying,
-                key=lambda i: (candidates[i].total_ms, *_node_order(candidates[i])),
+        choice = _choose(candidates, reasons, demand, settings)
+        rows.extend(
+            _rows(
+                trigger=trigger,
+                lane=lane,
+                owner=owner,
+                demand=demand,
+                candidates=candidates,
+                reasons=reasons,
+                choice=choice,
             )
-            outcome = OUTCOME_GRANTED
-            best = candidates[chosen]
-            assert best.service_ms is not None and demand.job_ms is not None
-            slots = (
-                settings.faster_slots if best.service_ms <= demand.job_ms else settings.slower_slots
-            )
-        else:
-            idle_enough = [
-                i
-                for i, candidate in enumerate(candidates)
-                if not candidate.ineligible
-                and candidate.target.helper.idle_for_ms >= candidate.probe_bar_ms
-            ]
-            if idle_enough:
-                chosen = min(
-                    idle_enough,
-                    key=lambda i: (
-                        -candidates[i].target.helper.idle_for_ms,
-                        *_node_order(candidates[i]),
-                    ),
-                )
-                outcome = OUTCOME_PROBE
-                slots = settings.probe_slots
-
-        for i, candidate in enumerate(candidates):
-            helper = candidate.target.helper
-            if i == chosen:
-                # A probe keeps the reason the cost rule passed it over.
-                row_outcome, row_reason, row_slots = outcome, reasons[i], slots
-            else:
-                row_outcome, row_reason, row_slots = (
-                    OUTCOME_SKIPPED,
-                    reasons[i] or REASON_OUTRANKED,
-                    0,
-                )
-            # Positional: this runs once per evaluated pair on every owner event.
-            rows.append(
-                PlanRow(
-                    trigger,
-                    lane,
-                    owner.node_id,
-                    owner.model_id,
-                    helper.node_id,
-                    helper.model_id,
-                    row_outcome,
-                    row_reason,
-                    owner.pending_count,
-                    owner.backlog_count,
-                    demand.keep_ms or 0.0,
-                    candidate.switch_ms or 0.0,
-                    candidate.restore_ms or 0.0,
-                    candidate.service_ms or 0.0,
-                    demand.job_ms or 0.0,
-                    candidate.service_source,
-                    helper.idle_for_ms,
-                    row_slots,
-                )
-            )
-
-        if chosen is not None:
-            best = candidates[chosen]
+        )
+        if choice.index is not None:
+            best = candidates[choice.index]
             claimed.add(best.target.helper.node_id)
             leases.append(
                 _lease(
@@ -592,20 +639,15 @@ def plan_lane(
                     owner=owner,
                     demand=demand,
                     candidate=best,
-                    slots=slots,
-                    probe=outcome == OUTCOME_PROBE,
+                    slots=choice.slots,
+                    probe=choice.outcome == OUTCOME_PROBE,
                     settings=settings,
                 )
             )
             continue
-
-        # Nothing granted: wake the master again once the first helper that is held back
-        # only by its idle time has idled long enough for a probe.
-        for candidate in candidates:
-            if candidate.ineligible:
-                continue
-            wait = candidate.probe_bar_ms - candidate.target.helper.idle_for_ms
-            if wait > 0 and (probe_due is None or wait < probe_due):
-                probe_due = wait
+        # Nothing granted: wake the master again once some helper has idled long enough.
+        wait = _probe_wait(candidates)
+        if wait is not None and (probe_due is None or wait < probe_due):
+            probe_due = wait
 
     return PlanResult(leases=leases, rows=rows, probe_due_ms=probe_due)

@@ -85,7 +85,7 @@ values (``capabilities``, ``options``) are shared with the input, for speed.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -324,90 +324,97 @@ def _suffix_number(public_id: str, base_id: str) -> int | None:
     return number if number >= FIRST_SUFFIX_NUMBER else None
 
 
+class _IdAllocator:
+    """Public IDs handed out in one rebuild, and the dormant IDs that are still reserved."""
+
+    def __init__(self, base_ids: set[str], dormant: Sequence[Assignment]) -> None:
+        self.base_ids = base_ids
+        self.taken: set[str] = set()
+        self.by_identity: dict[tuple[str, str], list[str]] = {}
+        self.by_node_config: dict[tuple[str, str], list[str]] = {}
+        # Every dormant id, with the nodes whose dormant entries hold it.
+        self.holders: dict[str, set[str]] = {}
+        for a in dormant:
+            self.by_identity.setdefault((a.local_id, a.identity), []).append(a.public_id)
+            self.by_node_config.setdefault((a.node_id, a.local_id), []).append(a.public_id)
+            self.holders.setdefault(a.public_id, set()).add(a.node_id)
+
+    def offer(self, group: _Group, candidates: Iterable[str]) -> bool:
+        """Give the group the best free candidate (bare ID first, then the lowest suffix)."""
+        base_id = group.local_id
+        ordered: list[tuple[int, str]] = []
+        for candidate in set(candidates):
+            number = _suffix_number(candidate, base_id)
+            if number is None or candidate in self.taken:
+                continue
+            if number != BARE_ID_ORDER and candidate in self.base_ids:
+                continue
+            ordered.append((number, candidate))
+        if not ordered:
+            return False
+        group.public_id = min(ordered)[1]
+        self.taken.add(group.public_id)
+        return True
+
+    def dormant_of_nodes(self, group: _Group, base_id: str) -> Iterator[str]:
+        for node_id in group.nodes:
+            for public_id in self.by_node_config.get((node_id, base_id), ()):
+                # Held by an absent node too: that model still exists, just offline.
+                if self.holders[public_id] <= group.nodes:
+                    yield public_id
+
+    def fresh(self, pending: Sequence[_Group], base_id: str) -> None:
+        """The bare ID if free, else the smallest suffix nobody holds, dormant or not.
+
+        A dormant id of the group's own identity was offered already, so every dormant
+        suffixed id is skipped here. Since `taken` only grows, the smallest free number never
+        goes down and one cursor per base suffices.
+        """
+        next_number = FIRST_SUFFIX_NUMBER
+        for group in pending:
+            if base_id not in self.taken:
+                group.public_id = base_id
+            else:
+                while True:
+                    candidate = f"{base_id}-{next_number}"
+                    if (
+                        candidate not in self.taken
+                        and candidate not in self.base_ids
+                        and candidate not in self.holders
+                    ):
+                        break
+                    next_number += 1
+                group.public_id = candidate
+            self.taken.add(group.public_id)
+
+
 def _assign_public_ids(
     groups: Mapping[tuple[str, str], _Group],
     base_ids: set[str],
     previous_by_key: Mapping[IdentityKey, Assignment],
     dormant: Sequence[Assignment],
 ) -> None:
-    dormant_by_identity: dict[tuple[str, str], list[str]] = {}
-    dormant_by_node_config: dict[tuple[str, str], list[str]] = {}
-    # Every dormant id, with the nodes whose dormant entries hold it.
-    dormant_holders: dict[str, set[str]] = {}
-    for a in dormant:
-        dormant_by_identity.setdefault((a.local_id, a.identity), []).append(a.public_id)
-        dormant_by_node_config.setdefault((a.node_id, a.local_id), []).append(a.public_id)
-        dormant_holders.setdefault(a.public_id, set()).add(a.node_id)
-
-    taken: set[str] = set()
-
-    def try_candidates(group: _Group, candidates: Iterable[str]) -> bool:
-        base_id = group.local_id
-        ordered: list[tuple[int, str]] = []
-        for candidate in set(candidates):
-            number = _suffix_number(candidate, base_id)
-            if number is None or candidate in taken:
-                continue
-            if number != BARE_ID_ORDER and candidate in base_ids:
-                continue
-            ordered.append((number, candidate))
-        if not ordered:
-            return False
-        group.public_id = min(ordered)[1]
-        taken.add(group.public_id)
-        return True
-
+    ids = _IdAllocator(base_ids, dormant)
     by_base: dict[str, list[_Group]] = {}
     for group in groups.values():
         by_base.setdefault(group.local_id, []).append(group)
 
     for base_id, base_groups in by_base.items():
         base_groups.sort(key=lambda g: (g.rank, g.identity))
+        # Rounds, most binding first: the group's own previous ids, dormant ids of its
+        # identity, dormant ids its nodes held for this config, then a fresh id.
         pending = [
             g
             for g in base_groups
-            if not try_candidates(
+            if not ids.offer(
                 g, (previous_by_key[k].public_id for k in g.identity_keys() if k in previous_by_key)
             )
         ]
         pending = [
-            g
-            for g in pending
-            if not try_candidates(g, dormant_by_identity.get((base_id, g.identity), ()))
+            g for g in pending if not ids.offer(g, ids.by_identity.get((base_id, g.identity), ()))
         ]
-        pending = [
-            g
-            for g in pending
-            if not try_candidates(
-                g,
-                (
-                    public_id
-                    for node_id in g.nodes
-                    for public_id in dormant_by_node_config.get((node_id, base_id), ())
-                    # Held by an absent node too: that model still exists, just offline.
-                    if dormant_holders[public_id] <= g.nodes
-                ),
-            )
-        ]
-        # A dormant id of the group's own identity was offered in round 2 already, so round 4
-        # skips every dormant suffixed id. Since `taken` only grows here, the smallest free
-        # number never goes down and one cursor per base suffices.
-        next_number = FIRST_SUFFIX_NUMBER
-        for group in pending:
-            if base_id not in taken:
-                group.public_id = base_id
-            else:
-                while True:
-                    candidate = f"{base_id}-{next_number}"
-                    if (
-                        candidate not in taken
-                        and candidate not in base_ids
-                        and candidate not in dormant_holders
-                    ):
-                        break
-                    next_number += 1
-                group.public_id = candidate
-            taken.add(group.public_id)
+        pending = [g for g in pending if not ids.offer(g, ids.dormant_of_nodes(g, base_id))]
+        ids.fresh(pending, base_id)
 
 
 def _next_table(

@@ -428,16 +428,8 @@ def _vllm_settings(path: Path, raw: Mapping[str, Any]) -> Mapping[str, Any]:
     return settings
 
 
-def load_model_config(path: Path, *, default_backend_mode: str, hasher: FileHasher) -> ModelConfig:
-    """Parse and validate one .kcpps; raises ModelConfigError naming the offending key."""
-    if default_backend_mode not in BACKEND_MODES:
-        raise ValueError(f"unknown default backend mode {default_backend_mode!r}")
-    path = Path(os.path.abspath(path))
-    local_id = path.stem
-    if not _LOCAL_ID_RE.fullmatch(local_id):
-        raise ModelConfigError(
-            path, None, "the file name must consist of letters, digits, '.', '_' or '-'"
-        )
+def _read_raw(path: Path) -> tuple[dict[str, Any], int]:
+    """The config file's JSON object and its modification time (Unix seconds)."""
     try:
         data = path.read_bytes()
         created = int(path.stat().st_mtime)
@@ -449,21 +441,29 @@ def load_model_config(path: Path, *, default_backend_mode: str, hasher: FileHash
         raise ModelConfigError(path, None, f"is not valid JSON: {exc}") from None
     if not isinstance(raw, dict):
         raise ModelConfigError(path, None, "must be a JSON object")
+    return raw, created
 
+
+def _backend_mode(path: Path, raw: Mapping[str, Any], default: str) -> tuple[str, str | None]:
+    """(backend mode, upstream URL when the mode is upstream)."""
     backend_mode = raw.get("backend_mode")
     if backend_mode is None:
-        backend_mode = default_backend_mode
+        backend_mode = default
     elif backend_mode not in BACKEND_MODES:
         raise ModelConfigError(
             path, "backend_mode", f"must be one of {', '.join(BACKEND_MODES)}, got {backend_mode!r}"
         )
-
-    upstream_url: str | None = None
     if backend_mode == "upstream":
-        upstream_url = _validate_upstream_url(path, raw.get("upstream_url"))
-    elif raw.get("upstream_url") not in (None, ""):
+        return backend_mode, _validate_upstream_url(path, raw.get("upstream_url"))
+    if raw.get("upstream_url") not in (None, ""):
         raise ModelConfigError(path, "upstream_url", "is only allowed with backend_mode upstream")
+    return backend_mode, None
 
+
+def _window_and_parallel(
+    path: Path, raw: Mapping[str, Any], backend_mode: str
+) -> tuple[int | None, int | None]:
+    """The context window and concurrency the config runs with on its backend."""
     context_size = _validate_positive_int(path, raw, "contextsize", "contextsize", 1)
     parallel = _validate_positive_int(path, raw, "parallel", "parallel", 1)
     settings = _vllm_settings(path, raw)
@@ -476,12 +476,50 @@ def load_model_config(path: Path, *, default_backend_mode: str, hasher: FileHash
     # koboldcpp writes contextsize into every config, but a vllm backend ignores it and runs
     # with its own settings, so those win when the config actually runs on vllm.
     if backend_mode == "vllm":
-        context_size = vllm_context if vllm_context is not None else context_size
-        parallel = vllm_parallel if vllm_parallel is not None else parallel
-    else:
-        context_size = context_size if context_size is not None else vllm_context
-        parallel = parallel if parallel is not None else vllm_parallel
+        return (
+            vllm_context if vllm_context is not None else context_size,
+            vllm_parallel if vllm_parallel is not None else parallel,
+        )
+    return (
+        context_size if context_size is not None else vllm_context,
+        parallel if parallel is not None else vllm_parallel,
+    )
 
+
+def _files_on_disk(
+    raw: Mapping[str, Any], base_dir: Path
+) -> tuple[int, tuple[str, ...], tuple[str, ...]]:
+    """(bytes of the referenced files that exist, missing files, fields given only by hash)."""
+    files = _referenced_files(raw, base_dir)
+    missing = tuple(str(file) for file in files if not file.is_file())
+    unresolved = tuple(
+        name
+        for name in sorted(PATH_FIELDS)
+        if raw.get(name) in (None, "", []) and raw.get(name + PORTABLE_HASH_SUFFIX) is not None
+    )
+    size = 0
+    for file in files:
+        try:
+            if file.is_file():
+                size += file.stat().st_size
+        except OSError:
+            continue
+    return size, missing, unresolved
+
+
+def load_model_config(path: Path, *, default_backend_mode: str, hasher: FileHasher) -> ModelConfig:
+    """Parse and validate one .kcpps; raises ModelConfigError naming the offending key."""
+    if default_backend_mode not in BACKEND_MODES:
+        raise ValueError(f"unknown default backend mode {default_backend_mode!r}")
+    path = Path(os.path.abspath(path))
+    local_id = path.stem
+    if not _LOCAL_ID_RE.fullmatch(local_id):
+        raise ModelConfigError(
+            path, None, "the file name must consist of letters, digits, '.', '_' or '-'"
+        )
+    raw, created = _read_raw(path)
+    backend_mode, upstream_url = _backend_mode(path, raw, default_backend_mode)
+    context_size, parallel = _window_and_parallel(path, raw, backend_mode)
     _validate_path_fields(path, raw)
     if backend_mode != "upstream" and not any(
         _references_model(raw, name) for name in PRIMARY_MODEL_FIELDS
@@ -491,23 +529,8 @@ def load_model_config(path: Path, *, default_backend_mode: str, hasher: FileHash
             "model_param",
             "no model weights: set model_param, sdmodel, whispermodel or embeddingsmodel",
         )
-
     base_dir = path.parent
-    files = _referenced_files(raw, base_dir)
-    existing = [file for file in files if file.is_file()]
-    missing = tuple(str(file) for file in files if not file.is_file())
-    unresolved = tuple(
-        name
-        for name in sorted(PATH_FIELDS)
-        if raw.get(name) in (None, "", []) and raw.get(name + PORTABLE_HASH_SUFFIX) is not None
-    )
-    size = 0
-    for file in existing:
-        try:
-            size += file.stat().st_size
-        except OSError:
-            continue
-
+    size, missing, unresolved = _files_on_disk(raw, base_dir)
     return ModelConfig(
         local_id=local_id,
         filename=path.name,
