@@ -1,4 +1,4 @@
-"""Router queue throughput and memory (proxy/queue.py, no I/O).
+"""Router queue throughput and memory (lending/queue.py, no I/O).
 
 1. Throughput: 100k requests over several models of one lane are enqueued at depth 2, then an
    admitted entry is completed (which admits the next) until all are done. Reported per phase and
@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO / "bench"]
 sys.path.insert(0, str(REPO))
 
-from proxy.queue import Entry, HoldPredicate, LaneQueue  # noqa: E402
+from lending.queue import Entry, HoldPredicate, LaneQueue  # noqa: E402
 
 DEFAULT_ENTRIES = 100_000
 DEPTH = 2

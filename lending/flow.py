@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 
 from lending.planner import Lease
+from lending.queue import Entry, State
 from lending.runtime import RETURNED, _wake
-from proxy.queue import Entry, State
 from routerproject.errors import RouterError
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from lending.pricing import helper_finish_ms, owner_finish_ms
-from proxy.queue import Entry, LaneQueue
+from lending.queue import Entry, LaneQueue
 
 if TYPE_CHECKING:
     from proxy.node import Node

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from lending.planner import Lease
 from lending.pricing import helper_finish_ms, owner_finish_ms
-from proxy.queue import Entry
+from lending.queue import Entry
 
 if TYPE_CHECKING:
     from proxy.node import Node

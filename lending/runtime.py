@@ -19,8 +19,8 @@ from typing import Any
 
 from analytics.costs import NodeCosts
 from lending.keys import LENDING_KEYS, canonical_value, fingerprint
+from lending.queue import Entry, LaneQueue, State
 from lending.settings_store import EffectiveSettings
-from proxy.queue import Entry, LaneQueue, State
 
 logger = logging.getLogger(__name__)
 

@@ -25,11 +25,11 @@ from lending.flow import (
     owner_turn,
     yield_borrowed,
 )
+from lending.queue import Entry, State
 from proxy import translate, work
 from proxy.backends import Launch
 from proxy.httpclient import get_session
 from proxy.node import Node
-from proxy.queue import Entry, State
 from proxy.rewrite import (
     InvalidBackendJSON,
     NDJSONRewriter,

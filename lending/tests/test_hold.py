@@ -9,7 +9,7 @@ import pytest
 
 from lending.hold import HoldPolicy
 from lending.planner import Lease
-from proxy.queue import Entry, LaneQueue
+from lending.queue import Entry, LaneQueue
 
 
 class FakeLog:

@@ -9,7 +9,7 @@ import pytest
 
 from lending.owner import LiveLease, OwnerLending
 from lending.planner import Lease
-from proxy.queue import Entry, LaneQueue, State
+from lending.queue import Entry, LaneQueue, State
 
 
 class FakeLog:

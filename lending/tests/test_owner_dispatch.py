@@ -17,8 +17,8 @@ import pytest
 from analytics.fitting import CostFit
 from lending.owner import OwnerLending
 from lending.planner import Lease
+from lending.queue import Entry, LaneQueue, State
 from lending.runtime import Lending
-from proxy.queue import Entry, LaneQueue, State
 
 START_SECS = 100.0
 WAIT_SECS = 5.0

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from proxy.queue import Entry, LaneQueue, QueueStats, State
+from lending.queue import Entry, LaneQueue, QueueStats, State
 
 START_SECS = 1000.0
 
