@@ -39,9 +39,44 @@ TABLE = "offload_decisions"
 LANES = frozenset({"image", "text"})
 
 # The columns of lending.models.OffloadDecision except the id, in model order (a test keeps
-# the two in step). Written out rather than read from the model so that importing this
-# module, which the router does at start, never needs the app registry.
-TEXT_FIELDS = (
+# the two in step), each with its kind. Written out rather than read from the model so that
+# importing this module, which the router does at start, never needs the app registry. Every
+# other list of decision fields (the API's serializer, the writer's converters, the Lending
+# tab's folding) is derived from this one.
+_COLUMNS: tuple[tuple[str, type], ...] = (
+    ("recorded_at", int),
+    ("node_id", str),
+    ("kind", str),
+    ("trigger", str),
+    ("lane", str),
+    ("owner_node_id", str),
+    ("owner_model_id", str),
+    ("helper_node_id", str),
+    ("helper_model_id", str),
+    ("outcome", str),
+    ("reason", str),
+    ("pending_count", int),
+    ("backlog_count", int),
+    ("keep_ms", float),
+    ("switch_ms", float),
+    ("restore_ms", float),
+    ("service_ms", float),
+    ("owner_job_ms", float),
+    ("service_source", str),
+    ("helper_idle_ms", int),
+    ("slots", int),
+    ("lent_out", int),
+    ("borrowed_ahead", int),
+    ("wait_ms", int),
+    ("router_version", str),
+)
+DECISION_FIELDS: tuple[str, ...] = tuple(name for name, _ in _COLUMNS)
+TEXT_FIELDS = tuple(name for name, kind in _COLUMNS if kind is str)
+INT_FIELDS = tuple(name for name, kind in _COLUMNS if kind is int)
+FLOAT_FIELDS = tuple(name for name, kind in _COLUMNS if kind is float)
+# The Lending tab folds consecutive rows that agree on the signature and shows each measure's
+# range across the fold: what says who decided what, and the numbers it weighed.
+FOLD_SIGNATURE: tuple[str, ...] = (
     "node_id",
     "kind",
     "trigger",
@@ -52,47 +87,9 @@ TEXT_FIELDS = (
     "helper_model_id",
     "outcome",
     "reason",
-    "service_source",
-    "router_version",
 )
-INT_FIELDS = (
-    "recorded_at",
-    "pending_count",
-    "backlog_count",
-    "helper_idle_ms",
-    "slots",
-    "lent_out",
-    "borrowed_ahead",
-    "wait_ms",
-)
-FLOAT_FIELDS = ("keep_ms", "switch_ms", "restore_ms", "service_ms", "owner_job_ms")
-
-DECISION_FIELDS: tuple[str, ...] = (
-    "recorded_at",
-    "node_id",
-    "kind",
-    "trigger",
-    "lane",
-    "owner_node_id",
-    "owner_model_id",
-    "helper_node_id",
-    "helper_model_id",
-    "outcome",
-    "reason",
-    "pending_count",
-    "backlog_count",
-    "keep_ms",
-    "switch_ms",
-    "restore_ms",
-    "service_ms",
-    "owner_job_ms",
-    "service_source",
-    "helper_idle_ms",
-    "slots",
-    "lent_out",
-    "borrowed_ahead",
-    "wait_ms",
-    "router_version",
+FOLD_MEASURES: tuple[str, ...] = tuple(
+    name for name, kind in _COLUMNS if kind is not str and name != "recorded_at"
 )
 _FIELD_SET = frozenset(DECISION_FIELDS)
 

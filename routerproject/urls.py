@@ -14,7 +14,7 @@ urlpatterns = [
     path("router/v1/", include("lending.api.urls")),
     path("router/v1/", include("guardians.api.urls")),
     path("router/v1/", include("proxy.api.urls")),
-    path("ui/lending", views.lending_tab, name="ui-lending"),
+    path("ui/", include("lending.ui")),
     path("ui/nodes", views.nodes_page, name="ui-nodes"),
     path("", views.index, name="index"),
 ]

@@ -17,13 +17,6 @@ def index(request: HttpRequest) -> HttpResponse:
     )
 
 
-def lending_tab(request: HttpRequest) -> HttpResponse:
-    """The Lending tab: a static page that reads the site API from the browser."""
-    if settings.ROUTER.cluster.role == "slave":
-        return not_found(request)
-    return render(request, "ui/lending.html")
-
-
 def nodes_page(request: HttpRequest) -> HttpResponse:
     """The Nodes page: one card per node with loaded models, active and held requests."""
     if settings.ROUTER.cluster.role == "slave":

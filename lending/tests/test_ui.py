@@ -1,0 +1,35 @@
+"""The Lending tab carries the decision log's own folding fields."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from django.test import Client
+
+from lending.decisions import DECISION_FIELDS, FOLD_MEASURES, FOLD_SIGNATURE
+
+
+def test_the_page_folds_by_the_decision_logs_field_lists(client: Client) -> None:
+    resp = client.get("/ui/lending")
+
+    assert resp.status_code == 200
+    page = resp.content.decode()
+    scripts = dict(
+        re.findall(r'<script id="(fold-[a-z]+)" type="application/json">(.*?)</script>', page)
+    )
+    assert json.loads(scripts["fold-measures"]) == list(FOLD_MEASURES)
+    assert json.loads(scripts["fold-signature"]) == list(FOLD_SIGNATURE)
+
+
+def test_every_decision_column_is_either_folded_on_or_measured() -> None:
+    # A new column must be placed: shown as part of what a row says, or as a number it weighed.
+    placed = {"recorded_at", "service_source", "router_version", *FOLD_SIGNATURE, *FOLD_MEASURES}
+    assert placed == set(DECISION_FIELDS)
+    assert not set(FOLD_SIGNATURE) & set(FOLD_MEASURES)
+
+
+@pytest.fixture
+def client() -> Client:
+    return Client()
