@@ -156,7 +156,7 @@ async def relay(ctx: Ctx, node: Node, job: Job, lease: Lease, shape: Shaper) -> 
     False when it came back (409, a helper error, an unreachable master or helper, or the
     cutoff): the owner then runs it itself, so the client still gets exactly one answer.
     """
-    from proxy.httpclient import get_session
+    from registry.httpclient import get_session
     from registry.nodeclient import NodeCallError
 
     content_type = job.content_type.decode("latin-1")

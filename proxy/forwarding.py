@@ -28,7 +28,6 @@ from lending.flow import (
 from lending.queue import Entry, State
 from proxy import translate, work
 from proxy.backends import Launch
-from proxy.httpclient import get_session
 from proxy.node import Node
 from proxy.rewrite import (
     InvalidBackendJSON,
@@ -40,6 +39,7 @@ from proxy.rewrite import (
 )
 from proxy.runtimes import Runtime
 from registry.cluster import Replica
+from registry.httpclient import get_session
 from registry.kcpps import Lane, ModelConfig
 from registry.nodeclient import NodeCallError
 from routerproject.errors import BackendError, RouterError, error_body

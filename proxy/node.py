@@ -24,10 +24,10 @@ from lending.hold import HoldPolicy
 from lending.owner import OwnerLending
 from lending.restore import Restorer
 from lending.runtime import Lending
-from proxy.httpclient import CONNECT_TIMEOUT_SECS
 from proxy.runtimes import RuntimeManager
 from registry.catalog import LocalCatalog
 from registry.cluster import MINIMUM_PROTOCOL_VERSION, PROTOCOL_VERSION, ClusterState
+from registry.httpclient import CONNECT_TIMEOUT_SECS
 from registry.identity import Assignment, IdentityKey
 from registry.nodeclient import AllowList, NodeClient
 from registry.recipes import Recipe, load_recipes

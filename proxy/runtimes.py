@@ -32,8 +32,8 @@ import aiohttp
 
 from analytics.recorder import LoadEvent
 from proxy.backends import Launch, LaunchError, build_launch, runtime_lane
-from proxy.httpclient import get_session
 from proxy.readiness import is_ready, probe_path
+from registry.httpclient import get_session
 from registry.kcpps import Lane, ModelConfig
 from routerproject.config import RouterConfig
 from routerproject.errors import BackendError

@@ -28,9 +28,9 @@ from lending.tests.factories import OffloadDecisionFactory
 from proxy.api.schema import OPENAPI_CONTENT_TYPE, openapi_bytes, openapi_document
 from proxy.app import ProxyApp
 from proxy.handlers import ROUTES
-from proxy.httpclient import close_session
 from proxy.node import Node, build_node, set_node
 from registry import services
+from registry.httpclient import close_session
 from registry.recipes import Component, Recipe
 from routerproject.asgi import application
 from routerproject.config import load_config

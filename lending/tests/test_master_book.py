@@ -20,8 +20,8 @@ import yaml
 from lending import master as master_module
 from lending.master import MasterLending
 from lending.planner import Lease, PlanResult
-from proxy.httpclient import close_session
 from proxy.node import Node, build_node
+from registry.httpclient import close_session
 from registry.nodeclient import NodeCallError
 from routerproject.config import load_config
 

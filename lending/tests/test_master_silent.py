@@ -21,8 +21,8 @@ from aiohttp import web
 from lending import master as master_module
 from lending.master import STATUS_TIMEOUT_SECS, MasterLending, RelayRefused
 from lending.planner import Lease
-from proxy.httpclient import close_session
 from proxy.node import Node, build_node
+from registry.httpclient import close_session
 from routerproject.config import load_config
 
 TOKEN = "cluster-secret-for-master-tests"

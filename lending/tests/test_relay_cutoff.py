@@ -20,8 +20,8 @@ from lending import flow
 from lending.flow import CUTOFF_FACTOR, CUTOFF_GRACE_SECS, _cutoff, relay
 from lending.planner import Lease
 from proxy.forwarding import Ctx, Job, shape_openai
-from proxy.httpclient import close_session
 from proxy.node import Node, build_node
+from registry.httpclient import close_session
 from routerproject.config import load_config
 
 TOKEN = "cluster-secret-for-relay-tests"

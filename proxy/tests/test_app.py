@@ -20,8 +20,8 @@ from asgiref.testing import ApplicationCommunicator
 
 from analytics.recorder import RequestSample
 from proxy.app import ProxyApp
-from proxy.httpclient import close_session, get_session
 from proxy.node import Node, build_node
+from registry.httpclient import close_session, get_session
 from routerproject.config import load_config
 
 # receive_output cancels the app when it times out, so timeouts are generous.

@@ -17,8 +17,8 @@ import yaml
 from lending.flow import Takeback, borrowed_acquire
 from lending.runtime import Lending
 from proxy.forwarding import Ctx, Job, forward, shape_openai
-from proxy.httpclient import close_session
 from proxy.node import Node, build_node
+from registry.httpclient import close_session
 from routerproject.config import load_config
 from routerproject.errors import RouterError
 

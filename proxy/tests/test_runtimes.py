@@ -22,9 +22,9 @@ import yaml
 
 from analytics.recorder import LoadEvent
 from proxy.backends import Launch
-from proxy.httpclient import close_session, get_session
 from proxy.runtimes import Runtime, RuntimeManager, free_port
 from registry.hashing import FileHasher
+from registry.httpclient import close_session, get_session
 from registry.kcpps import ModelConfig, load_model_config
 from routerproject.config import RouterConfig, load_config
 from routerproject.errors import BackendError

@@ -253,7 +253,7 @@ class NodeRunner:
         self.stopping = True
         from twisted.internet import reactor
 
-        from proxy.httpclient import close_session
+        from registry.httpclient import close_session
 
         for port in self.listening:
             with contextlib.suppress(Exception):

@@ -1,4 +1,5 @@
-"""The process's one pooled HTTP client for talking to backends.
+"""The process's one pooled HTTP client: for backends, and for inference hops between nodes
+(forwarding to the node that holds a model, lending's relays through the master).
 
 aiohttp's client is used directly on the hot path: measured here, httpx's own pool added
 several milliseconds per request, and the proxy forwards raw bytes anyway. The session is
