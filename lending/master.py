@@ -397,7 +397,7 @@ class MasterLending:
         Raises RelayRefused (after logging `relay_refused`) when there is no live lease, the
         helper cannot be reached, or forwarding fails before the helper answers.
         """
-        from proxy.rewrite import set_body_model
+        from registry.bodies import set_body_model
         from registry.httpclient import get_session
 
         lease = self.lease_for(lane, owner_node, owner_model)

@@ -33,7 +33,7 @@ from proxy.forwarding import (
     shape_openai,
 )
 from proxy.node import Node
-from proxy.rewrite import set_body_model
+from registry.bodies import set_body_model
 from registry.cluster import Replica
 from registry.routing import Kind, lane_of, resolve
 from routerproject.errors import RouterError, is_ollama_path

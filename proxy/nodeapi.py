@@ -200,7 +200,7 @@ async def handle_offload_request(ctx: Ctx, node: Node) -> None:
     """Relay a lent request to the leased helper (master only); 409 when it cannot."""
     from lending.flow import offload_returned
     from lending.master import RelayRefused, get_master
-    from proxy.rewrite import set_body_model
+    from registry.bodies import set_body_model
 
     if node.role != "master":
         raise RouterError(409, "only the master relays lent requests", code="not_master")

@@ -34,10 +34,6 @@ class InvalidBackendJSON(ValueError):
     """A backend response that must be JSON is not (the router answers 502)."""
 
 
-class InvalidRequestJSON(ValueError):
-    """A request body that must be a JSON object is not."""
-
-
 def rewrite_json_model(body: bytes, public_id: str) -> bytes:
     """Replace a top-level string ``model`` with ``public_id``; never insert one.
 
@@ -58,41 +54,6 @@ def rewrite_json_model(body: bytes, public_id: str) -> bytes:
     if not isinstance(current, str) or current == public_id:
         return body
     obj["model"] = public_id
-    return orjson.dumps(obj)
-
-
-_MODEL_VALUE_RE = re.compile(rb'"model"\s*:\s*')
-
-
-def set_body_model(body: bytes, model: str) -> bytes:
-    """Set (or insert) the top-level ``model`` of a request body.
-
-    An existing string ID is replaced in place, so the rest of the body keeps its bytes: the
-    node that serves the request measures the same body size (and, on a backend that counts
-    tokens from bytes, the same prompt) as the node that received it, which is what lets a
-    helper's cost fit price an owner's held work. The splice is checked by parsing it; when
-    it cannot be shown equal, the body is re-serialised.
-    """
-    try:
-        obj = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidRequestJSON("request body is not valid json") from exc
-    if not isinstance(obj, dict):
-        raise InvalidRequestJSON("request body is not a json object")
-    current = obj.get("model")
-    if current == model:
-        return body
-    obj["model"] = model
-    if isinstance(current, str):
-        old, new = orjson.dumps(current), orjson.dumps(model)
-        # A nested object may have a "model" of its own: each place is tried until the
-        # parsed result is the top-level change and nothing else.
-        for match in _MODEL_VALUE_RE.finditer(body):
-            start = match.end()
-            if body.startswith(old, start):
-                spliced = body[:start] + new + body[start + len(old) :]
-                if orjson.loads(spliced) == obj:
-                    return spliced
     return orjson.dumps(obj)
 
 

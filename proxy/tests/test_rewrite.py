@@ -7,12 +7,10 @@ import pytest
 
 from proxy.rewrite import (
     InvalidBackendJSON,
-    InvalidRequestJSON,
     NDJSONRewriter,
     SSERewriter,
     UsageTracker,
     rewrite_json_model,
-    set_body_model,
     usage_from_json,
 )
 
@@ -79,27 +77,6 @@ def test_it_preserves_unicode_and_numbers_when_rewriting():
 def test_it_returns_the_same_bytes_when_the_model_is_already_public():
     body = b'{ "model" : "llama-3-2" }'
     assert rewrite_json_model(body, PUBLIC) is body
-
-
-# ------------------------------------------------------------ set_body_model
-
-
-def test_set_body_model_replaces_an_existing_model():
-    out = set_body_model(b'{"model":"public-2","messages":[]}', "local")
-    assert orjson.loads(out) == {"model": "local", "messages": []}
-
-
-def test_set_body_model_inserts_a_missing_model():
-    assert orjson.loads(set_body_model(b'{"prompt":"hi"}', "local")) == {
-        "prompt": "hi",
-        "model": "local",
-    }
-
-
-@pytest.mark.parametrize("body", [b"{", b"[1]", b'"model"'])
-def test_set_body_model_rejects_a_body_that_is_not_a_json_object(body: bytes):
-    with pytest.raises(InvalidRequestJSON):
-        set_body_model(body, "local")
 
 
 # ------------------------------------------------------------ SSERewriter
@@ -340,28 +317,3 @@ def test_usage_from_json_reads_a_non_streaming_body():
 )
 def test_usage_from_json_returns_none_for_a_body_without_usable_usage(body: bytes):
     assert usage_from_json(body) is None
-
-
-def test_set_body_model_keeps_every_other_byte_of_the_body():
-    body = b'{"model": "owner-model", "messages": [{"role": "user", "content": "hi"}]}'
-
-    out = set_body_model(body, "h")
-
-    assert out == b'{"model": "h", "messages": [{"role": "user", "content": "hi"}]}'
-    assert len(out) == len(body) - len("owner-model") + len("h")
-
-
-def test_set_body_model_does_not_touch_a_nested_model_key():
-    body = b'{"tools": [{"model": "A"}], "model": "A", "n": 1.50}'
-
-    out = set_body_model(body, "B")
-
-    assert out == b'{"tools": [{"model": "A"}], "model": "B", "n": 1.50}'
-
-
-def test_set_body_model_re_serialises_when_the_id_is_written_with_escapes():
-    body = b'{"model": "\\u0041", "prompt": "x"}'
-
-    out = set_body_model(body, "B")
-
-    assert orjson.loads(out) == {"model": "B", "prompt": "x"}
