@@ -9,7 +9,11 @@ Where we deliberately differ from the reference:
 * means of held work and context use only the entries that have a size estimate
   (``sized_*``), so unsized entries do not pull the mean towards zero and let a too-small
   helper past the context gate;
-* plan rows log ``restore_ms`` beside ``switch_ms``, since the restore is part of the price.
+* plan rows log ``restore_ms`` beside ``switch_ms``, since the restore is part of the price;
+* a helper granted to one owner may also serve another owner in the same plan (same helper
+  model, priced lease, fewer slots) when that owner's first lent job still pays off after
+  waiting behind the slots granted before it; the reference gives each helper node to one
+  owner per plan, and two owners then take the helper from each other on every event.
 """
 
 from __future__ import annotations
@@ -302,6 +306,18 @@ class _Candidate:
     service_source: str
     total_ms: float | None  # switch + restore + service, None unless fully priced
     probe_bar_ms: float
+    # Slots this plan already granted other owners on the same helper model: this owner's
+    # first lent job waits behind them.
+    ahead: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Claim:
+    """What a plan already granted on one helper node."""
+
+    model_id: str
+    slots: int
+    probe: bool
 
 
 def _lendable(owner: Endpoint) -> int:
@@ -372,13 +388,18 @@ def _evaluate(
     demand: _Demand,
     target: LinkTarget,
     cost: _HelperCost,
-    claimed: set[str],
+    claimed: Mapping[str, _Claim],
 ) -> _Candidate:
     helper = target.helper
+    claim = claimed.get(helper.node_id)
+    # A helper already granted to another owner may be shared, but only on the same model
+    # (another model would switch it back and forth) and only under a priced lease.
+    shared = claim is not None and claim.model_id == helper.model_id and not claim.probe
+    ahead = claim.slots if claim is not None and shared else 0
     ineligible = ""
     if not helper.accepting_borrowed:
         ineligible = REASON_NOT_ACCEPTING
-    elif helper.node_id in claimed:
+    elif claim is not None and not shared:
         ineligible = REASON_CLAIMED
     elif not helper.loaded and not target.load_if_unloaded:
         ineligible = REASON_LOAD_FORBIDDEN
@@ -401,10 +422,15 @@ def _evaluate(
         unpriced = REASON_SERVICE_UNPRICED
     else:
         unpriced = ""
-        total_ms = switch_ms + restore_ms + service_ms
+        total_ms = switch_ms + restore_ms + service_ms * (1 + ahead)
         if not ineligible and not helper.loaded and helper.idle_for_ms < switch_ms + restore_ms:
             # Its own traffic is likely back before the detour pays for itself.
             ineligible = REASON_RECENTLY_BUSY
+    if claim is not None and not ineligible:
+        keep = demand.keep_ms if demand.priced else None
+        if total_ms is None or keep is None or total_ms >= keep:
+            # Waiting behind the other owner's lent work does not pay (or cannot be priced).
+            ineligible = REASON_CLAIMED
 
     return _Candidate(
         target=target,
@@ -416,6 +442,7 @@ def _evaluate(
         service_source=source,
         total_ms=total_ms,
         probe_bar_ms=cost.probe_bar_ms,
+        ahead=ahead,
     )
 
 
@@ -451,6 +478,12 @@ def _lease(
 ) -> Lease:
     switch = candidate.switch_ms
     restore = candidate.restore_ms
+    service = candidate.service_ms
+    # The hold's helper clock starts with the whole detour: restore, and on a shared helper the
+    # other owners' lent jobs this owner's first job waits behind.
+    detour = None
+    if switch is not None and restore is not None:
+        detour = switch + restore + (service or 0.0) * candidate.ahead
     return Lease(
         lane=lane,
         owner_node_id=owner.node_id,
@@ -463,9 +496,8 @@ def _lease(
         probe=probe,
         ttl_ms=settings.grant_ttl_ms,
         owner_job_ms=demand.job_ms,
-        # The hold predicate's helper clock starts with the whole detour, restore included.
-        helper_switch_ms=None if switch is None or restore is None else switch + restore,
-        helper_service_ms=candidate.service_ms,
+        helper_switch_ms=detour,
+        helper_service_ms=service,
     )
 
 
@@ -487,7 +519,7 @@ def _candidates(
     targets: Sequence[LinkTarget],
     costs: CostTable,
     settings: Settings,
-    claimed: set[str],
+    claimed: Mapping[str, _Claim],
     helper_costs: dict[int, _HelperCost],
 ) -> list[_Candidate]:
     out: list[_Candidate] = []
@@ -515,6 +547,9 @@ def _choose(
         index = min(paying, key=lambda i: (candidates[i].total_ms, *_node_order(candidates[i])))
         service, job = candidates[index].service_ms, demand.job_ms
         assert service is not None and job is not None
+        if candidates[index].ahead:
+            # A shared helper's queue is shared: this owner adds the fewer slots.
+            return _Choice(index, OUTCOME_GRANTED, settings.slower_slots)
         slots = settings.faster_slots if service <= job else settings.slower_slots
         return _Choice(index, OUTCOME_GRANTED, slots)
     idle_enough = [
@@ -595,7 +630,13 @@ def plan_lane(
     costs: CostTable | None,
     settings: Settings,
 ) -> PlanResult:
-    """Plan one lane: at most one lease per owner, at most one owner per helper node."""
+    """Plan one lane: at most one lease per owner.
+
+    A helper node granted to one owner is claimed for the rest of the plan: another owner
+    may share it only on the same helper model, under a priced lease, when its first lent job
+    still pays off after waiting behind the slots granted before it (then with the fewer
+    slots); otherwise that owner sees it as ``helper_claimed``.
+    """
     if costs is None:
         # No cost source yet: the reference plans nothing at all, not even probes.
         return PlanResult()
@@ -609,7 +650,7 @@ def plan_lane(
     leases: list[Lease] = []
     rows: list[PlanRow] = []
     probe_due: float | None = None
-    claimed: set[str] = set()
+    claimed: dict[str, _Claim] = {}
     helper_costs: dict[int, _HelperCost] = {}
 
     for owner, targets in planned:
@@ -632,7 +673,13 @@ def plan_lane(
         )
         if choice.index is not None:
             best = candidates[choice.index]
-            claimed.add(best.target.helper.node_id)
+            chosen = best.target.helper
+            before = claimed.get(chosen.node_id)
+            claimed[chosen.node_id] = _Claim(
+                chosen.model_id,
+                choice.slots + (before.slots if before is not None else 0),
+                choice.outcome == OUTCOME_PROBE,
+            )
             leases.append(
                 _lease(
                     lane=lane,

@@ -439,7 +439,7 @@ def test_a_loaded_helper_can_beat_a_faster_one_that_must_load() -> None:
 # -- claims and ordering -------------------------------------------------------------------
 
 
-def test_a_helper_node_serves_only_the_first_owner_in_a_plan() -> None:
+def test_a_helper_is_shared_when_waiting_behind_the_first_owner_still_pays() -> None:
     costs = table(
         {("big", "m"): flat(1000), ("small", "m"): flat(1000), ("h1", "h"): flat(250)},
     )
@@ -451,11 +451,46 @@ def test_a_helper_node_serves_only_the_first_owner_in_a_plan() -> None:
         ],
         costs,
     )
-    assert [(row.owner_node_id, row.outcome, row.reason) for row in result.rows] == [
+    rows = [(r.owner_node_id, r.outcome, r.reason, r.slots) for r in result.rows]
+    # small's first lent job waits behind big's two: 3 x 250 = 750 ms < 5 x 1000 ms alone.
+    assert rows == [("big", "granted", "", 2), ("small", "granted", "", 1)]
+    big, small = result.leases
+    assert (big.helper_slots, big.helper_switch_ms) == (2, 0)
+    assert (small.helper_slots, small.helper_switch_ms) == (1, 500)
+
+
+def test_a_shared_helper_that_no_longer_pays_is_claimed() -> None:
+    costs = table(
+        {("big", "m"): flat(1000), ("small", "m"): flat(1000), ("h1", "h"): flat(400)},
+    )
+    shared = helper("h1")
+    result = plan(
+        [(owner(40, node="big"), [link(shared)]), (owner(1, node="small"), [link(shared)])],
+        costs,
+    )
+    # 3 x 400 = 1200 ms behind big's two slots against 1000 ms alone: not worth it.
+    assert [(r.owner_node_id, r.outcome, r.reason) for r in result.rows] == [
         ("big", "granted", ""),
         ("small", "skipped", "helper_claimed"),
     ]
     assert [lease.owner_node_id for lease in result.leases] == ["big"]
+
+
+def test_sharing_prices_the_wait_behind_every_earlier_grant() -> None:
+    # Three owners on one 250 ms helper: 2 slots, then 1, then the third waits behind 3.
+    costs = table(
+        {("a", "m"): flat(1000), ("b", "m"): flat(1000), ("c", "m"): flat(1000)}
+        | {("h1", "h"): flat(250)},
+    )
+    shared = helper("h1")
+    owners = [(owner(n, node=name), [link(shared)]) for name, n in (("a", 9), ("b", 8), ("c", 1))]
+    result = plan(owners, costs)
+    # c alone: 1000 ms; behind 3 lent jobs: 4 x 250 = 1000 ms, not sooner.
+    assert [(r.owner_node_id, r.outcome, r.reason, r.slots) for r in result.rows] == [
+        ("a", "granted", "", 2),
+        ("b", "granted", "", 1),
+        ("c", "skipped", "helper_claimed", 0),
+    ]
 
 
 def test_a_claim_covers_every_model_of_the_helper_node() -> None:
