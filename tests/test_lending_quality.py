@@ -50,7 +50,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         {
             "o": [text_model("A", load_ms=50, base_ms=5, output_ms_per_token=20)],
             "h": [text_model("B", load_ms=50, base_ms=5, output_ms_per_token=5)],
-            "s": [text_model("C", load_ms=50, base_ms=5, output_ms_per_token=10)],
+            "s": [
+                text_model("C", load_ms=50, base_ms=5, output_ms_per_token=10),
+                # A second owner on another node, sharing helper h with o.
+                text_model("D", load_ms=50, base_ms=5, output_ms_per_token=20),
+            ],
         },
         master_sections={
             "cluster": {
@@ -62,12 +66,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         },
     )
     try:
-        for node, model in (("o", "A"), ("h", "B"), ("s", "C")):
+        for node, model in (("o", "A"), ("h", "B"), ("s", "C"), ("s", "D")):
             with c.slaves[node].client(timeout=60) as client:
                 for i, out in enumerate(WARMUP_OUTPUTS):
                     resp = client.post("/v1/chat/completions", json=chat(model, out, variant=i))
                     assert resp.status_code == 200
-        for node, model in (("o", "A"), ("h", "B"), ("s", "C")):
+        for node, model in (("o", "A"), ("h", "B"), ("s", "C"), ("s", "D")):
             wait_for(lambda n=node, m=model: priced(c, n, m), timeout=30)
         with c.master.client() as client:
             link = {
@@ -79,6 +83,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                 "acknowledge_different_weights": True,
             }
             assert client.post("/router/v1/site/text-routing-groups", json=link).status_code == 200
+            second = {
+                "anchor": {"node_id": "s", "model_id": "D"},
+                "lends_to": [{"node_id": "h", "model_id": "B"}],
+                "acknowledge_different_weights": True,
+            }
+            resp = client.post("/router/v1/site/text-routing-groups", json=second)
+            assert resp.status_code == 200
         wait_for(lambda: enrolled(c), timeout=30)
         yield c
     finally:
@@ -103,12 +114,12 @@ def enrolled(c: Cluster) -> bool:
     return any(q.get("model_id") == "A" for q in queues)
 
 
-def burst(c: Cluster, bodies: list[dict[str, Any]]) -> list[httpx.Response]:
+def burst(c: Cluster, bodies: list[dict[str, Any]], node: str = "o") -> list[httpx.Response]:
     out: list[httpx.Response] = []
     lock = threading.Lock()
 
     def call(body: dict[str, Any]) -> None:
-        with c.slaves["o"].client(timeout=120) as client:
+        with c.slaves[node].client(timeout=120) as client:
             resp = client.post("/v1/chat/completions", json=body)
             resp.read()
         with lock:
@@ -236,3 +247,33 @@ def test_a_helpers_own_request_waits_behind_one_borrowed_job_at_most(cluster: Cl
         r for r in rows if r["node_id"] == "h" and r["outcome"] == "native_waited_behind_borrowed"
     ]
     assert all(r.get("borrowed_ahead", 0) <= 1 for r in waited), waited
+
+
+def test_two_owners_share_one_helper(cluster: Cluster) -> None:
+    since = now_ms()
+    results: dict[str, list[httpx.Response]] = {}
+
+    def run(node: str, model: str) -> None:
+        results[node] = burst(cluster, [chat(model, 20, variant=i) for i in range(10)], node)
+
+    threads = [threading.Thread(target=run, args=args) for args in (("o", "A"), ("s", "D"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+
+    assert [r.status_code for r in results["o"]] == [200] * 10
+    assert [r.status_code for r in results["s"]] == [200] * 10
+    rows = settled_decisions(cluster, since)
+    granted = {
+        (r["owner_node_id"], r["slots"])
+        for r in rows
+        if r["kind"] == "plan" and r["outcome"] == "granted" and r["helper_node_id"] == "h"
+    }
+    # In some plan, both owners held a lease on h at once, the second with one slot.
+    shared = [
+        r for r in rows if r["kind"] == "plan" and r["outcome"] == "granted" and r.get("slots") == 1
+    ]
+    assert shared and {o for o, _ in granted} == {"o", "s"}, granted
+    lent_by = {r["node_id"] for r in rows if r["outcome"] == "lent" and r["helper_node_id"] == "h"}
+    assert lent_by == {"o", "s"}
