@@ -70,7 +70,6 @@ class MasterLending:
         self._queued: dict[tuple[str, str, str], tuple[str, asyncio.Future[Lease | None]]] = {}
         self._probe_timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
-        self.last_plan_ms = 0.0
         # Stall check: relays in flight per helper node and when that set last changed.
         self.relays: dict[str, set[asyncio.Task[Any]]] = {}
         self.relay_changed: dict[str, float] = {}
@@ -144,7 +143,6 @@ class MasterLending:
 
     async def plan(self, trigger: str, *, asking: tuple[str, str, str] | None = None) -> None:
         async with self._plan_lock:
-            started = time.perf_counter()
             statuses = await self._statuses()
             costs = self._costs(statuses)
             results: dict[str, PlanResult] = {}
@@ -166,7 +164,6 @@ class MasterLending:
                 if result.probe_due_ms is not None:
                     due.append(result.probe_due_ms)
             self.book = book
-            self.last_plan_ms = (time.perf_counter() - started) * 1000.0
             self._arm_probe(min(due) if due else None)
         self._deliver(results, asking)
 

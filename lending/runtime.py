@@ -91,13 +91,6 @@ class Lending:
     def is_owner(self, lane: str, model_id: str) -> bool:
         return model_id in self.owners.get(lane, frozenset())
 
-    def links_from(self, lane: str, model_id: str) -> list[dict[str, Any]]:
-        return [
-            ln
-            for ln in self.links.get(lane, [])
-            if ln["owner_node_id"] == self.node_id and ln["owner_model_id"] == model_id
-        ]
-
     # -- settings -------------------------------------------------------------------------
 
     def apply_settings(self, values: Mapping[str, str], *, source: str) -> None:

@@ -56,7 +56,6 @@ JSON = b"application/json"
 NDJSON = b"application/x-ndjson"
 SSE = b"text/event-stream"
 CLIENT_CLOSED = 499
-HOP_HEADERS = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length"})
 
 
 @dataclass
