@@ -1,7 +1,11 @@
-"""Lending on the request path: the owner's turn (admit, or lend and relay) and the helper's.
+"""Lending on the request path, asked once per request through the node's `RequestLending`.
 
-`forward()` (proxy/forwarding.py) calls these for a request of an enrolled model (owner side)
-or a borrowed request (helper side, marked by the node protocol, never by a client header).
+`forward()` (proxy/forwarding.py) asks `ask()` what to do with a request it would run on a
+local runtime, and calls `done()` when the request is over. An unlinked model skips the router
+queue on one set lookup. An enrolled model's own request waits for admission, and may be lent
+and relayed to a helper meanwhile (the owner's turn). A borrowed request (marked by the node
+protocol, never by a client header) queues behind every native one and goes back to its owner
+with a 409 whenever it must (the helper's turn).
 """
 
 from __future__ import annotations
@@ -10,21 +14,24 @@ import asyncio
 import contextlib
 import dataclasses
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Generic, TypeVar
 
 import aiohttp
 
 from lending.planner import Lease
+from lending.ports import LendingRuntime, RequestCtx, RequestJob, ServingNode
 from lending.queue import Entry, State
 from lending.runtime import RETURNED, _wake
+from registry.httpclient import get_session
+from registry.nodeclient import NodeCallError
 from routerproject.errors import RouterError
 
-if TYPE_CHECKING:
-    from proxy.forwarding import Ctx, Job
-    from proxy.node import Node
-    from proxy.runtimes import Runtime
+C = TypeVar("C", bound=RequestCtx)
+J = TypeVar("J", bound=RequestJob)
+T = TypeVar("T")
 
-Shaper = Callable[["Ctx", "Job", aiohttp.ClientResponse], Awaitable[None]]
+Shaper = Callable[[C, J, aiohttp.ClientResponse], Awaitable[None]]
+"""Answers the client from a backend's (or a helper's) response: the proxy's, passed in."""
 
 # The spec's cutoff for a lent request whose helper has not started answering.
 CUTOFF_FACTOR = 3.0
@@ -35,10 +42,151 @@ def offload_returned(message: str) -> RouterError:
     return RouterError(409, message, type="offload_returned", code="offload_returned")
 
 
+# -- the seam ----------------------------------------------------------------------------------
+
+
+class Turn(Generic[T]):
+    """One request's part in lending, from `RequestLending.ask` to `RequestLending.done`."""
+
+    __slots__ = ("borrowed", "entry", "guarding", "job", "launch")
+
+    def __init__(self, job: RequestJob, borrowed: bool) -> None:
+        self.job = job
+        self.borrowed = borrowed
+        self.launch: T | None = None
+        """What `acquire` gave to run the request here; None when a helper answered the client."""
+        self.entry: Entry | None = None
+        """Its router-queue entry: an enrolled model's own request, or a borrowed one."""
+        self.guarding = False
+        """It runs as a guardian of a text-only model here, which is loaded back after."""
+
+
+class RequestLending:
+    """The proxy's one question to lending per request, held by the node as `lending_gate`."""
+
+    def __init__(self, node: ServingNode) -> None:
+        self.node = node
+
+    async def ask(
+        self,
+        ctx: C,
+        job: J,
+        runtime: LendingRuntime,
+        acquire: Callable[[], Awaitable[T]],
+        shape: Shaper[C, J],
+    ) -> Turn[T]:
+        """Admit, relay, or give back: what to do with a request bound for `runtime`.
+
+        Returns when the request runs here, with `turn.launch` from `acquire` (which waits for
+        the runtime, maybe for a model load), or when a helper already answered the client
+        through `shape` (`turn.launch` is None). Raises RouterError 409 (`offload_returned`)
+        when a borrowed request goes back to its owner. After a return the caller ends the turn
+        with `done`; after a raise (this one, the client leaving, `acquire` failing) it is over.
+        """
+        if ctx.borrowed:
+            return await self._helper(ctx, job, acquire)
+        node = self.node
+        lending = node.lending
+        turn: Turn[T] = Turn(job, False)
+        lending.own_begin()
+        try:
+            lane = job.lane
+            arrived = lending.clock()
+            enrolled = lending.is_enrolled(lane, job.model_id)
+            # An enrolled request's wait behind borrowed work is logged by its router queue;
+            # an unlinked model goes straight to the runtime, so it is counted here: only the
+            # borrowed jobs holding the runtime, not those the line below hands back.
+            ahead = 0 if enrolled else borrowed_running_on(node, lane, runtime)
+            # The node's own request, enrolled or not: borrowed work it has not started goes
+            # back to its owners now, so its own work goes first.
+            yield_borrowed(node, lane)
+            if enrolled and await self._owner(ctx, job, turn, shape):
+                return turn  # a helper answered the client
+            if job.guardian_restore:
+                node.restore.guardian_started(job)
+                turn.guarding = True
+            else:
+                node.restore.own_started(job)
+            turn.launch = await acquire()
+            log_waited_behind_borrowed(node, lane, job.model_id, ahead, arrived)
+        except BaseException:
+            self.done(turn)
+            raise
+        return turn
+
+    def done(self, turn: Turn[Any]) -> None:
+        """The request is over (answered, failed or cancelled): free what its turn holds."""
+        node = self.node
+        lending = node.lending
+        job = turn.job
+        entry = turn.entry
+        if entry is not None:
+            admitted = entry.state is State.ADMITTED
+            lending.release(job.lane, entry)
+            if admitted and not turn.borrowed:
+                node.owner.report(job.lane, job.model_id, "completed")
+        if turn.borrowed:
+            node.restore.borrowed_finished(job)
+        else:
+            if turn.guarding:
+                node.restore.guardian_finished(job)
+            lending.own_end()
+
+    async def _owner(self, ctx: C, job: J, turn: Turn[T], shape: Shaper[C, J]) -> bool:
+        """An enrolled model's own request: True when a helper answered it."""
+        node = self.node
+        entry = turn.entry = queue_entry(node, job)
+        if job.has_image:
+            node.owner.image_entries.add(id(entry))
+        try:
+            return await owner_turn(ctx, node, job, entry, shape)
+        finally:
+            node.owner.image_entries.discard(id(entry))
+
+    async def _helper(self, ctx: C, job: J, acquire: Callable[[], Awaitable[T]]) -> Turn[T]:
+        node = self.node
+        turn: Turn[T] = Turn(job, True)
+        try:
+            turn.entry = await helper_turn(ctx, node, job)
+            node.restore.borrowed_started(job, ctx.offload_restore)
+            turn.launch = await borrowed_acquire(node, job, acquire())
+        except BaseException:
+            self.done(turn)
+            raise
+        return turn
+
+
+def queue_entry(node: ServingNode, job: RequestJob) -> Entry:
+    """A router-queue entry with this request's size estimate (for pricing and the context gate).
+
+    Text sizes come from the model's measured token profile; without one the entry is unsized
+    (the spec's discipline: no estimate before enough measured traffic). Streams are pinned:
+    only a buffered, replayable body can be lent.
+    """
+    now = node.lending.clock()
+    if job.lane == "image" and job.image is not None:
+        return Entry(job.model_id, now, work=(float(job.image.units),), pinned=job.stream)
+    costs = node.lending.costs
+    profile = costs.tokens.get(job.model_id) if costs is not None else None
+    if profile is None:
+        return Entry(job.model_id, now, pinned=job.stream)
+    max_tokens = job.max_tokens
+    # Work is priced against fits in measured tokens, so it takes the mean ratio; only the
+    # context gate below errs on the safe side with the conservative one.
+    prompt = profile.expected_prompt_tokens(len(job.body))
+    output = float(max_tokens) if max_tokens else profile.mean_output_tokens
+    context = profile.required_context(
+        len(job.body), max_tokens, node.lending.settings.context_reserve
+    )
+    return Entry(
+        job.model_id, now, work=(float(prompt), output), context=context, pinned=job.stream
+    )
+
+
 # -- owner ------------------------------------------------------------------------------------
 
 
-async def owner_turn(ctx: Ctx, node: Node, job: Job, entry: Entry, shape: Shaper) -> bool:
+async def owner_turn(ctx: C, node: ServingNode, job: J, entry: Entry, shape: Shaper[C, J]) -> bool:
     """Wait for admission; if lent meanwhile, relay. True when the client was answered."""
     lending = node.lending
     owner = node.owner
@@ -69,7 +217,7 @@ async def owner_turn(ctx: Ctx, node: Node, job: Job, entry: Entry, shape: Shaper
         requeued = True
 
 
-def report_enqueued(node: Node, lane: str, entry: Entry) -> None:
+def report_enqueued(node: ServingNode, lane: str, entry: Entry) -> None:
     if entry.state is not State.ADMITTED and not entry.borrowed:
         node.owner.report(lane, entry.model_id, "enqueued")
 
@@ -82,12 +230,12 @@ class Takeback(asyncio.Future[None]):
     behind (holding the runtime) from the borrowed work it is about to hand back.
     """
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: LendingRuntime) -> None:
         super().__init__(loop=asyncio.get_running_loop())
         self.runtime_key = id(runtime)
 
 
-def borrowed_running_on(node: Node, lane: str, runtime: Runtime) -> int:
+def borrowed_running_on(node: ServingNode, lane: str, runtime: LendingRuntime) -> int:
     """Borrowed requests that hold `runtime` now: admitted to it and no longer waiting for it."""
     admitted = node.restore.borrowed_on(runtime)
     if not admitted:
@@ -100,7 +248,7 @@ def borrowed_running_on(node: Node, lane: str, runtime: Runtime) -> int:
     return max(0, admitted - waiting)
 
 
-def yield_borrowed(node: Node, lane: str) -> None:
+def yield_borrowed(node: ServingNode, lane: str) -> None:
     """A native request arrived: every borrowed request not yet running goes back to its owner.
 
     That covers borrowed requests still queued in the router and those admitted but still
@@ -119,14 +267,14 @@ def yield_borrowed(node: Node, lane: str) -> None:
             future.set_result(RETURNED)
 
 
-def _log_waited(node: Node, lane: str, entry: Entry) -> None:
+def _log_waited(node: ServingNode, lane: str, entry: Entry) -> None:
     if entry.borrowed:
         return
     log_waited_behind_borrowed(node, lane, entry.model_id, entry.borrowed_ahead, entry.arrived_at)
 
 
 def log_waited_behind_borrowed(
-    node: Node, lane: str, model_id: str, borrowed_ahead: int, arrived_at: float
+    node: ServingNode, lane: str, model_id: str, borrowed_ahead: int, arrived_at: float
 ) -> None:
     """The helper row for a native request that had borrowed work ahead of it on arrival."""
     if borrowed_ahead <= 0:
@@ -150,15 +298,12 @@ def _cutoff(lease: Lease) -> float | None:
     return CUTOFF_FACTOR * (switch + job) / 1000.0 + CUTOFF_GRACE_SECS
 
 
-async def relay(ctx: Ctx, node: Node, job: Job, lease: Lease, shape: Shaper) -> bool:
+async def relay(ctx: C, node: ServingNode, job: J, lease: Lease, shape: Shaper[C, J]) -> bool:
     """Send a lent request owner → master → helper; answer the client from the helper.
 
     False when it came back (409, a helper error, an unreachable master or helper, or the
     cutoff): the owner then runs it itself, so the client still gets exactly one answer.
     """
-    from registry.httpclient import get_session
-    from registry.nodeclient import NodeCallError
-
     content_type = job.content_type.decode("latin-1")
     try:
         async with contextlib.AsyncExitStack() as stack:
@@ -215,7 +360,7 @@ async def relay(ctx: Ctx, node: Node, job: Job, lease: Lease, shape: Shaper) -> 
 # -- helper -----------------------------------------------------------------------------------
 
 
-def _helper_row(node: Node, lane: str, model_id: str, reason: str, **fields: Any) -> None:
+def _helper_row(node: ServingNode, lane: str, model_id: str, reason: str, **fields: Any) -> None:
     node.decisions.record(
         kind="helper",
         lane=lane,
@@ -227,15 +372,16 @@ def _helper_row(node: Node, lane: str, model_id: str, reason: str, **fields: Any
     )
 
 
-async def borrowed_acquire(node: Node, job: Job, acquiring: Awaitable[Any]) -> Any:
+async def borrowed_acquire(node: ServingNode, job: RequestJob, acquiring: Awaitable[T]) -> T:
     """Wait for the runtime (maybe a model load) unless the helper's own work takes it back."""
     lane = job.lane
     takeback = Takeback(node.runtimes.runtime_for(job.cfg, lane))
     waiting = node.lending.borrowed_waiting.setdefault(lane, set())
     waiting.add(takeback)
     task = asyncio.ensure_future(acquiring)
+    either: set[asyncio.Future[Any]] = {task, takeback}
     try:
-        await asyncio.wait({task, takeback}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
     except asyncio.CancelledError:
         task.cancel()
         raise
@@ -250,7 +396,7 @@ async def borrowed_acquire(node: Node, job: Job, acquiring: Awaitable[Any]) -> A
     raise offload_returned("the helper's own work arrived before this request started")
 
 
-async def helper_turn(ctx: Ctx, node: Node, job: Job) -> Entry:
+async def helper_turn(ctx: RequestCtx, node: ServingNode, job: RequestJob) -> Entry:
     """Queue a borrowed request behind every native one; 409 whenever it must go back."""
     lending = node.lending
     lane = job.lane

@@ -22,11 +22,11 @@ from lending.pricing import helper_finish_ms, owner_finish_ms
 from lending.queue import Entry, LaneQueue
 
 if TYPE_CHECKING:
-    from proxy.node import Node
+    from lending.ports import ServingNode
 
 
 class HoldPolicy:
-    def __init__(self, node: Node, lane: str) -> None:
+    def __init__(self, node: ServingNode, lane: str) -> None:
         self.node = node
         self.lane = lane
         self.deadline_ms: dict[int, float] = {}

@@ -34,11 +34,13 @@ import aiohttp
 from analytics.fitting import fits_from_wire
 from lending.planner import Endpoint, Lease, LinkTarget, PlanResult, Settings, plan_lane
 from lending.pricing import CostTable
+from registry.bodies import set_body_model
 from registry.eligibility import record_text_ineligible_reason
+from registry.httpclient import get_session
 from registry.nodeclient import NodeCallError
 
 if TYPE_CHECKING:
-    from proxy.node import Node
+    from lending.ports import ServingNode
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +63,7 @@ class RelayRefused(Exception):
 
 
 class MasterLending:
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: ServingNode) -> None:
         self.node = node
         self.book: dict[tuple[str, str, str], tuple[Lease, float]] = {}
         """(lane, owner node, owner model) → (lease, expires_at on the master's clock)."""
@@ -178,10 +180,8 @@ class MasterLending:
         )
 
     async def _statuses(self) -> dict[str, dict[str, Any]]:
-        from proxy.stt import runtime_status
-
         node = self.node
-        statuses: dict[str, dict[str, Any]] = {node.node_id: runtime_status(node)}
+        statuses: dict[str, dict[str, Any]] = {node.node_id: node.runtime_status()}
         client = node.client
         if client is None:
             return statuses
@@ -394,9 +394,6 @@ class MasterLending:
         Raises RelayRefused (after logging `relay_refused`) when there is no live lease, the
         helper cannot be reached, or forwarding fails before the helper answers.
         """
-        from registry.bodies import set_body_model
-        from registry.httpclient import get_session
-
         lease = self.lease_for(lane, owner_node, owner_model)
         if lease is None:
             raise self._refuse(lane, owner_node, owner_model, "no_live_lease")
@@ -578,7 +575,7 @@ def _endpoint(
 _masters: dict[int, MasterLending] = {}
 
 
-def get_master(node: Node) -> MasterLending:
+def get_master(node: ServingNode) -> MasterLending:
     master = _masters.get(id(node))
     if master is None:
         master = _masters[id(node)] = MasterLending(node)

@@ -27,7 +27,7 @@ from lending.pricing import helper_finish_ms, owner_finish_ms
 from lending.queue import Entry
 
 if TYPE_CHECKING:
-    from proxy.node import Node
+    from lending.ports import ServingNode
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class LiveLease:
 class OwnerLending:
     """Per router process: live leases by (lane, model) and the event coalescer."""
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: ServingNode) -> None:
         self.node = node
         self.leases: dict[tuple[str, str], LiveLease] = {}
         self._inflight: set[tuple[str, str]] = set()

@@ -27,31 +27,30 @@ from typing import TYPE_CHECKING
 from registry.kcpps import ModelConfig
 
 if TYPE_CHECKING:
-    from proxy.forwarding import Job
-    from proxy.node import Node
-    from proxy.runtimes import Runtime
+    from lending.ports import LendingRuntime, RequestJob, ServingNode
 
 logger = logging.getLogger(__name__)
 
 
 class Restorer:
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: ServingNode) -> None:
         self.node = node
         self.targets: dict[int, ModelConfig] = {}
         self.timers: dict[int, asyncio.TimerHandle] = {}
         self.borrowed_in_flight = 0
         self.borrowed_by_runtime: dict[int, int] = {}
-        # The runtime key of each borrowed job between started and finished. forward() calls
-        # borrowed_finished for a job handed back before it was started too; only a job that
-        # was counted may uncount, or one runtime's return would hide another's work.
+        # The runtime key of each borrowed job between started and finished. The request
+        # path (RequestLending.done) calls borrowed_finished for a job handed back before it
+        # was started too; only a job that was counted may uncount, or one runtime's return
+        # would hide another's work.
         self._borrowed_jobs: dict[int, int] = {}
         self._drained: dict[int, list[asyncio.Future[None]]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def _runtime(self, job: Job) -> Runtime:
+    def _runtime(self, job: RequestJob) -> LendingRuntime:
         return self.node.runtimes.runtime_for(job.cfg, job.lane)
 
-    def borrowed_started(self, job: Job, restore: bool) -> None:
+    def borrowed_started(self, job: RequestJob, restore: bool) -> None:
         self.borrowed_in_flight += 1
         runtime = self._runtime(job)
         key = id(runtime)
@@ -64,7 +63,7 @@ class Restorer:
             assert current is not None
             self.targets[key] = current
 
-    def borrowed_finished(self, job: Job) -> None:
+    def borrowed_finished(self, job: RequestJob) -> None:
         key = self._borrowed_jobs.pop(id(job), None)
         if key is not None:
             self.borrowed_in_flight = max(0, self.borrowed_in_flight - 1)
@@ -80,11 +79,11 @@ class Restorer:
         if id(runtime) in self.targets:
             self._arm(runtime)
 
-    def borrowed_on(self, runtime: Runtime) -> int:
+    def borrowed_on(self, runtime: LendingRuntime) -> int:
         """Borrowed requests admitted to `runtime` that are waiting for it or running on it."""
         return self.borrowed_by_runtime.get(id(runtime), 0)
 
-    async def borrowed_drained(self, runtime: Runtime) -> None:
+    async def borrowed_drained(self, runtime: LendingRuntime) -> None:
         """Return once no borrowed request is admitted to `runtime`."""
         key = id(runtime)
         while self.borrowed_by_runtime.get(key, 0) > 0:
@@ -92,7 +91,7 @@ class Restorer:
             self._drained.setdefault(key, []).append(waiter)
             await waiter
 
-    def guardian_started(self, job: Job) -> None:
+    def guardian_started(self, job: RequestJob) -> None:
         runtime = self._runtime(job)
         key = id(runtime)
         self._cancel_timer(key)
@@ -102,12 +101,12 @@ class Restorer:
         if current is not None and current.filename != job.cfg.filename and key not in self.targets:
             self.targets[key] = current
 
-    def guardian_finished(self, job: Job) -> None:
+    def guardian_finished(self, job: RequestJob) -> None:
         runtime = self._runtime(job)
         if id(runtime) in self.targets:
             self._arm(runtime)
 
-    def own_started(self, job: Job) -> None:
+    def own_started(self, job: RequestJob) -> None:
         runtime = self._runtime(job)
         key = id(runtime)
         if key in self.targets:
@@ -119,14 +118,14 @@ class Restorer:
         if timer is not None:
             timer.cancel()
 
-    def _arm(self, runtime: Runtime) -> None:
+    def _arm(self, runtime: LendingRuntime) -> None:
         key = id(runtime)
         self._cancel_timer(key)
         delay = self.node.lending.settings.restore_delay_secs
         loop = asyncio.get_running_loop()
         self.timers[key] = loop.call_later(delay, self._fire, runtime)
 
-    def _fire(self, runtime: Runtime) -> None:
+    def _fire(self, runtime: LendingRuntime) -> None:
         key = id(runtime)
         self.timers.pop(key, None)
         target = self.targets.get(key)
@@ -151,7 +150,7 @@ class Restorer:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _restore(self, runtime: Runtime, target: ModelConfig) -> None:
+    async def _restore(self, runtime: LendingRuntime, target: ModelConfig) -> None:
         lending = self.node.lending
         lending.own_begin()
         try:

@@ -11,21 +11,14 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import aiohttp
 import orjson
 
 from guardians.routing import REFUSAL_STATUSES, ImageRefused, is_image_refusal
-from lending.flow import (
-    borrowed_acquire,
-    borrowed_running_on,
-    helper_turn,
-    log_waited_behind_borrowed,
-    owner_turn,
-    yield_borrowed,
-)
-from lending.queue import Entry, State
+from lending.flow import Turn
 from proxy import translate, work
 from proxy.backends import Launch
 from proxy.node import Node
@@ -229,49 +222,22 @@ def _int(value: Any) -> int:
 async def forward(ctx: Ctx, node: Node, job: Job, shape: Shaper) -> None:
     """Acquire the runtime, send the request, stream the answer back through `shape`.
 
-    A model enrolled in lending first waits for admission by its lane's router queue; an
-    unlinked model skips that entirely (one set lookup).
+    Lending is asked first, once (`node.lending_gate`): a model enrolled in lending waits for
+    admission by its lane's router queue and may be answered by a helper meanwhile, a borrowed
+    request may go back to its owner, and an unlinked model skips the queue (one set lookup).
     """
     busy_key = (node.node_id, job.cfg.local_id, job.lane)
     node.busy[busy_key] += 1
-    lending = node.lending
-    borrowed = ctx.borrowed
-    if not borrowed:
-        lending.own_begin()
-    entry: Entry | None = None
-    guarding = False
+    gate = node.lending_gate
     runtime = node.runtimes.runtime_for(job.cfg, job.lane)
+    turn: Turn[Launch] | None = None
     try:
-        if borrowed:
-            entry = await helper_turn(ctx, node, job)
-            node.restore.borrowed_started(job, ctx.offload_restore)
-            launch = await borrowed_acquire(node, job, _acquire(runtime, job, borrowed=True))
-        else:
-            arrived = lending.clock()
-            enrolled = lending.is_enrolled(job.lane, job.model_id)
-            # An enrolled request's wait behind borrowed work is logged by its router queue;
-            # an unlinked model goes straight to the runtime, so it is counted here: only the
-            # borrowed jobs holding the runtime, not those the line below hands back.
-            ahead = 0 if enrolled else borrowed_running_on(node, job.lane, runtime)
-            # The node's own request, enrolled or not: borrowed work it has not started goes
-            # back to its owners now, so its own work goes first.
-            yield_borrowed(node, job.lane)
-            if enrolled:
-                entry = queue_entry(node, job, ctx)
-                if job.has_image:
-                    node.owner.image_entries.add(id(entry))
-                try:
-                    if await owner_turn(ctx, node, job, entry, shape):
-                        return
-                finally:
-                    node.owner.image_entries.discard(id(entry))
-            if job.guardian_restore:
-                node.restore.guardian_started(job)
-                guarding = True
-            else:
-                node.restore.own_started(job)
-            launch = await _acquire(runtime, job)
-            log_waited_behind_borrowed(node, job.lane, job.model_id, ahead, arrived)
+        turn = await gate.ask(
+            ctx, job, runtime, partial(_acquire, runtime, job, borrowed=ctx.borrowed), shape
+        )
+        launch = turn.launch
+        if launch is None:
+            return  # a helper answered the client
         try:
             url = launch.base_url + launch.backend_path(job.backend_path)
             session = get_session()
@@ -293,17 +259,8 @@ async def forward(ctx: Ctx, node: Node, job: Job, shape: Shaper) -> None:
         finally:
             runtime.release()
     finally:
-        if entry is not None:
-            admitted = entry.state is State.ADMITTED
-            lending.release(job.lane, entry)
-            if admitted and not borrowed:
-                node.owner.report(job.lane, job.model_id, "completed")
-        if borrowed:
-            node.restore.borrowed_finished(job)
-        else:
-            if guarding:
-                node.restore.guardian_finished(job)
-            lending.own_end()
+        if turn is not None:
+            gate.done(turn)
         node.busy[busy_key] -= 1
         _record(ctx, node, job)
 
@@ -333,33 +290,6 @@ def _service_ms(runtime: Any, launch: Launch, sent: float) -> float:
     start = sent if launch.family == "upstream" else max(sent, runtime.last_done)
     runtime.last_done = done
     return (done - start) * 1000.0
-
-
-def queue_entry(node: Node, job: Job, ctx: Ctx) -> Entry:
-    """A router-queue entry with this request's size estimate (for pricing and the context gate).
-
-    Text sizes come from the model's measured token profile; without one the entry is unsized
-    (the spec's discipline: no estimate before enough measured traffic). Streams are pinned:
-    only a buffered, replayable body can be lent.
-    """
-    now = node.lending.clock()
-    if job.lane == "image" and job.image is not None:
-        return Entry(job.model_id, now, work=(float(job.image.units),), pinned=job.stream)
-    costs = node.lending.costs
-    profile = costs.tokens.get(job.model_id) if costs is not None else None
-    if profile is None:
-        return Entry(job.model_id, now, pinned=job.stream)
-    max_tokens = job.max_tokens
-    # Work is priced against fits in measured tokens, so it takes the mean ratio; only the
-    # context gate below errs on the safe side with the conservative one.
-    prompt = profile.expected_prompt_tokens(len(job.body))
-    output = float(max_tokens) if max_tokens else profile.mean_output_tokens
-    context = profile.required_context(
-        len(job.body), max_tokens, node.lending.settings.context_reserve
-    )
-    return Entry(
-        job.model_id, now, work=(float(prompt), output), context=context, pinned=job.stream
-    )
 
 
 Shaper = Callable[[Ctx, Job, aiohttp.ClientResponse], Awaitable[None]]

@@ -20,6 +20,7 @@ from django.conf import settings
 from analytics.recorder import Recorder
 from guardians.store import Guardians
 from lending.decisions import DecisionLog
+from lending.flow import RequestLending
 from lending.hold import HoldPolicy
 from lending.owner import OwnerLending
 from lending.restore import Restorer
@@ -36,7 +37,7 @@ from routerproject.config import RouterConfig
 if TYPE_CHECKING:
     from analytics.ports import AnalyticsNode
     from guardians.ports import GuardiansNode
-    from lending.ports import LendingNode
+    from lending.ports import LendingNode, ServingNode
     from registry.ports import RegistryNode
 
 
@@ -51,6 +52,8 @@ class Node:
     decisions: DecisionLog = field(init=False)
     owner: OwnerLending = field(init=False)
     restore: Restorer = field(init=False)
+    lending_gate: RequestLending = field(init=False)
+    """What the request path asks lending, once per request (lending/flow.py)."""
     client: NodeClient | None = None
     started_at: float = field(default_factory=time.time)
     request_timeout: aiohttp.ClientTimeout = field(default_factory=aiohttp.ClientTimeout)
@@ -102,6 +105,40 @@ class Node:
             "build_version": settings.ROUTER_VERSION,
             "settings_fingerprint": self.lending.fingerprint,
         }
+
+    def runtime_status(self) -> dict[str, Any]:
+        """`runtime-status`: whole-node workload, loaded configs, lending queues, idle time, costs.
+
+        One document serves both selector-less STT scheduling and the lending planner, which
+        polls every node for exactly these fields and reads the master's own here.
+        """
+        lending = self.lending
+        text = self.runtimes.runtimes["text"].current
+        image = self.runtimes.runtimes["image"].current
+        doc: dict[str, Any] = {
+            "node_id": self.node_id,
+            "build_version": settings.ROUTER_VERSION,
+            "backend_mode": self.config.backend.mode,
+            "active_requests": self.runtimes.active_requests(),
+            "queued_requests": self.runtimes.waiting_requests(),
+            "active_text_config": text.filename if text else "",
+            "active_image_config": image.filename if image else "",
+            "text_queue": lending.queue_stats("text"),
+            "image_queue": lending.queue_stats("image"),
+            "accepting_borrowed_text": lending.accepting_borrowed("text"),
+            "accepting_borrowed_image": lending.accepting_borrowed("image"),
+            "idle_for_ms": lending.idle_for_ms(),
+            "settings_fingerprint": lending.fingerprint,
+            "costs": lending.costs.to_wire() if lending.costs is not None else None,
+        }
+        for runtime in self.runtimes.all():
+            cfg = runtime.current
+            if cfg is not None and cfg.has_voice:
+                doc["active_stt_model_id"] = cfg.local_id
+                doc["active_stt_config_filename"] = cfg.filename
+                doc["active_stt_backend_mode"] = cfg.backend_mode
+                break
+        return doc
 
     def rescan(self) -> None:
         self.catalog = _scan(self.config)
@@ -157,6 +194,7 @@ def build_node(
     node.lending.hold_policy = lambda lane: HoldPolicy(node, lane)
     node.lending.lease_live = lambda lane, model_id: node.owner.live(lane, model_id) is not None
     node.restore = Restorer(node)
+    node.lending_gate = RequestLending(node)
     node.decisions = DecisionLog(
         node_id=c.node_id,
         router_version=settings.ROUTER_VERSION,
@@ -174,10 +212,10 @@ if TYPE_CHECKING:
 
     def _is_every_port(
         node: Node,
-    ) -> tuple[RegistryNode, AnalyticsNode, LendingNode, GuardiansNode]:
+    ) -> tuple[RegistryNode, AnalyticsNode, LendingNode, ServingNode, GuardiansNode]:
         # The layers below see the node only through their ports, and their views read it
         # from routerproject.node_slot with a cast: mypy proves here that Node is each port.
-        return node, node, node, node
+        return node, node, node, node, node
 
 
 def catch_up_if_stale(node: Node, node_id: str, snapshot: Mapping[str, Any]) -> None:

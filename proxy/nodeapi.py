@@ -11,7 +11,6 @@ from typing import Any
 
 import orjson
 
-from proxy import stt
 from proxy.forwarding import Ctx, parse_json_body
 from proxy.handlers import GET, POST, ROUTES, Handler
 from proxy.node import Node, catch_up_if_stale
@@ -55,7 +54,7 @@ async def handle_models(ctx: Ctx, node: Node) -> None:
 
 
 async def handle_runtime_status(ctx: Ctx, node: Node) -> None:
-    await ctx.json(200, stt.runtime_status(node))
+    await ctx.json(200, node.runtime_status())
 
 
 def _local_model(node: Node, doc: dict[str, Any]) -> str:

@@ -38,43 +38,6 @@ _counter = itertools.count()
 _reserved: Counter[str] = Counter()
 
 
-def runtime_status(node: Node) -> dict[str, Any]:
-    """`runtime-status`: whole-node workload, loaded configs, lending queues, idle time, costs.
-
-    One document serves both selector-less STT scheduling and the lending planner, which
-    polls every node for exactly these fields.
-    """
-    from django.conf import settings
-
-    lending = node.lending
-    text = node.runtimes.runtimes["text"].current
-    image = node.runtimes.runtimes["image"].current
-    doc: dict[str, Any] = {
-        "node_id": node.node_id,
-        "build_version": settings.ROUTER_VERSION,
-        "backend_mode": node.config.backend.mode,
-        "active_requests": node.runtimes.active_requests(),
-        "queued_requests": node.runtimes.waiting_requests(),
-        "active_text_config": text.filename if text else "",
-        "active_image_config": image.filename if image else "",
-        "text_queue": lending.queue_stats("text"),
-        "image_queue": lending.queue_stats("image"),
-        "accepting_borrowed_text": lending.accepting_borrowed("text"),
-        "accepting_borrowed_image": lending.accepting_borrowed("image"),
-        "idle_for_ms": lending.idle_for_ms(),
-        "settings_fingerprint": lending.fingerprint,
-        "costs": lending.costs.to_wire() if lending.costs is not None else None,
-    }
-    for runtime in node.runtimes.all():
-        cfg = runtime.current
-        if cfg is not None and cfg.has_voice:
-            doc["active_stt_model_id"] = cfg.local_id
-            doc["active_stt_config_filename"] = cfg.filename
-            doc["active_stt_backend_mode"] = cfg.backend_mode
-            break
-    return doc
-
-
 @dataclass(frozen=True)
 class _Candidate:
     replica: Replica
@@ -159,7 +122,7 @@ async def reserve(node: Node) -> AsyncIterator[Replica]:
         for r in replicas
         if r.record.get("has_voice") and r.available and not r.record.get("disabled")
     ]
-    local_status = runtime_status(node)
+    local_status = node.runtime_status()
     local = [_Candidate(r, local_status) for r in voice if r.is_local]
     statuses = await _remote_statuses(node, {r.node_id for r in voice if not r.is_local})
     remote = [_Candidate(r, statuses[r.node_id]) for r in voice if r.node_id in statuses]

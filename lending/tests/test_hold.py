@@ -59,7 +59,7 @@ def setup(
         decisions=log,
         node_id="o",
     )
-    policy = HoldPolicy(node, "text")  # type: ignore[arg-type]
+    policy = HoldPolicy(node, "text")
     queue = LaneQueue("text", depth=2, clock=lambda: now[0], hold=policy, on_held=policy.on_held)
     lending.queues["text"] = queue
     return policy, queue, now, log

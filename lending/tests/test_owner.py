@@ -40,7 +40,7 @@ def make(
         node_id="o",
         cluster=SimpleNamespace(by_public_id={}),
     )
-    owner = OwnerLending(node)  # type: ignore[arg-type]
+    owner = OwnerLending(node)
     lease = Lease(
         lane="text",
         owner_node_id="o",

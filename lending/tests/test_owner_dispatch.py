@@ -107,7 +107,7 @@ def make(*, role: str = "slave", depth: int = 1) -> Owner:
         decisions=log,
         cluster=SimpleNamespace(by_public_id=replicas),
     )
-    return Owner(OwnerLending(node), lending, clock, log)  # type: ignore[arg-type]
+    return Owner(OwnerLending(node), lending, clock, log)
 
 
 def lease(
