@@ -125,7 +125,6 @@ def build(rng: random.Random, nodes: int, links: int) -> tuple[dict[str, Owners]
                     accepting_borrowed=accepting,
                     idle_for_ms=idle,
                     context_capacity=rng.choice([4_096, 8_192, 32_768]) if lane == "text" else 0,
-                    multimodal=False,
                     eligible=rng.random() < 0.97,
                     displaced_configs=displaced,
                 )

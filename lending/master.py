@@ -556,7 +556,6 @@ def _endpoint(
         accepting_borrowed=bool(status.get(f"accepting_borrowed_{lane}")),
         idle_for_ms=float(status.get("idle_for_ms", 0) or 0),
         context_capacity=context if isinstance(context, int) else 0,
-        multimodal=bool(record.get("has_multimodal")),
         eligible=lane != "text" or record_text_ineligible_reason(record) is None,
         pending_count=int(queue.get("pending_count", 0)),
         # An owner build that does not report it counts every held request as lendable.

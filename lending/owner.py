@@ -215,7 +215,9 @@ class OwnerLending:
             size=self._job_price(lane, model_id),
         )
         now = self.node.lending.clock()
-        for entry in taken:
+        # Each row counts what was out the moment its request left, this one included.
+        out_before = len(queue.lent(model_id)) - len(taken)
+        for number, entry in enumerate(taken, start=1):
             self.node.decisions.record(
                 kind="dispatch",
                 lane=lane,
@@ -226,7 +228,7 @@ class OwnerLending:
                 outcome="lent",
                 reason=reason,
                 slots=lease.helper_slots,
-                lent_out=len(queue.lent(model_id)),
+                lent_out=out_before + number,
                 wait_ms=int((now - entry.arrived_at) * 1000),
             )
             future = entry.payload

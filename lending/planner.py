@@ -75,7 +75,6 @@ class Endpoint:
     accepting_borrowed: bool
     idle_for_ms: float
     context_capacity: int
-    multimodal: bool
     eligible: bool = True
     pending_count: int = 0
     # Held requests that can be lent (no streams, none that came back); None = not reported,

@@ -167,9 +167,6 @@ class _ModelQueue:
     def is_sized(self, entry: Entry) -> bool:
         return self.arity is not None and len(entry.work) == self.arity
 
-    def zero_work(self) -> tuple[float, ...]:
-        return (0.0,) * (self.arity or 0)
-
     def waiting_natives(self) -> int:
         return self.lendable_live + self.pinned_live
 

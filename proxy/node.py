@@ -140,10 +140,6 @@ class Node:
                 break
         return doc
 
-    def rescan(self) -> None:
-        self.catalog = _scan(self.config)
-        self.cluster.rebuild()
-
 
 def _scan(config: RouterConfig) -> LocalCatalog:
     return LocalCatalog.scan(

@@ -1,6 +1,6 @@
 """The node's own model catalog: every `.kcpps` in `models.config_dir`, indexed for routing.
 
-Built once at startup and again on an explicit rescan; lookups on the request path are plain
+Built once at startup; lookups on the request path are plain
 dict reads.
 """
 
@@ -53,18 +53,3 @@ class LocalCatalog:
         if cfg is not None and cfg.has_image:
             return cfg
         return None
-
-    def voice_model(self, model_id: str) -> ModelConfig | None:
-        cfg = self.configs.get(model_id)
-        if cfg is not None and cfg.has_voice:
-            return cfg
-        return None
-
-    def voice_models(self) -> list[ModelConfig]:
-        return [c for c in self.configs.values() if c.has_voice]
-
-    def embedding_models(self) -> list[ModelConfig]:
-        return [c for c in self.configs.values() if c.has_embeddings]
-
-    def image_models(self) -> list[ModelConfig]:
-        return [c for c in self.configs.values() if c.has_image]

@@ -153,10 +153,10 @@ async def test_a_lease_lives_for_its_ttl_and_lends_the_newest_held_requests() ->
         250.0,
         1000.0,
     )
-    # Each `lent` row counts every request out once the answer's dispatch is done.
+    # Each `lent` row counts the requests out the moment it left, itself included.
     lent_rows = o.log.rows[1:]
     assert [(r["lent_out"], r["wait_ms"], r["reason"]) for r in lent_rows] == [
-        (2, 1000, ""),
+        (1, 1000, ""),
         (2, 2000, ""),
     ]
     assert o.queue.lent("big") == [held[3], held[2]]
