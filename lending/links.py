@@ -13,16 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from django.db import transaction
 
 from lending.models import ImageLink, TextLink
+from lending.pricing import LANES, Lane
 from registry.eligibility import text_pair_ineligible_reason
 from routerproject.errors import RouterError
 
-Lane = Literal["image", "text"]
-LANES: tuple[Lane, ...] = ("image", "text")
 LINK_FIELDS = (
     "owner_node_id",
     "owner_model_id",

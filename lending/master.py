@@ -33,7 +33,7 @@ import aiohttp
 
 from analytics.fitting import fits_from_wire
 from lending.planner import Endpoint, Lease, LinkTarget, PlanResult, Settings, plan_lane
-from lending.pricing import CostTable
+from lending.pricing import LANES, CostTable, Lane
 from registry.bodies import set_body_model
 from registry.eligibility import record_text_ineligible_reason
 from registry.httpclient import get_session
@@ -53,7 +53,6 @@ STATUS_TIMEOUT_SECS = 0.5
 # reconnect more often.
 REPROBE_TIMEOUT_SECS = 10.0
 REPROBE_INTERVAL_SECS = 1.0
-LANES = ("image", "text")
 
 
 class RelayRefused(Exception):
@@ -157,9 +156,9 @@ class MasterLending:
             now = time.monotonic()
             book: dict[tuple[str, str, str], tuple[Lease, float]] = {}
             due: list[float] = []
-            for lane, result in results.items():
+            for planned_lane, result in results.items():
                 for lease in result.leases:
-                    key = (lane, lease.owner_node_id, lease.owner_model_id)
+                    key = (planned_lane, lease.owner_node_id, lease.owner_model_id)
                     book[key] = (lease, now + lease.ttl_ms / 1000.0)
                 for row in result.rows:
                     self.node.decisions.record(kind="plan", **row.as_fields())
@@ -283,12 +282,12 @@ class MasterLending:
         return CostTable(fits=fits, loads=loads) if seen else None
 
     def _owners(
-        self, lane: str, statuses: Mapping[str, Mapping[str, Any]]
+        self, lane: Lane, statuses: Mapping[str, Mapping[str, Any]]
     ) -> list[tuple[Endpoint, list[LinkTarget]]]:
         from lending.links import lane_endpoints, pair_ineligible_reason
 
         records = self.node.cluster.records()
-        endpoints = lane_endpoints(records, lane)  # type: ignore[arg-type]
+        endpoints = lane_endpoints(records, lane)
         built: dict[tuple[str, str], Endpoint] = {}
 
         def endpoint(key: tuple[str, str]) -> Endpoint | None:
@@ -309,7 +308,7 @@ class MasterLending:
             owner, helper = endpoint(owner_key), endpoint(helper_key)
             if owner is None or helper is None:
                 continue
-            if pair_ineligible_reason(lane, endpoints[owner_key], endpoints[helper_key]):  # type: ignore[arg-type]
+            if pair_ineligible_reason(lane, endpoints[owner_key], endpoints[helper_key]):
                 # A config that became ineligible is skipped at the next plan, not just at save.
                 continue
             owners.setdefault(owner_key, []).append(

@@ -11,16 +11,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from analytics.fitting import SECTION_IMAGE, SECTION_LLM, CostFit
 
 __all__ = [
+    "LANES",
     "LANE_IMAGE",
     "LANE_TEXT",
     "SERVICE_FROM_HELPER",
     "SERVICE_FROM_OWNER",
     "CostTable",
     "Key",
+    "Lane",
     "helper_finish_ms",
     "owner_demand",
     "owner_finish_ms",
@@ -31,6 +34,9 @@ Key = tuple[str, str]  # (node_id, model_id)
 
 LANE_IMAGE = "image"
 LANE_TEXT = "text"
+# The lanes lending works on, each with its own links, queue and cost model.
+Lane = Literal["image", "text"]
+LANES: tuple[Lane, ...] = ("image", "text")
 # Fits are stored per analytics section; the text lane is priced from the "llm" section.
 _LANE_SECTIONS: dict[str, str] = {LANE_IMAGE: SECTION_IMAGE, LANE_TEXT: SECTION_LLM}
 

@@ -86,7 +86,7 @@ class Lending:
 
     def is_enrolled(self, lane: str, model_id: str) -> bool:
         enrolled = self.enrolled.get(lane)
-        return bool(enrolled) and model_id in enrolled  # type: ignore[operator]
+        return enrolled is not None and model_id in enrolled
 
     def is_owner(self, lane: str, model_id: str) -> bool:
         return model_id in self.owners.get(lane, frozenset())
