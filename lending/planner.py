@@ -381,6 +381,36 @@ def _helper_cost(lane: str, helper: Endpoint, costs: CostTable, settings: Settin
     )
 
 
+def _first_ineligibility(
+    lane: str, demand: _Demand, target: LinkTarget, claim: _Claim | None, shared: bool
+) -> str:
+    """The first check this helper fails before any price is looked at ("" when none)."""
+    helper = target.helper
+    if not helper.accepting_borrowed:
+        return REASON_NOT_ACCEPTING
+    if claim is not None and not shared:
+        return REASON_CLAIMED
+    if not helper.loaded and not target.load_if_unloaded:
+        return REASON_LOAD_FORBIDDEN
+    if (
+        lane == LANE_TEXT
+        and demand.mean_context > 0
+        and helper.context_capacity < demand.mean_context
+    ):
+        return REASON_CONTEXT_TOO_SMALL
+    return ""
+
+
+def _unpriced(switch_ms: float | None, restore_ms: float | None, service_ms: float | None) -> str:
+    if switch_ms is None:
+        return REASON_SWITCH_UNPRICED
+    if restore_ms is None:
+        return REASON_RESTORE_UNPRICED
+    if service_ms is None:
+        return REASON_SERVICE_UNPRICED
+    return ""
+
+
 def _evaluate(
     *,
     lane: str,
@@ -395,32 +425,14 @@ def _evaluate(
     # (another model would switch it back and forth) and only under a priced lease.
     shared = claim is not None and claim.model_id == helper.model_id and not claim.probe
     ahead = claim.slots if claim is not None and shared else 0
-    ineligible = ""
-    if not helper.accepting_borrowed:
-        ineligible = REASON_NOT_ACCEPTING
-    elif claim is not None and not shared:
-        ineligible = REASON_CLAIMED
-    elif not helper.loaded and not target.load_if_unloaded:
-        ineligible = REASON_LOAD_FORBIDDEN
-    elif (
-        lane == LANE_TEXT
-        and demand.mean_context > 0
-        and helper.context_capacity < demand.mean_context
-    ):
-        ineligible = REASON_CONTEXT_TOO_SMALL
+    ineligible = _first_ineligibility(lane, demand, target, claim, shared)
 
-    switch_ms = cost.switch_ms
-    restore_ms = cost.restore_ms
+    switch_ms, restore_ms = cost.switch_ms, cost.restore_ms
     service_ms, source = service_price(cost.fit, demand.fallback_fit, demand.mean_work)
+    unpriced = _unpriced(switch_ms, restore_ms, service_ms)
     total_ms: float | None = None
-    if switch_ms is None:
-        unpriced = REASON_SWITCH_UNPRICED
-    elif restore_ms is None:
-        unpriced = REASON_RESTORE_UNPRICED
-    elif service_ms is None:
-        unpriced = REASON_SERVICE_UNPRICED
-    else:
-        unpriced = ""
+    if not unpriced:
+        assert switch_ms is not None and restore_ms is not None and service_ms is not None
         total_ms = switch_ms + restore_ms + service_ms * (1 + ahead)
         if not ineligible and not helper.loaded and helper.idle_for_ms < switch_ms + restore_ms:
             # Its own traffic is likely back before the detour pays for itself.

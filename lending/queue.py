@@ -25,6 +25,7 @@ cancel are amortised O(models of the lane), which is O(1) for the usual handful 
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -395,27 +396,20 @@ class LaneQueue:
         lendable = model.lendable
         while lendable and not _waiting_native(lendable[-1]):
             lendable.pop()
-        taken: list[Entry] = []
         held = self._held.get(model_id)
-        if held is not None and held.state is State.HELD and (fits is None or fits(held)):
-            taken.append(held)
+        if held is not None and (held.state is not State.HELD or (fits and not fits(held))):
+            held = None
+        taken = [held] if held is not None else []
+
+        def takeable(entry: Entry) -> bool:
+            return _waiting_native(entry) and entry is not held and (fits is None or fits(entry))
+
         wanted = count - len(taken)
         if wanted > 0 and size is not None:
-            candidates = [
-                e
-                for e in lendable
-                if _waiting_native(e) and e is not held and (fits is None or fits(e))
-            ]
+            candidates = [e for e in lendable if takeable(e)]
             taken.extend(heapq.nlargest(wanted, candidates, key=lambda e: (size(e), e.seq)))
         elif wanted > 0:
-            for entry in reversed(lendable):
-                if not _waiting_native(entry) or entry is held:
-                    continue
-                if fits is not None and not fits(entry):
-                    continue
-                taken.append(entry)
-                if len(taken) >= count:
-                    break
+            taken.extend(itertools.islice((e for e in reversed(lendable) if takeable(e)), wanted))
         if not taken:
             return []
         now = self._clock()

@@ -417,6 +417,42 @@ async def shape_kobold(ctx: Ctx, job: Job, resp: aiohttp.ClientResponse) -> None
 NODE_INFERENCE_PREFIX = "/router/v1/node/inference"
 
 
+_STREAM_HEADERS = ((b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no"))
+
+
+async def _relay_whole(
+    ctx: Ctx,
+    resp: aiohttp.ClientResponse,
+    ctype: bytes,
+    public_id: str | None,
+    guardian_fallback: bool,
+) -> None:
+    """A buffered answer from another node, its model ID rewritten when ``public_id`` is set."""
+    data = await resp.read()
+    if guardian_fallback and is_image_refusal(resp.status, data):
+        ctx.status = resp.status
+        raise ImageRefused(resp.status, data, ctype)
+    if public_id is not None and ctype.startswith(JSON):
+        try:
+            data = rewrite_json_model(data, public_id)
+        except InvalidBackendJSON as exc:
+            raise RouterError(502, "backend returned invalid json", type="backend_error") from exc
+    await ctx.respond(resp.status, data, ctype)
+
+
+async def _relay_stream(
+    ctx: Ctx, resp: aiohttp.ClientResponse, ctype: bytes, public_id: str | None
+) -> None:
+    """An SSE or NDJSON answer from another node, passed on chunk by chunk."""
+    rewriter: SSERewriter | NDJSONRewriter | None = None
+    if public_id is not None:
+        rewriter = SSERewriter(public_id) if ctype.startswith(SSE) else NDJSONRewriter(public_id)
+    await ctx.start(resp.status, [(b"content-type", ctype), *_STREAM_HEADERS])
+    async for chunk in resp.content.iter_any():
+        await ctx.chunk(rewriter.feed(chunk) if rewriter else chunk)
+    await ctx.end(rewriter.close() if rewriter else b"")
+
+
 async def forward_remote(
     ctx: Ctx,
     node: Node,
@@ -442,7 +478,7 @@ async def forward_remote(
         raise RouterError(502, "this node has no cluster client", type="backend_error")
     busy_key = (replica.node_id, replica.local_id, lane)
     node.busy[busy_key] += 1
-    rewrite = public_id != served_id and lane != "whisper"
+    rewrite_to = public_id if public_id != served_id and lane != "whisper" else None
     query = ctx.scope.get("query_string", b"").decode("latin-1")
     url_path = NODE_INFERENCE_PREFIX + path + (f"?{query}" if query else "")
     headers = {
@@ -460,36 +496,10 @@ async def forward_remote(
             url, data=body, headers=headers, allow_redirects=False, timeout=node.request_timeout
         ) as resp:
             ctype = _content_type(resp)
-            if not ctype.startswith((SSE, NDJSON)):
-                data = await resp.read()
-                if guardian_fallback and is_image_refusal(resp.status, data):
-                    ctx.status = resp.status
-                    raise ImageRefused(resp.status, data, ctype)
-                if rewrite and ctype.startswith(JSON):
-                    try:
-                        data = rewrite_json_model(data, public_id)
-                    except InvalidBackendJSON as exc:
-                        raise RouterError(
-                            502, "backend returned invalid json", type="backend_error"
-                        ) from exc
-                await ctx.respond(resp.status, data, ctype)
-                return
-            rewriter: SSERewriter | NDJSONRewriter | None = None
-            if rewrite:
-                rewriter = (
-                    SSERewriter(public_id) if ctype.startswith(SSE) else NDJSONRewriter(public_id)
-                )
-            await ctx.start(
-                resp.status,
-                [
-                    (b"content-type", ctype),
-                    (b"cache-control", b"no-cache"),
-                    (b"x-accel-buffering", b"no"),
-                ],
-            )
-            async for chunk in resp.content.iter_any():
-                await ctx.chunk(rewriter.feed(chunk) if rewriter else chunk)
-            await ctx.end(rewriter.close() if rewriter else b"")
+            if ctype.startswith((SSE, NDJSON)):
+                await _relay_stream(ctx, resp, ctype, rewrite_to)
+            else:
+                await _relay_whole(ctx, resp, ctype, rewrite_to, guardian_fallback)
     except NodeCallError as exc:
         raise RouterError(
             502,
