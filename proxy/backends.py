@@ -76,6 +76,10 @@ def _binary(config: RouterConfig, name: str) -> str:
     return _family(config, name).binary_path or DEFAULT_BINARIES[name]
 
 
+# What the simulated backend answers once it is ready, per lane (as the real servers do).
+_SIM_PROBES: dict[Lane, Probe] = {"text": "models", "image": "sd_models", "whisper": "health"}
+
+
 def build_launch(cfg: ModelConfig, lane: Lane, *, config: RouterConfig, port: int) -> Launch:
     """The launch for `cfg` on `lane`, listening on `port` when a process is started."""
     host = config.backend.host
@@ -92,8 +96,7 @@ def build_launch(cfg: ModelConfig, lane: Lane, *, config: RouterConfig, port: in
             argv += ["-c", str(cfg.context_size)]
         if cfg.mmproj is not None:
             argv += ["--mmproj", str(cfg.mmproj)]
-        probe: Probe = {"text": "models", "image": "sd_models", "whisper": "health"}[lane]  # type: ignore[assignment]
-        return Launch(tuple(argv), base, probe, family="sim")
+        return Launch(tuple(argv), base, _SIM_PROBES[lane], family="sim")
     if mode == "llama_sdcpp":
         if lane == "text":
             return _llama(cfg, config, host, port, base)

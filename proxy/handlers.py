@@ -154,7 +154,7 @@ async def _serve(
         return
     job = Job(
         cfg=replica.cfg,
-        lane=lane,  # type: ignore[arg-type]
+        lane=lane,
         model_id=served_id,
         public_id=public_id,
         backend_path=path,

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Literal
 
 from registry.cluster import Replica
+from registry.kcpps import Lane
 from registry.ports import RoutingNode
 from routerproject.errors import RouterError
 
@@ -46,8 +47,16 @@ def candidates(node: RoutingNode, public_id: str, kind: Kind) -> list[Replica]:
     return [r for r in found if r.record.get(flag) and not r.record.get("disabled")]
 
 
-def lane_of(kind: Kind) -> str:
-    return {"llm": "text", "embeddings": "text", "image": "image", "voice": "whisper"}[kind]
+_LANE_OF_KIND: dict[str, Lane] = {
+    "llm": "text",
+    "embeddings": "text",
+    "image": "image",
+    "voice": "whisper",
+}
+
+
+def lane_of(kind: Kind) -> Lane:
+    return _LANE_OF_KIND[kind]
 
 
 def choose(node: RoutingNode, public_id: str, kind: Kind, replicas: list[Replica]) -> Replica:

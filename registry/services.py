@@ -132,6 +132,17 @@ async def model_load_local(*, node: RegistryNode, model_id: str) -> dict[str, An
     }
 
 
+# The runtimes an unload by target type empties (music has no runtime of its own).
+_UNLOAD_LANES: dict[str, tuple[Lane, ...]] = {
+    "text": ("text",),
+    "embeddings": ("text",),
+    "voice": ("whisper",),
+    "music": (),
+    "image": ("image",),
+    "all": ("text", "image", "whisper"),
+}
+
+
 async def model_unload_local(
     *, node: RegistryNode, model_id: str | None, target: str | None
 ) -> dict[str, Any]:
@@ -142,16 +153,8 @@ async def model_unload_local(
             if current.filename == cfg.filename and await runtime.unload():
                 unloaded.append(runtime.lane)
     else:
-        lanes = {
-            "text": ["text"],
-            "embeddings": ["text"],
-            "voice": ["whisper"],
-            "music": [],
-            "image": ["image"],
-            "all": ["text", "image", "whisper"],
-        }[target or "all"]
-        for lane in lanes:
-            if await node.runtimes.runtimes[lane].unload():  # type: ignore[index]
+        for lane in _UNLOAD_LANES[target or "all"]:
+            if await node.runtimes.runtimes[lane].unload():
                 unloaded.append(lane)
     return {"ok": True, "node_id": node.node_id, "unloaded": unloaded}
 
