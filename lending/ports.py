@@ -13,33 +13,16 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
 from lending.decisions import DecisionLog
 from lending.runtime import Lending
-from registry.cluster import ClusterState
 from registry.kcpps import Lane, ModelConfig
-from registry.nodeclient import NodeClient
+from registry.ports import ClusterMember
 from routerproject import node_slot
-from routerproject.config import RouterConfig
 
 if TYPE_CHECKING:
     from lending.owner import OwnerLending
     from lending.restore import Restorer
 
 
-class LendingNode(Protocol):
-    @property
-    def node_id(self) -> str: ...
-
-    @property
-    def role(self) -> str: ...
-
-    @property
-    def config(self) -> RouterConfig: ...
-
-    @property
-    def client(self) -> NodeClient | None: ...
-
-    @property
-    def cluster(self) -> ClusterState: ...
-
+class LendingNode(ClusterMember, Protocol):
     @property
     def lending(self) -> Lending:
         """Links, settings, queues and costs this node runs with."""

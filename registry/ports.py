@@ -106,11 +106,8 @@ class PendingRows(Protocol):
     def pending(self) -> int: ...
 
 
-class RegistryNode(RoutingNode, Protocol):
-    """The running node as registry services, inventory, sync and views use it."""
-
-    disabled: frozenset[str]
-    """Local IDs of this node's disabled models; enabling or disabling replaces it."""
+class ClusterMember(Protocol):
+    """Who the node is in its cluster and how it reaches the others: every layer reads these."""
 
     @property
     def node_id(self) -> str: ...
@@ -122,10 +119,20 @@ class RegistryNode(RoutingNode, Protocol):
     def config(self) -> RouterConfig: ...
 
     @property
-    def catalog(self) -> LocalCatalog: ...
+    def client(self) -> NodeClient | None: ...
 
     @property
-    def client(self) -> NodeClient | None: ...
+    def cluster(self) -> ClusterState: ...
+
+
+class RegistryNode(RoutingNode, ClusterMember, Protocol):
+    """The running node as registry services, inventory, sync and views use it."""
+
+    disabled: frozenset[str]
+    """Local IDs of this node's disabled models; enabling or disabling replaces it."""
+
+    @property
+    def catalog(self) -> LocalCatalog: ...
 
     @property
     def runtimes(self) -> RuntimesView: ...

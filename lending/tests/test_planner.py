@@ -847,21 +847,11 @@ def template_fit(base: float, per_output: float) -> CostFit:
 
 
 def template_owner(held: int, prompt: float, output: float) -> Endpoint:
+    # Every held request sized: `prompt` prompt tokens and `output` answer tokens on average.
+    base = text_owner(held=held, sized=held, sized_context=0, pending_context=0)
     work = (held * prompt, held * output)
     return Endpoint(
-        node_id="own",
-        model_id="m",
-        config_filename="m.yaml",
-        loaded=True,
-        accepting_borrowed=False,
-        idle_for_ms=0.0,
-        context_capacity=4096,
-        pending_count=held,
-        pending_work=work,
-        sized_count=held,
-        sized_work=work,
-        backlog_count=held,
-        backlog_work=work,
+        **{**base.__dict__, "pending_work": work, "sized_work": work, "backlog_work": work}
     )
 
 
