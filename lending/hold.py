@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from lending.pricing import helper_finish_ms, owner_finish_ms
+from lending.pricing import helper_finish_ms, owner_finish_ms, section_fit
 from lending.queue import Entry, LaneQueue
 
 if TYPE_CHECKING:
@@ -42,8 +42,7 @@ class HoldPolicy:
             return None
         # Slots are per helper: requests still out with a helper the lease moved away from
         # do not keep this one's slots busy.
-        helper_key = (lease.helper_node_id, lease.helper_model_id)
-        lent = [e for e in queue.lent(entry.model_id) if e.helper == helper_key]
+        lent = queue.lent_to(entry.model_id, (lease.helper_node_id, lease.helper_model_id))
         if len(lent) < max(1, lease.helper_slots):
             return None  # a free lent slot: lending, not holding, is the answer
         admitted = queue.admitted(entry.model_id)
@@ -77,8 +76,7 @@ class HoldPolicy:
         a faster helper and a short one is not held behind a long lent job for nothing.
         """
         costs = self.node.lending.costs
-        section = "llm" if self.lane == "text" else "image"
-        fit = costs.models.get((entry.model_id, section)) if costs is not None else None
+        fit = section_fit(costs.models, self.lane, entry.model_id) if costs is not None else None
         price = fit.predict(entry.work) if fit is not None and entry.work else None
         if price is None or job_ms <= 0:
             return job_ms, service_ms

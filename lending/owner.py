@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from lending.planner import Lease
-from lending.pricing import helper_finish_ms, owner_finish_ms
+from lending.pricing import helper_finish_ms, owner_finish_ms, section_fit
 from lending.queue import Entry
 
 if TYPE_CHECKING:
@@ -78,8 +78,7 @@ class OwnerLending:
         queue = self.node.lending.queues.get(lane)
         if queue is None:
             return []
-        helper = (lease.helper_node_id, lease.helper_model_id)
-        return [e for e in queue.lent(lease.owner_model_id) if e.helper == helper]
+        return queue.lent_to(lease.owner_model_id, (lease.helper_node_id, lease.helper_model_id))
 
     def refill(self, lane: str, model_id: str) -> None:
         """A lent request finished: lend the next held one into its slot at once.
@@ -244,8 +243,7 @@ class OwnerLending:
         and the newest go first.
         """
         costs = self.node.lending.costs
-        section = "llm" if lane == "text" else "image"
-        fit = costs.models.get((model_id, section)) if costs is not None else None
+        fit = section_fit(costs.models, lane, model_id) if costs is not None else None
         if fit is None or not any(fit.slopes_ms):
             return None
 

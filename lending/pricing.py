@@ -27,6 +27,7 @@ __all__ = [
     "helper_finish_ms",
     "owner_demand",
     "owner_finish_ms",
+    "section_fit",
     "service_price",
 ]
 
@@ -63,6 +64,16 @@ class CostTable:
         if not config:
             return None
         return self.loads.get((node_id, config))
+
+
+def section_fit(
+    fits: Mapping[tuple[str, str], CostFit], lane: str, model_id: str
+) -> CostFit | None:
+    """A node's own fit of ``model_id`` for ``lane``, from its (model, section) table."""
+    section = _LANE_SECTIONS.get(lane)
+    if section is None:
+        raise ValueError(f"unknown lane {lane!r}")
+    return fits.get((model_id, section))
 
 
 def owner_demand(

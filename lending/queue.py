@@ -522,6 +522,10 @@ class LaneQueue:
             return list(self._lent)
         return [e for e in self._lent if e.model_id == model_id]
 
+    def lent_to(self, model_id: str, helper: tuple[str, str]) -> list[Entry]:
+        """The model's LENT entries out with one helper (node, model), in the order lent."""
+        return [e for e in self._lent if e.model_id == model_id and e.helper == helper]
+
     def own_work(self) -> bool:
         return self._native_pending > 0 or len(self._admitted) > self._borrowed_admitted
 
