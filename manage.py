@@ -7,15 +7,29 @@ import os
 import sys
 
 
-def _config_from_argv(argv: list[str]) -> str | None:
-    # Settings are built from the node's config file before any command runs, so `--config`
-    # has to be read here rather than by the command's own parser.
+def _config_from_argv(argv: list[str]) -> tuple[str | None, list[str]]:
+    """The `--config` value and the command line without it.
+
+    Settings are built from the node's config file before any command runs, so `--config` is
+    manage.py's own option, read here for every command (`createsuperuser --config …` as much
+    as `runrouter --config …`) and taken out so that Django's commands never see an argument
+    they do not declare.
+    """
+    rest: list[str] = []
+    found: str | None = None
+    skip = False
     for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+            continue
         if arg == "--config" and i + 1 < len(argv):
-            return argv[i + 1]
+            found, skip = argv[i + 1], True
+            continue
         if arg.startswith("--config="):
-            return arg.split("=", 1)[1]
-    return None
+            found = arg.split("=", 1)[1]
+            continue
+        rest.append(arg)
+    return found, rest
 
 
 def _use_uvloop() -> None:
@@ -35,7 +49,7 @@ def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "routerproject.settings")
     if len(sys.argv) > 1 and sys.argv[1] == "runrouter":
         _use_uvloop()
-    explicit = _config_from_argv(sys.argv)
+    explicit, argv = _config_from_argv(sys.argv)
     if explicit:
         os.environ["ROUTER_CONFIG"] = explicit
     from routerproject.config import ConfigError
@@ -43,7 +57,7 @@ def main() -> None:
     try:
         from django.core.management import execute_from_command_line
 
-        execute_from_command_line(sys.argv)
+        execute_from_command_line(argv)
     except ConfigError as exc:
         print(f"invalid config: {exc}", file=sys.stderr)
         sys.exit(2)
