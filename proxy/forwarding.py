@@ -226,6 +226,9 @@ async def forward(ctx: Ctx, node: Node, job: Job, shape: Shaper) -> None:
     admission by its lane's router queue and may be answered by a helper meanwhile, a borrowed
     request may go back to its owner, and an unlinked model skips the queue (one set lookup).
     """
+    # A portable config runs only once its weights are verified local files: the request
+    # waits here for that (a peer transfer included), before it takes any backend slot.
+    job.cfg = await node.assets.ready(job.cfg)
     busy_key = (node.node_id, job.cfg.local_id, job.lane)
     node.busy[busy_key] += 1
     gate = node.lending_gate

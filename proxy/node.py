@@ -26,6 +26,7 @@ from lending.owner import OwnerLending
 from lending.restore import Restorer
 from lending.runtime import Lending
 from proxy.runtimes import RuntimeManager
+from registry.assets import AssetService
 from registry.catalog import LocalCatalog
 from registry.cluster import MINIMUM_PROTOCOL_VERSION, PROTOCOL_VERSION, ClusterState
 from registry.httpclient import CONNECT_TIMEOUT_SECS
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from analytics.ports import AnalyticsNode
     from guardians.ports import GuardiansNode
     from lending.ports import LendingNode, ServingNode
+    from registry.assets import AssetNode
     from registry.ports import RegistryNode
 
 
@@ -68,6 +70,8 @@ class Node:
     """Local IDs of this node's disabled models, as its `model_states` table holds them."""
     model_state_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     """Serialises enable/disable so the table and `disabled` change in the same order."""
+    assets: AssetService = field(init=False)
+    """Asset index, portable-config resolution and peer transfers (registry/assets.py)."""
 
     @property
     def node_id(self) -> str:
@@ -184,6 +188,7 @@ def build_node(
         on_assignments=on_assignments,
     )
     node.lending = Lending(node_id=c.node_id, file_values=config.lending_file_values())
+    node.assets = AssetService(node)
     if c.role == "master":
         node.recipes = load_recipes(Path(c.store_dir))
     node.owner = OwnerLending(node)
@@ -212,6 +217,9 @@ if TYPE_CHECKING:
         # The layers below see the node only through their ports, and their views read it
         # from routerproject.node_slot with a cast: mypy proves here that Node is each port.
         return node, node, node, node, node
+
+    def _is_asset_node(node: Node) -> AssetNode:
+        return node
 
 
 def catch_up_if_stale(node: Node, node_id: str, snapshot: Mapping[str, Any]) -> None:

@@ -260,6 +260,91 @@ async def handle_site_inventory(ctx: Ctx, node: Node) -> None:
     await ctx.json(200, await inventory_local(node=node, include_files=include_files))
 
 
+# -- model assets (registry/assets.py) ------------------------------------------------------
+
+
+def _this_node(node: Node, doc: dict[str, Any]) -> None:
+    node_id = doc.get("node_id")
+    if node_id is not None and node_id != node.node_id:
+        # The master's idea of who answers at this URL is out of date: change nothing here.
+        raise RouterError(409, f'this is node "{node.node_id}", not {node_id!r}', code="wrong_node")
+
+
+def _model_id(doc: dict[str, Any]) -> str:
+    value = doc.get("id")
+    if not isinstance(value, str) or not value:
+        raise RouterError(400, "id is required", param="id")
+    return value
+
+
+async def handle_assets_lookup(ctx: Ctx, node: Node) -> None:
+    from registry.assets import parse_hashes
+
+    hashes = parse_hashes(parse_json_body(ctx), body_bytes=len(ctx.body))
+    await ctx.json(200, {"assets": await node.assets.lookup_local(hashes)})
+
+
+async def handle_assets_lookup_cluster(ctx: Ctx, node: Node) -> None:
+    from registry.assets import parse_hashes
+
+    if node.role != "master":
+        raise RouterError(409, "only the master answers for the cluster", code="not_master")
+    hashes = parse_hashes(parse_json_body(ctx), body_bytes=len(ctx.body))
+    await ctx.json(200, {"assets": await node.assets.lookup_cluster(hashes)})
+
+
+async def handle_asset_stream(ctx: Ctx, node: Node) -> None:
+    """One verified file of this node, whole or from one byte range on (a resumed pull)."""
+    from registry.assets import STREAM_PREFIX, parse_range
+
+    found = await node.assets.open_for_serving(ctx.path[len(STREAM_PREFIX) :])
+    header = ctx.header(b"range")
+    span = parse_range(header.decode("latin-1") if header is not None else None, found.size)
+    first, last = span if span is not None else (0, found.size - 1)
+    length = last - first + 1 if found.size else 0
+    headers = [
+        (b"content-type", b"application/octet-stream"),
+        (b"content-length", str(length).encode()),
+        (b"content-disposition", f'attachment; filename="{found.filename}"'.encode()),
+        (b"x-content-type-options", b"nosniff"),
+        (b"accept-ranges", b"bytes"),
+    ]
+    if span is not None:
+        headers.append((b"content-range", f"bytes {first}-{last}/{found.size}".encode()))
+    node.assets.served_streams += 1
+    await ctx.start(206 if span is not None else 200, headers)
+    async for block in node.assets.read_file(found.path, first, length):
+        await ctx.chunk(block)
+    await ctx.end()
+
+
+async def handle_site_asset_export(ctx: Ctx, node: Node) -> None:
+    doc = parse_json_body(ctx)
+    _this_node(node, doc)
+    await ctx.json(200, {"config": await node.assets.export(_model_id(doc))})
+
+
+async def handle_site_asset_resolve(ctx: Ctx, node: Node) -> None:
+    from registry.assets import local_resolve
+
+    doc = parse_json_body(ctx)
+    _this_node(node, doc)
+    wait = doc.get("wait", False)
+    if not isinstance(wait, bool):
+        raise RouterError(400, "wait must be true or false", param="wait")
+    await ctx.json(200, await local_resolve(node.assets, _model_id(doc), wait=wait))
+
+
+async def handle_site_asset_jobs(ctx: Ctx, node: Node) -> None:
+    await ctx.json(200, node.assets.status())
+
+
+async def handle_site_asset_job(ctx: Ctx, node: Node) -> None:
+    from registry.assets import local_job
+
+    await ctx.json(200, local_job(node.assets, ctx.path.rsplit("/", 1)[1]))
+
+
 async def handle_not_found(ctx: Ctx, node: Node) -> None:
     raise RouterError(404, "endpoint not found", type="not_found")
 
@@ -283,7 +368,14 @@ NODE_ROUTES: dict[str, Route] = {
     "/router/v1/node/offload/request": (POST, handle_offload_request, False),
     "/router/v1/node/offload/borrowed": (GET, handle_offload_borrowed, False),
     "/router/v1/node/site/inventory": (GET, handle_site_inventory, False),
+    "/router/v1/node/assets/lookup": (POST, handle_assets_lookup, False),
+    "/router/v1/node/assets/lookup-cluster": (POST, handle_assets_lookup_cluster, False),
+    "/router/v1/node/site/model-assets/export": (POST, handle_site_asset_export, False),
+    "/router/v1/node/site/model-assets/resolve": (POST, handle_site_asset_resolve, False),
+    "/router/v1/node/site/model-assets/jobs": (GET, handle_site_asset_jobs, False),
 }
+ASSET_STREAM_PREFIX = "/router/v1/node/assets/"
+ASSET_JOB_PREFIX = "/router/v1/node/site/model-assets/jobs/"
 
 
 def _inner(handler: Handler, inner_path: str) -> Handler:
@@ -307,6 +399,10 @@ def node_route(path: str) -> Route:
     route = NODE_ROUTES.get(path)
     if route is not None:
         return route
+    if path.startswith(ASSET_STREAM_PREFIX) and "/" not in path[len(ASSET_STREAM_PREFIX) :]:
+        return (GET, handle_asset_stream, False)
+    if path.startswith(ASSET_JOB_PREFIX) and "/" not in path[len(ASSET_JOB_PREFIX) :]:
+        return (GET, handle_site_asset_job, False)
     if path.startswith(INFERENCE_PREFIX + "/"):
         inner = path[len(INFERENCE_PREFIX) :]
         if inner.startswith("//") or inner.startswith("/\\"):

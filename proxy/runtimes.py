@@ -212,6 +212,12 @@ class Runtime:
         error = ""
         started_process = False
         try:
+            if cfg.unresolved_fields:
+                # Checked before the running model is stopped: nothing could start.
+                raise BackendError(
+                    f"model {cfg.local_id!r} has unresolved portable weights: "
+                    + ", ".join(cfg.unresolved_fields)
+                )
             await self._stop_process()
             self.current = None
             port = free_port(self._config.backend.host)

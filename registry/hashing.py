@@ -44,6 +44,8 @@ LIST_PATH_FIELDS: frozenset[str] = frozenset({"sdlora", "lora"})
 
 PATH_PLACEHOLDER = "<path>"
 PORTABLE_HASH_SUFFIX = "_hash"
+# Every key a portable reference to field F uses: F_hash, F_filename and F_hf.
+PORTABLE_SUFFIXES = ("_hash", "_filename", "_hf")
 HASH_CHUNK_BYTES = 1024 * 1024
 HASH_CACHE_FORMAT_VERSION = 1
 
@@ -88,9 +90,33 @@ def _normalise(value: Any, *, path_field: bool) -> Any:
     return value
 
 
+def _locations_only(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The config with each portable reference folded back into its path field.
+
+    A portable reference is just another way of saying where the weights are, so a config,
+    its exported copy and that copy once resolved must all hash alike: otherwise a model
+    moved by hash would be shown as a different model from its origin.
+    """
+    out = dict(raw)
+    for name in PATH_FIELDS:
+        portable = [
+            name + suffix for suffix in PORTABLE_SUFFIXES if out.get(name + suffix) is not None
+        ]
+        if not portable or out.get(name) not in (None, "", []):
+            continue
+        reference = out.get(name + PORTABLE_HASH_SUFFIX)
+        for key in portable:
+            out.pop(key, None)
+        if isinstance(reference, list):
+            out[name] = [PATH_PLACEHOLDER] * len(reference)
+        elif reference is not None:
+            out[name] = PATH_PLACEHOLDER
+    return out
+
+
 def config_hash(raw: Mapping[str, Any]) -> str:
     """SHA-256 hex of the settings with every location replaced, so it is equal across nodes."""
-    normalised = _normalise(raw, path_field=False)
+    normalised = _normalise(_locations_only(raw), path_field=False)
     text = json.dumps(normalised, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 

@@ -227,6 +227,9 @@ class ModelConfig:
             }
         )
         if self.unresolved_fields:
+            # Until every portable reference is resolved to a verified file, a load is refused
+            # and a request waits for the resolution (reference-cluster §7.2).
+            record["asset_state"] = "unresolved"
             record["unresolved_fields"] = list(self.unresolved_fields)
         return record
 
@@ -303,7 +306,8 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_safe_filename(value: str) -> bool:
+def is_safe_filename(value: str) -> bool:
+    """A portable file name: one path component, no reserved characters or device names."""
     if value in ("", ".", "..") or len(value) > PORTABLE_FILENAME_MAX_CHARS:
         return False
     if _UNSAFE_FILENAME_CHARS_RE.search(value) or value[-1] in ". ":
@@ -367,7 +371,7 @@ def _validate_portable(path: Path, raw: Mapping[str, Any], name: str) -> None:
         if not is_sha256_hex(digest):
             raise ModelConfigError(path, hash_key, "must be 64 lower-case hex characters")
     for name_value in items(filename_key):
-        if not isinstance(name_value, str) or not _is_safe_filename(name_value):
+        if not isinstance(name_value, str) or not is_safe_filename(name_value):
             raise ModelConfigError(path, filename_key, f"is not a safe file name: {name_value!r}")
     for origin in items(hf_key):
         if not isinstance(origin, str) or not origin.startswith("hf://"):
@@ -518,6 +522,21 @@ def load_model_config(path: Path, *, default_backend_mode: str, hasher: FileHash
             path, None, "the file name must consist of letters, digits, '.', '_' or '-'"
         )
     raw, created = _read_raw(path)
+    return build_model_config(
+        path, raw, created=created, default_backend_mode=default_backend_mode, hasher=hasher
+    )
+
+
+def build_model_config(
+    path: Path,
+    raw: dict[str, Any],
+    *,
+    created: int,
+    default_backend_mode: str,
+    hasher: FileHasher,
+) -> ModelConfig:
+    """Validate parsed config JSON read from `path` (absolute) into a ModelConfig."""
+    local_id = path.stem
     backend_mode, upstream_url = _backend_mode(path, raw, default_backend_mode)
     context_size, parallel = _window_and_parallel(path, raw, backend_mode)
     _validate_path_fields(path, raw)
@@ -551,6 +570,56 @@ def load_model_config(path: Path, *, default_backend_mode: str, hasher: FileHash
         size=size,
         missing_files=missing,
         unresolved_fields=unresolved,
+    )
+
+
+def portable_references(raw: Mapping[str, Any], name: str) -> list[tuple[str, str, str | None]]:
+    """(sha256, file name, hf origin) of each portable reference of path field `name`.
+
+    Only meaningful on a validated config; a list field gives one entry per element.
+    """
+    hashes = raw.get(name + PORTABLE_HASH_SUFFIX)
+    names = raw.get(name + PORTABLE_FILENAME_SUFFIX)
+    origins = raw.get(name + PORTABLE_HF_SUFFIX)
+    if hashes is None:
+        return []
+
+    def as_list(value: object, count: int) -> list[Any]:
+        if isinstance(value, list):
+            return list(value) + [None] * (count - len(value))
+        return [value] * count if count == 1 else [None] * count
+
+    digests = hashes if isinstance(hashes, list) else [hashes]
+    count = len(digests)
+    file_names = as_list(names, count)
+    hf = as_list(origins, count)
+    out: list[tuple[str, str, str | None]] = []
+    for index, digest in enumerate(digests):
+        file_name = file_names[index] if isinstance(file_names[index], str) else ""
+        origin = hf[index] if isinstance(hf[index], str) else None
+        out.append((str(digest), file_name or str(digest), origin))
+    return out
+
+
+def with_resolved_paths(
+    cfg: ModelConfig, paths: Mapping[str, list[str]], *, hasher: FileHasher
+) -> ModelConfig:
+    """`cfg` with each portable field replaced by the local files it resolved to.
+
+    The file on disk is left as it is (it stays portable); the node runs this copy.
+    """
+    raw = dict(cfg.raw)
+    for name, files in paths.items():
+        for suffix in (PORTABLE_HASH_SUFFIX, PORTABLE_FILENAME_SUFFIX, PORTABLE_HF_SUFFIX):
+            raw.pop(name + suffix, None)
+        listed = isinstance(cfg.raw.get(name + PORTABLE_HASH_SUFFIX), list)
+        raw[name] = list(files) if listed else files[0]
+    return build_model_config(
+        cfg.path,
+        raw,
+        created=cfg.created,
+        default_backend_mode=cfg.backend_mode,
+        hasher=hasher,
     )
 
 

@@ -41,3 +41,27 @@ class ModelState(models.Model):
 
     def __str__(self) -> str:
         return f"{self.local_id} disabled"
+
+
+class ModelAsset(models.Model):
+    """A file of this node whose SHA-256 was verified: what portable references resolve to.
+
+    One hash may sit at several paths (a file root and the shared dir); each row says how and
+    when its content was checked, so a peer or an operator can tell a copy from its source.
+    """
+
+    sha256 = models.CharField(max_length=64, db_index=True)
+    filename = models.CharField(max_length=255)
+    size = models.BigIntegerField()
+    path = models.TextField()
+    verification_source = models.CharField(max_length=32)
+    verified_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "model_assets"
+        constraints = [
+            models.UniqueConstraint(fields=["sha256", "path"], name="uniq_model_asset_path")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.sha256[:12]} {self.filename}"

@@ -72,8 +72,16 @@ async def _remote_call(
     except NodeCallError as exc:
         raise RouterError(502, f"node at {url} failed: {exc}", type="backend_error") from exc
     if not 200 <= status < 300:
-        message = doc.get("error", {}).get("message", str(doc)) if isinstance(doc, dict) else doc
-        raise RouterError(status if status >= 400 else 502, str(message), type="backend_error")
+        err = doc.get("error") if isinstance(doc, dict) else None
+        err = err if isinstance(err, dict) else {}
+        message = err.get("message", str(doc))
+        # The node's code (e.g. model_assets_unresolved) tells the caller what to do next.
+        raise RouterError(
+            status if status >= 400 else 502,
+            str(message),
+            type="backend_error",
+            code=err.get("code") if 400 <= status < 500 else None,
+        )
     return doc if isinstance(doc, dict) else {"ok": True}
 
 
@@ -109,6 +117,16 @@ async def model_load_local(*, node: RegistryNode, model_id: str) -> dict[str, An
             409,
             f'model "{cfg.local_id}" is disabled on node {node.node_id}; enable it first',
             code="model_disabled",
+        )
+    if cfg.unresolved_fields:
+        # Refused before any backend is touched: there are no verified weights to start on.
+        raise RouterError(
+            409,
+            f'model "{cfg.local_id}" has unresolved portable weights '
+            f"({', '.join(cfg.unresolved_fields)}) on node {node.node_id}; resolve them first "
+            "(POST /router/v1/site/model-assets/resolve) or send a request, which waits for them",
+            param="model",
+            code="model_assets_unresolved",
         )
     started = time.monotonic()
     loaded: list[str] = []

@@ -557,6 +557,12 @@ class ModelsConfig(_Section):
     hash_workers: Annotated[StrictInt, Field(ge=1)] = 1
     concurrent_asset_transfers: Annotated[StrictInt, Field(ge=1)] = 2
     file_roots: list[ResolvedPath] = Field(default_factory=list)
+    # One deadline shared by a whole peer lookup (the master's fan-out included): past it the
+    # answer is "no sources", never a hang.
+    asset_lookup_timeout: PositiveDuration = _yaml_default("10s")
+    # Bytes per second this node serves one asset stream at; 0 is unlimited. Keeps a copy
+    # between nodes from taking the whole link from inference traffic.
+    asset_serve_rate: Annotated[StrictInt, Field(ge=0)] = 0
 
     @field_validator("config_dir")
     @classmethod

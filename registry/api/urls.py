@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from registry.api import views
+from registry.api import assets, views
 
 urlpatterns = [
     path("models", views.ModelsView.as_view(), name="router-models"),
@@ -15,4 +15,13 @@ urlpatterns = [
     path("site/nodes/unload", views.NodesUnloadView.as_view(), name="site-nodes-unload"),
     path("site/models/state", views.ModelStateView.as_view(), name="site-models-state"),
     path("site/inventory", views.InventoryView.as_view(), name="site-inventory"),
+    path("site/model-assets/export", assets.ExportView.as_view(), name="site-assets-export"),
+    path("site/model-assets/resolve", assets.ResolveView.as_view(), name="site-assets-resolve"),
+    path(
+        "site/model-assets/resolve-batch",
+        assets.ResolveBatchView.as_view(),
+        name="site-assets-resolve-batch",
+    ),
+    path("site/model-assets/jobs", assets.JobsView.as_view(), name="site-assets-jobs"),
+    path("site/model-assets/jobs/<str:job_id>", assets.JobView.as_view(), name="site-assets-job"),
 ]

@@ -1,0 +1,257 @@
+"""Site routes of the model assets (`/router/v1/site/model-assets/...`, reference-cluster §7).
+
+Each acts on this node or, with `node_id` (and optionally `node_url`, which must match the
+registry), on another node through that node's `/router/v1/node/site/model-assets/...` route.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from registry.assets import (
+    LOOKUP_MAX_HASHES,
+    AssetService,
+    local_job,
+    local_resolve,
+    remote_call,
+    target_node,
+)
+from registry.ports import running_node
+from routerproject.api import (
+    BodySerializer,
+    SiteAPIView,
+    StrictBooleanField,
+    StrictCharField,
+    StrictListField,
+    error_response,
+)
+
+NODE_SITE = "/router/v1/node/site/model-assets"
+
+
+def _service() -> AssetService:
+    # The running node carries its asset service (proxy.node.Node.assets).
+    return cast(AssetService, cast(Any, running_node()).assets)
+
+
+class _Target(BodySerializer):
+    node_id = StrictCharField(
+        required=False, allow_blank=True, help_text="The node that holds the config; default here."
+    )
+    node_url = StrictCharField(
+        required=False,
+        allow_blank=True,
+        help_text="Must equal the registered URL of `node_id` when given.",
+    )
+
+
+class ExportSerializer(_Target):
+    id = StrictCharField(help_text="Local model ID (config file stem) on that node.")
+
+
+class ResolveSerializer(_Target):
+    id = StrictCharField(help_text="Local model ID of a portable config on that node.")
+    wait = StrictBooleanField(
+        required=False, default=False, help_text="Answer once the job has finished."
+    )
+
+
+class ResolveBatchSerializer(_Target):
+    ids = StrictListField(
+        child=StrictCharField(),
+        min_length=1,
+        max_length=LOOKUP_MAX_HASHES,
+        help_text="Local model IDs of portable configs on that node.",
+    )
+    wait = StrictBooleanField(required=False, default=False)
+
+
+class TransferSerializer(serializers.Serializer):
+    sha256 = serializers.CharField()
+    filename = serializers.CharField()
+    node_url = serializers.CharField(help_text="The peer it comes from.")
+    bytes_total = serializers.IntegerField()
+    bytes_done = serializers.IntegerField()
+    resumed_from = serializers.IntegerField(help_text="Bytes kept from an earlier attempt.")
+    state = serializers.ChoiceField(["running", "done", "failed"])
+    error = serializers.CharField()
+
+
+class FieldResultSerializer(serializers.Serializer):
+    field = serializers.CharField(help_text="The config's path field, e.g. model_param.")
+    position = serializers.IntegerField(allow_null=True, help_text="Index in a list field.")
+    sha256 = serializers.CharField()
+    filename = serializers.CharField()
+    resolved = serializers.BooleanField()
+    # Named like a DRF Field attribute: the metaclass takes it as a field all the same.
+    source = serializers.CharField(  # type: ignore[assignment]
+        help_text="local_sha256, file_root_sha256 or peer_sha256 once resolved."
+    )
+    verification = serializers.CharField()
+    error = serializers.CharField()
+    transfer = TransferSerializer(allow_null=True)
+
+
+class JobSerializer(serializers.Serializer):
+    id = serializers.CharField()
+    node_id = serializers.CharField()
+    model_id = serializers.CharField()
+    state = serializers.ChoiceField(["running", "done", "failed"])
+    error = serializers.CharField()
+    created = serializers.FloatField()
+    finished = serializers.FloatField(allow_null=True)
+    # Named like a Serializer attribute: the metaclass takes it as a field all the same.
+    fields = FieldResultSerializer(many=True)  # type: ignore[assignment]
+
+
+class JobListSerializer(serializers.Serializer):
+    jobs = JobSerializer(many=True)
+
+
+class ServedSerializer(serializers.Serializer):
+    streams = serializers.IntegerField(help_text="Asset streams this node has served.")
+    bytes = serializers.IntegerField()
+
+
+class AssetStatusSerializer(serializers.Serializer):
+    node_id = serializers.CharField()
+    jobs = JobSerializer(many=True, help_text="Newest first; the last 200.")
+    transfers = TransferSerializer(many=True)
+    served = ServedSerializer()
+
+
+class ExportResultSerializer(serializers.Serializer):
+    config = serializers.DictField(
+        help_text="The config with each path field F as F_hash and F_filename."
+    )
+
+
+TARGET_ERRORS = {
+    400: error_response(
+        "A field is missing or malformed, the node is not registered, or node_url does not "
+        "match it; `param` names the field. Nothing is called."
+    ),
+    404: error_response("The model is not a config on that node, or this node is a slave."),
+    502: error_response("The node did not answer."),
+}
+
+
+def _target(data: dict[str, Any]) -> str | None:
+    return target_node(running_node(), data.get("node_id") or None, data.get("node_url") or None)
+
+
+class ExportView(SiteAPIView):
+    @extend_schema(
+        operation_id="modelAssetsExport",
+        summary="A model config in portable form (weights by SHA-256 and file name)",
+        description="Every file the config names is hashed (cached) and indexed on its node, "
+        "so peers can fetch it by hash.",
+        request=ExportSerializer,
+        responses={
+            200: OpenApiResponse(ExportResultSerializer, "The portable config."),
+            **TARGET_ERRORS,
+            409: error_response("A weights file cannot be read (code model_asset_missing)."),
+        },
+    )
+    async def post(self, request: Request) -> Response:
+        body = ExportSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        url = _target(data)
+        if url is not None:
+            doc = {"node_id": data["node_id"], "id": data["id"]}
+            return Response(
+                await remote_call(running_node(), url, "POST", NODE_SITE + "/export", doc)
+            )
+        return Response({"config": await _service().export(data["id"])})
+
+
+class ResolveView(SiteAPIView):
+    @extend_schema(
+        operation_id="modelAssetsResolve",
+        summary="Resolve a portable config's weights on its node",
+        description="Local index, then files below models.file_roots with the same name, then "
+        "a cluster peer (streamed into models.shared_dir, verified). One job per config runs at "
+        "a time; asking again joins it.",
+        request=ResolveSerializer,
+        responses={200: OpenApiResponse(JobSerializer, "The job."), **TARGET_ERRORS},
+    )
+    async def post(self, request: Request) -> Response:
+        body = ResolveSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        url = _target(data)
+        if url is not None:
+            doc = {"node_id": data["node_id"], "id": data["id"], "wait": data["wait"]}
+            return Response(
+                await remote_call(running_node(), url, "POST", NODE_SITE + "/resolve", doc)
+            )
+        return Response(await local_resolve(_service(), data["id"], wait=data["wait"]))
+
+
+class ResolveBatchView(SiteAPIView):
+    @extend_schema(
+        operation_id="modelAssetsResolveBatch",
+        summary="Resolve several portable configs of one node",
+        request=ResolveBatchSerializer,
+        responses={200: OpenApiResponse(JobListSerializer, "One job per config."), **TARGET_ERRORS},
+    )
+    async def post(self, request: Request) -> Response:
+        body = ResolveBatchSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        url = _target(data)
+        jobs = []
+        for model_id in data["ids"]:
+            if url is not None:
+                doc = {"node_id": data["node_id"], "id": model_id, "wait": data["wait"]}
+                jobs.append(
+                    await remote_call(running_node(), url, "POST", NODE_SITE + "/resolve", doc)
+                )
+            else:
+                jobs.append(await local_resolve(_service(), model_id, wait=data["wait"]))
+        return Response({"jobs": jobs})
+
+
+NODE_PARAMETERS = [
+    OpenApiParameter("node_id", str, description="Another node to ask; default this node."),
+    OpenApiParameter("node_url", str, description="Must match node_id's registered URL."),
+]
+
+
+class JobsView(SiteAPIView):
+    @extend_schema(
+        operation_id="modelAssetsJobs",
+        summary="A node's resolution jobs, its transfers and the streams it served",
+        parameters=NODE_PARAMETERS,
+        responses={200: OpenApiResponse(AssetStatusSerializer, "The status."), **TARGET_ERRORS},
+    )
+    async def get(self, request: Request) -> Response:
+        url = _target(dict(request.query_params.items()))
+        if url is not None:
+            return Response(await remote_call(running_node(), url, "GET", NODE_SITE + "/jobs"))
+        return Response(_service().status())
+
+
+class JobView(SiteAPIView):
+    @extend_schema(
+        operation_id="modelAssetsJob",
+        summary="One resolution job",
+        parameters=NODE_PARAMETERS,
+        responses={
+            200: OpenApiResponse(JobSerializer, "The job."),
+            **TARGET_ERRORS,
+            404: error_response("The job is not known (or this node is a slave)."),
+        },
+    )
+    async def get(self, request: Request, job_id: str) -> Response:
+        url = _target(dict(request.query_params.items()))
+        if url is not None:
+            path = f"{NODE_SITE}/jobs/{job_id}"
+            return Response(await remote_call(running_node(), url, "GET", path))
+        return Response(local_job(_service(), job_id))
