@@ -3,7 +3,7 @@
 A master routes a request that names a recipe to the node owning the component its path
 needs (text, image, embeddings, voice) under the component's own model ID, and answers under
 the recipe's public ID. Recipes are stored in `<cluster.store_dir>/split-recipes.json`
-(`{"recipes": [...]}`); creating them from the WebUI comes later, routing works now. Unlike
+(`{"recipes": [...]}`), written by the cook routes (registry/cook.py). Unlike
 the reference, a component's node health is checked before forwarding, so a down node gives a
 clean 503 instead of a transport error.
 """

@@ -85,8 +85,18 @@ async def _remote_call(
     return doc if isinstance(doc, dict) else {"ok": True}
 
 
+async def remote_load(node: RegistryNode, url: str, local_id: str) -> dict[str, Any]:
+    """Load a model of another node through its node route."""
+    return await _remote_call(node, url, "/router/v1/node/load", {"model": local_id})
+
+
 async def model_load(*, node: RegistryNode, model_id: str) -> dict[str, Any]:
-    """Explicit load of a public model ID, on the node that owns it."""
+    """Explicit load of a public model ID (or a split recipe), on the node(s) that own it."""
+    recipe = node.recipes.get(model_id)
+    if recipe is not None:
+        from registry.cook import load
+
+        return await load(node, recipe)
     owner, url, local_id = _owner(node, model_id)
     if url:
         result = await _remote_call(node, url, "/router/v1/node/load", {"model": local_id})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from registry.api import assets, views
+from registry.api import assets, cook, views
 
 urlpatterns = [
     path("models", views.ModelsView.as_view(), name="router-models"),
@@ -22,6 +22,9 @@ urlpatterns = [
         assets.ResolveBatchView.as_view(),
         name="site-assets-resolve-batch",
     ),
+    path("site/cook/preview", cook.CookPreviewView.as_view(), name="site-cook-preview"),
+    path("site/cook/apply", cook.CookApplyView.as_view(), name="site-cook-apply"),
+    path("site/cook/<str:recipe_id>", cook.CookDeleteView.as_view(), name="site-cook-delete"),
     path("site/model-assets/jobs", assets.JobsView.as_view(), name="site-assets-jobs"),
     path("site/model-assets/jobs/<str:job_id>", assets.JobView.as_view(), name="site-assets-job"),
 ]
