@@ -189,6 +189,13 @@ class Lending:
             rows.extend(queue.snapshot(now))
         return rows
 
+    def held_now(self) -> list[dict[str, Any]]:
+        return self.held_requests(self.clock())
+
+    def expected_load_ms(self, config_filename: str) -> float | None:
+        costs = self.costs
+        return None if costs is None else costs.loads.get(config_filename)
+
     def queue_stats(self, lane: str) -> list[dict[str, Any]]:
         """Per enrolled model of this node: pending and backlog counts and work, context."""
         if not self.enrolled.get(lane):

@@ -96,7 +96,11 @@ class Runtime:
         self.state = "empty"  # empty | loading | ready | failed | stopped
         self.active = 0
         self.loading: ModelConfig | None = None
+        self.loading_since = 0.0
+        """When the load under way began (the runtime's clock); 0 when none is."""
         self.last_error = ""
+        self.last_error_at = 0.0
+        """Unix time of `last_error` (0: none): the Nodes page says how long ago a load failed."""
         self.generation = 0
         self.last_done = 0.0
         """When the backend last finished a request (monotonic): where the next one started."""
@@ -189,6 +193,7 @@ class Runtime:
             # same loop iteration must see the switch under way, or it would start a second one.
             self.state = "loading"
             self.loading = head.cfg
+            self.loading_since = self._clock()
             self._switch_task = asyncio.ensure_future(self._switch(head.cfg, head.reason))
             return
 
@@ -209,6 +214,7 @@ class Runtime:
         self.state = "loading"
         self.loading = cfg
         started = self._clock()
+        self.loading_since = started
         error = ""
         started_process = False
         try:
@@ -252,6 +258,7 @@ class Runtime:
             self.state = "failed"
             self.current = None
             self.last_error = error
+            self.last_error_at = time.time()
             logger.warning("load of %s failed after %.0f ms: %s", cfg.local_id, duration_ms, error)
             self._fail_waiters_for(cfg, BackendError(error))
         else:
@@ -323,6 +330,7 @@ class Runtime:
             # Nothing restarts it now: the next request that needs it reloads it.
             self.state = "failed"
             self.last_error = f"backend exited with code {code}"
+            self.last_error_at = time.time()
             logger.warning("%s backend for %s exited with code %s", self.lane, self.current, code)
             self._pump()
 
@@ -417,6 +425,22 @@ class Runtime:
             "generation": self.generation,
             "pid": self.process.pid if self.process else None,
             "last_error": self.last_error,
+            "last_error_at": self.last_error_at if self.last_error else None,
+            **self._loading_status(),
+        }
+
+    def _loading_status(self) -> dict[str, Any]:
+        """The load under way, for the Nodes page: what, for how long, and who waits on it."""
+        cfg = self.loading
+        if cfg is None:
+            return {"loading_config": None, "loading_elapsed_ms": None, "loading_waiting": 0}
+        waiting = sum(
+            1 for w in self._waiters if not w.future.done() and w.cfg.filename == cfg.filename
+        )
+        return {
+            "loading_config": cfg.filename,
+            "loading_elapsed_ms": max(0.0, (self._clock() - self.loading_since) * 1000.0),
+            "loading_waiting": waiting,
         }
 
 

@@ -95,11 +95,20 @@ class BorrowedWork(Protocol):
 
 
 class OwnWork(Protocol):
-    """Brackets work the node does for itself, so it takes no borrowed work meanwhile."""
+    """Brackets work the node does for itself, so it takes no borrowed work meanwhile; and
+    what lending knows that the node's state shows (held requests, measured load times)."""
 
     def own_begin(self) -> None: ...
 
     def own_end(self) -> None: ...
+
+    def held_now(self) -> list[dict[str, Any]]:
+        """Requests the router holds or has lent, as `site/nodes/state` lists them."""
+        ...
+
+    def expected_load_ms(self, config_filename: str) -> float | None:
+        """This node's mean time to load a config, from its own loads; None if never measured."""
+        ...
 
 
 class PendingRows(Protocol):

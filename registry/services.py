@@ -208,6 +208,20 @@ def node_runtimes(*, node: RegistryNode) -> list[tuple[str, str, RuntimeView]]:
     return out
 
 
+def _load_under_way(node: RegistryNode, status: dict[str, Any]) -> dict[str, Any] | None:
+    """The runtime's load in progress: model, elapsed time, the requests waiting on it, and
+    the node's mean load time of that config where it has loaded it before."""
+    if not status.get("loading"):
+        return None
+    config = status.get("loading_config") or ""
+    return {
+        "model_id": status["loading"],
+        "elapsed_ms": round(status.get("loading_elapsed_ms") or 0.0),
+        "waiting": status.get("loading_waiting", 0),
+        "expected_ms": node.lending.expected_load_ms(config) if config else None,
+    }
+
+
 def node_state(*, node: RegistryNode) -> dict[str, Any]:
     backends = []
     active = []
@@ -236,7 +250,9 @@ def node_state(*, node: RegistryNode) -> dict[str, Any]:
                 "active": status["active"],
                 "waiting": status["waiting"],
                 "loading": status["loading"],
+                "load": _load_under_way(node, status),
                 "last_error": status["last_error"],
+                "last_error_at": status["last_error_at"],
                 "pid": status["pid"],
                 "base_url": runtime.launch.base_url if runtime.launch else None,
             }
@@ -246,7 +262,7 @@ def node_state(*, node: RegistryNode) -> dict[str, Any]:
         "role": node.config.cluster.role,
         "backends": backends,
         "active_requests": active,
-        "held_requests": [],
+        "held_requests": node.lending.held_now(),
         "analytics_buffered": node.recorder.pending(),
     }
 

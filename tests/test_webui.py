@@ -163,6 +163,13 @@ def test_the_nodes_page_lists_held_requests_with_their_state(cluster: Cluster) -
                 assert tab.locator("section.card").count() == 3
                 ARTIFACTS.mkdir(exist_ok=True)
                 tab.screenshot(path=str(ARTIFACTS / "nodes-page.png"), full_page=True)
+                # The node's own state lists them too, as the summary does (not always []).
+                state = httpx.get(
+                    cluster.master.base_url + "/router/v1/site/nodes/state",
+                    params={"node_id": "o"},
+                ).json()
+                held = state["held_requests"]
+                assert any(r["model_id"] == "big" and r["state"] == "queued" for r in held), held
             finally:
                 browser.close()
     finally:

@@ -230,6 +230,19 @@ class LoadedModelSerializer(serializers.Serializer):
     active = serializers.IntegerField(help_text="Requests running on the runtime now.")
 
 
+class LoadUnderWaySerializer(serializers.Serializer):
+    """A load in progress on a runtime."""
+
+    model_id = serializers.CharField(help_text="The model being loaded.")
+    elapsed_ms = serializers.IntegerField(help_text="How long the load has run so far.")
+    waiting = serializers.IntegerField(help_text="Requests waiting for this load to finish.")
+    expected_ms = serializers.FloatField(
+        allow_null=True,
+        help_text="This node's mean time to load the config, from its own loads; null until "
+        "it has loaded it once.",
+    )
+
+
 class BackendSerializer(serializers.Serializer):
     """One runtime of the node (text, image or whisper)."""
 
@@ -241,7 +254,11 @@ class BackendSerializer(serializers.Serializer):
     active = serializers.IntegerField(help_text="Requests running now.")
     waiting = serializers.IntegerField(help_text="Requests waiting for this runtime.")
     loading = serializers.CharField(allow_null=True, help_text="The model being loaded, if any.")
-    last_error = serializers.CharField()
+    load = LoadUnderWaySerializer(allow_null=True, help_text="The load under way, if any.")
+    last_error = serializers.CharField(help_text="Why the last load (or the backend) failed.")
+    last_error_at = serializers.FloatField(
+        allow_null=True, help_text="Unix time of last_error; null when there is none."
+    )
     pid = serializers.IntegerField(allow_null=True)
     base_url = serializers.CharField(allow_null=True)
 
