@@ -21,6 +21,7 @@ from routerproject.api import validated
 from routerproject.errors import RouterError
 
 NODE_PREFIX = "/router/v1/node/"
+PATHSEND = "http.response.pathsend"
 INFERENCE_PREFIX = "/router/v1/node/inference"
 ANY = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"})
 
@@ -312,7 +313,13 @@ async def handle_asset_stream(ctx: Ctx, node: Node) -> None:
     if span is not None:
         headers.append((b"content-range", f"bytes {first}-{last}/{found.size}".encode()))
     node.assets.served_streams += 1
+    node.assets.served_bytes += length
     await ctx.start(206 if span is not None else 200, headers)
+    if PATHSEND in ctx.scope.get("extensions", {}) and not node.config.models.asset_serve_rate:
+        # The server reads the file as the socket drains: no copy of it piles up in memory.
+        ctx.finished = True
+        await ctx.send({"type": PATHSEND, "path": found.path, "offset": first, "length": length})
+        return
     async for block in node.assets.read_file(found.path, first, length):
         await ctx.chunk(block)
     await ctx.end()

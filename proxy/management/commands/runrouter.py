@@ -89,6 +89,7 @@ class NodeRunner:
         from daphne.endpoints import build_endpoint_description_strings
         from daphne.server import Server
 
+        from proxy import filesend
         from proxy.node import build_node, catch_up_if_stale, set_node
         from registry.selectors import disabled_models, public_id_assignments
         from registry.sync import ClusterSync
@@ -111,6 +112,19 @@ class NodeRunner:
         listening: list[Any] = []
 
         class RouterServer(Server):
+            def create_application(self, protocol: Any, scope: dict[str, Any]) -> Any:
+                filesend.advertise(scope)
+                return super().create_application(protocol, scope)
+
+            async def handle_reply(self, protocol: Any, message: dict[str, Any]) -> None:
+                if message.get("type") != filesend.EXTENSION:
+                    await super().handle_reply(protocol, message)
+                    return
+                if protocol in self.connections and not self.connections[protocol].get(
+                    "disconnected"
+                ):
+                    await filesend.send_path(protocol, message)
+
             def listen_success(self, port: Any) -> None:
                 super().listen_success(port)
                 listening.append(port)
