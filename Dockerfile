@@ -17,4 +17,8 @@ USER router
 ENV ROUTER_CONFIG=/app/demo/config.docker.yaml
 EXPOSE 8080
 VOLUME ["/data"]
+# Ready: database reachable, migrations applied, startup over, and on a slave registered with
+# its master (GET /readyz on the address the config binds). Liveness alone: --live (/healthz).
+HEALTHCHECK --interval=30s --timeout=10s --start-period=60s --retries=3 \
+    CMD ["python", "manage.py", "healthcheck"]
 CMD ["python", "manage.py", "runrouter"]

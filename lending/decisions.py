@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -31,6 +31,20 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+# One line per lending event an operator follows (a lease, a lend, a return, a refusal); the
+# master's per-pair plan rows go at DEBUG: a plan writes one per owner and helper.
+events = logging.getLogger("router.lending")
+_EVENT_KINDS = frozenset({"dispatch", "helper"})
+_EVENT_FIELDS = (
+    "lane",
+    "owner_node_id",
+    "owner_model_id",
+    "helper_node_id",
+    "helper_model_id",
+    "reason",
+    "slots",
+    "lent_out",
+)
 
 FLUSH_INTERVAL_SECS = 1.0
 MAX_BUFFERED_ROWS = 10_000
@@ -128,6 +142,8 @@ class DecisionLog:
         self._clock_ms = clock_ms
         self._rows: deque[dict[str, Any]] = deque(maxlen=MAX_BUFFERED_ROWS)
         self.dropped = 0
+        self.counts: Counter[tuple[str, str, str, str]] = Counter()
+        """Rows recorded by (kind, outcome, reason, lane) since start: what /metrics counts."""
         self._task: asyncio.Task[None] | None = None
         self._stopping: asyncio.Event | None = None
         self._failing = False
@@ -145,6 +161,12 @@ class DecisionLog:
             # The deque's maxlen drops the oldest row on append; count it.
             self.dropped += 1
         self._rows.append(fields)
+        kind = fields.get("kind", "")
+        outcome = fields.get("outcome", "")
+        self.counts[(kind, outcome, fields.get("reason", ""), fields.get("lane", ""))] += 1
+        level = logging.INFO if kind in _EVENT_KINDS else logging.DEBUG
+        if events.isEnabledFor(level):
+            _log_event(level, kind, outcome, fields)
 
     def pending(self) -> int:
         return len(self._rows)
@@ -201,6 +223,19 @@ class DecisionLog:
             self.dropped += refused
             logger.warning("decision log: %d malformed rows dropped", refused)
         return written
+
+
+def _log_event(level: int, kind: str, outcome: str, fields: Mapping[str, Any]) -> None:
+    shown = {name: fields[name] for name in _EVENT_FIELDS if fields.get(name) not in (None, "", 0)}
+    text = " ".join(f"{name}={value}" for name, value in shown.items())
+    events.log(
+        level,
+        "lending %s %s %s",
+        kind,
+        outcome,
+        text,
+        extra={"event": "lending", "decision_kind": kind, "outcome": outcome, **shown},
+    )
 
 
 def _row_values(row: Mapping[str, Any]) -> tuple[Any, ...]:

@@ -65,6 +65,8 @@ class MasterLending:
     def __init__(self, node: ServingNode) -> None:
         self.node = node
         self.book: dict[tuple[str, str, str], tuple[Lease, float]] = {}
+        self.last_costs: CostTable | None = None
+        """Every node's fits as the last plan saw them: the cluster view of /metrics."""
         """(lane, owner node, owner model) → (lease, expires_at on the master's clock)."""
         self._plan_lock = asyncio.Lock()
         self._inflight: dict[tuple[str, str, str], asyncio.Future[Lease | None]] = {}
@@ -165,6 +167,7 @@ class MasterLending:
                 if result.probe_due_ms is not None:
                     due.append(result.probe_due_ms)
             self.book = book
+            self.last_costs = costs
             self._arm_probe(min(due) if due else None)
         self._deliver(results, asking)
 

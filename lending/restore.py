@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from lending.ports import LendingRuntime, RequestJob, ServingNode
 
 logger = logging.getLogger(__name__)
+events = logging.getLogger("router.lending")
 
 
 class Restorer:
@@ -155,7 +156,11 @@ class Restorer:
         lending.own_begin()
         try:
             await runtime.load(target, reason="restore")
-            logger.info("restored %s after borrowed or guardian work", target.local_id)
+            events.info(
+                "lending restore %s after borrowed or guardian work",
+                target.local_id,
+                extra={"event": "lending", "decision_kind": "restore", "model_id": target.local_id},
+            )
         except Exception as exc:
             logger.warning("restoring %s failed: %s", target.local_id, exc)
         finally:

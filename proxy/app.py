@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 from django.conf import settings
 
+from proxy import observe
 from proxy.forwarding import JSON, ASGIApp, Ctx, Receive, Scope, Send
 from proxy.handlers import ROUTES, Handler
 from proxy.node import Node, get_node
@@ -84,6 +85,8 @@ class ProxyApp:
                 await ctx.error(internal)
             else:
                 await self._abort_stream(ctx, internal)
+        finally:
+            observe.finish(ctx, node, cluster_call=cluster_call)
 
     async def _management(self, scope: Scope, receive: Receive, send: Send) -> None:
         path, method = scope["path"], scope["method"]

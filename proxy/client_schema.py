@@ -292,6 +292,22 @@ def _client_schemas() -> dict[str, Schema]:
             required=("results",),
         ),
         "Ping": _obj({"status": _str(const="healthy")}, required=("status",)),
+        "Healthz": _obj(
+            {"status": _str(const="ok"), "node_id": _str()}, required=("status", "node_id")
+        ),
+        "Readyz": _obj(
+            {
+                "status": _str(enum=["ready", "not_ready"]),
+                "node_id": _str(),
+                "role": _str(enum=["standalone", "master", "slave"]),
+                "checks": _map(
+                    _str(),
+                    "Each check (database, registry, and on a slave registered): `ok` or why "
+                    "it failed.",
+                ),
+            },
+            required=("status", "node_id", "role", "checks"),
+        ),
     }
 
 
@@ -380,6 +396,42 @@ def client_paths() -> dict[str, Schema]:
                 "tags": ["Client"],
                 "security": [],
                 "responses": {"200": _json_response("The router is up.", _ref("Ping"))},
+            }
+        },
+        "/healthz": {
+            "get": {
+                "operationId": "healthz",
+                "summary": "Liveness: the process serves",
+                "tags": ["Operations"],
+                "security": [],
+                "responses": {"200": _json_response("The process serves.", _ref("Healthz"))},
+            }
+        },
+        "/readyz": {
+            "get": {
+                "operationId": "readyz",
+                "summary": "Readiness: database, migrations, startup, registration",
+                "tags": ["Operations"],
+                "security": [],
+                "responses": {
+                    "200": _json_response("Ready for traffic.", _ref("Readyz")),
+                    "503": _json_response("Not ready; `checks` says why.", _ref("Readyz")),
+                },
+            }
+        },
+        "/metrics": {
+            "get": {
+                "operationId": "metrics",
+                "summary": "Prometheus metrics of this node (and the cluster, on a master)",
+                "tags": ["Operations"],
+                "security": [{"adminKey": []}],
+                "responses": {
+                    "200": {
+                        "description": "Prometheus text exposition format 0.0.4.",
+                        "content": {"text/plain": {"schema": _str()}},
+                    },
+                    "401": _error("An admin key is set and none was given."),
+                },
             }
         },
         "/v1/models": {

@@ -19,7 +19,7 @@ import orjson
 
 from guardians.routing import REFUSAL_STATUSES, ImageRefused, is_image_refusal
 from lending.flow import Turn
-from proxy import translate, work
+from proxy import metrics, translate, work
 from proxy.backends import Launch
 from proxy.node import Node
 from proxy.rewrite import (
@@ -73,6 +73,18 @@ class Ctx:
     """Answering for a text-only model of this node as its guardian: load that model back after."""
     t0: float = field(default_factory=time.monotonic)
     wall0: float = field(default_factory=time.time)
+    # What the access line and the metrics say about the request (proxy/observe.py).
+    model: str = ""
+    """The model the client asked for."""
+    served_node: str = ""
+    backend: str = ""
+    """What served it here: `<lane>/<backend family>`, or `node` when another node did."""
+    lent_to: str = ""
+    """The helper node that answered it, when it was lent."""
+    first_byte: float = 0.0
+    sent_bytes: int = 0
+    upstream_secs: float = 0.0
+    """Time waiting on the model: queue, load, backend or the next node (not router work)."""
 
     def header(self, name: bytes) -> bytes | None:
         for key, value in self.scope["headers"]:
@@ -83,14 +95,17 @@ class Ctx:
     async def start(self, status: int, headers: Iterable[tuple[bytes, bytes]]) -> None:
         self.started = True
         self.status = status
+        self.first_byte = time.monotonic()
         await self.send({"type": "http.response.start", "status": status, "headers": list(headers)})
 
     async def chunk(self, data: bytes) -> None:
         if data:
+            self.sent_bytes += len(data)
             await self.send({"type": "http.response.body", "body": data, "more_body": True})
 
     async def end(self, data: bytes = b"") -> None:
         self.finished = True
+        self.sent_bytes += len(data)
         await self.send({"type": "http.response.body", "body": data, "more_body": False})
 
     async def respond(self, status: int, body: bytes, content_type: bytes = JSON) -> None:
@@ -186,6 +201,7 @@ def _record(ctx: Ctx, node: Node, job: Job) -> None:
     output_tokens = _int(usage.get("completion_tokens", usage.get("output_tokens")))
     image = job.image
     status = CLIENT_CLOSED if ctx.disconnected else ctx.status
+    metrics.tokens_counted(job.public_id, prompt_tokens, output_tokens)
     node.recorder.add_request(
         RequestSample(
             node_id=node.node_id,
@@ -234,13 +250,20 @@ async def forward(ctx: Ctx, node: Node, job: Job, shape: Shaper) -> None:
     gate = node.lending_gate
     runtime = node.runtimes.runtime_for(job.cfg, job.lane)
     turn: Turn[Launch] | None = None
+    ctx.served_node = node.node_id
+    waited = time.monotonic()
     try:
         turn = await gate.ask(
             ctx, job, runtime, partial(_acquire, runtime, job, borrowed=ctx.borrowed), shape
         )
         launch = turn.launch
         if launch is None:
-            return  # a helper answered the client
+            # A helper answered the client.
+            helper = turn.entry.helper if turn.entry is not None else None
+            ctx.lent_to = helper[0] if helper is not None else "helper"
+            ctx.backend = f"{job.lane}/lent"
+            return
+        ctx.backend = f"{job.lane}/{launch.family}"
         try:
             url = launch.base_url + launch.backend_path(job.backend_path)
             session = get_session()
@@ -262,6 +285,7 @@ async def forward(ctx: Ctx, node: Node, job: Job, shape: Shaper) -> None:
         finally:
             runtime.release()
     finally:
+        ctx.upstream_secs += time.monotonic() - waited
         if turn is not None:
             gate.done(turn)
         node.busy[busy_key] -= 1
@@ -490,6 +514,9 @@ async def forward_remote(
     }
     if guardian_restore:
         headers["X-Tensors-Guardian-Restore"] = "1"
+    ctx.served_node = replica.node_id
+    ctx.backend = "node"
+    waited = time.monotonic()
     try:
         # The hot path uses the process's aiohttp session (measured ~2 ms faster per hop than
         # httpx over its aiohttp transport); the node client's allow-list still decides where
@@ -519,4 +546,5 @@ async def forward_remote(
             code="node_failed",
         ) from exc
     finally:
+        ctx.upstream_secs += time.monotonic() - waited
         node.busy[busy_key] -= 1

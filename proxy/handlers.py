@@ -18,7 +18,7 @@ from django.conf import settings
 from guardians import routing as guardians
 from guardians.detect import body_has_image
 from guardians.routing import ImageRefused
-from proxy import stt, translate, work
+from proxy import observe, stt, translate, work
 from proxy.forwarding import (
     Ctx,
     Job,
@@ -122,6 +122,7 @@ async def _serve(
 ) -> None:
     """Run the request where `replica` lives: this node's runtime, or its own node."""
     lane = lane_of(kind)
+    ctx.model = public_id
     served_id = replica.local_id
     if kind == "image":
         served_id = str(replica.record.get("image_id") or replica.local_id)
@@ -177,7 +178,7 @@ async def handle_ping(ctx: Ctx, node: Node) -> None:
 
 async def handle_openai_text(ctx: Ctx, node: Node) -> None:
     doc = parse_json_body(ctx)
-    model = require_model(doc)
+    model = ctx.model = require_model(doc)
     replica = resolve(node, model, "llm", borrowed=ctx.borrowed)
     has_image = body_has_image(doc)
 
@@ -208,7 +209,7 @@ async def handle_embeddings(ctx: Ctx, node: Node) -> None:
         doc["model"] = model
         body = orjson.dumps(doc)
     else:
-        model = require_model(doc)
+        model = ctx.model = require_model(doc)
     replica = resolve(node, model, "embeddings", borrowed=ctx.borrowed)
     await _serve(
         ctx,
@@ -328,7 +329,7 @@ async def handle_transcriptions(ctx: Ctx, node: Node) -> None:
 
 async def handle_ollama(ctx: Ctx, node: Node) -> None:
     doc = parse_json_body(ctx)
-    model = require_model(doc)
+    model = ctx.model = require_model(doc)
     replica = resolve(node, model, "llm", borrowed=ctx.borrowed)
     kind = "chat" if ctx.path == "/api/chat" else "generate"
     try:
@@ -375,7 +376,7 @@ async def handle_ollama(ctx: Ctx, node: Node) -> None:
 
 async def handle_ollama_embed(ctx: Ctx, node: Node) -> None:
     doc = parse_json_body(ctx)
-    model = require_model(doc)
+    model = ctx.model = require_model(doc)
     legacy = ctx.path == "/api/embeddings"
     try:
         body_doc = translate.ollama_embed_request(doc, legacy=legacy)
@@ -627,4 +628,8 @@ ROUTES: dict[str, tuple[frozenset[str], Handler, bool]] = {
     "/api/embeddings": (POST, handle_ollama_embed, True),
     "/api/show": (POST, handle_ollama_show, True),
     "/api/v1/generate": (POST, handle_kobold, True),
+    # Operations: orchestrators' probes need no key; /metrics checks the admin key itself.
+    "/healthz": (GET, observe.handle_healthz, False),
+    "/readyz": (GET, observe.handle_readyz, False),
+    "/metrics": (GET, observe.handle_metrics, False),
 }

@@ -11,13 +11,14 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from django.conf import settings
 
-from analytics.recorder import Recorder
+from analytics.recorder import LoadEvent, Recorder
 from guardians.store import Guardians
 from lending.decisions import DecisionLog
 from lending.flow import RequestLending
@@ -25,6 +26,7 @@ from lending.hold import HoldPolicy
 from lending.owner import OwnerLending
 from lending.restore import Restorer
 from lending.runtime import Lending
+from proxy import metrics
 from proxy.runtimes import RuntimeManager
 from registry.assets import AssetService
 from registry.catalog import LocalCatalog
@@ -33,6 +35,7 @@ from registry.httpclient import CONNECT_TIMEOUT_SECS
 from registry.identity import Assignment, IdentityKey
 from registry.nodeclient import AllowList, NodeClient
 from registry.recipes import Recipe, load_recipes
+from registry.sync import ClusterSync
 from routerproject.config import RouterConfig
 
 if TYPE_CHECKING:
@@ -72,6 +75,10 @@ class Node:
     """Serialises enable/disable so the table and `disabled` change in the same order."""
     assets: AssetService = field(init=False)
     """Asset index, portable-config resolution and peer transfers (registry/assets.py)."""
+    sync: ClusterSync | None = None
+    """Registration (slave) and health polls (master), set by runrouter."""
+    ready: bool = False
+    """Startup is over (first registration or poll round, startup model): /readyz asks it."""
 
     @property
     def node_id(self) -> str:
@@ -153,6 +160,11 @@ def _scan(config: RouterConfig) -> LocalCatalog:
     )
 
 
+def _load_finished(recorder: Recorder, event: LoadEvent) -> None:
+    recorder.add_load(event)
+    metrics.load_finished(event)
+
+
 def build_node(
     config: RouterConfig,
     *,
@@ -164,7 +176,7 @@ def build_node(
     runtimes = RuntimeManager(
         config=config,
         log_dir=Path(config.cluster.store_dir) / "logs",
-        on_load=recorder.add_load,
+        on_load=partial(_load_finished, recorder),
     )
     node = Node(
         config=config,

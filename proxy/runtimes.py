@@ -32,6 +32,7 @@ import aiohttp
 
 from analytics.recorder import LoadEvent
 from proxy.backends import Launch, LaunchError, build_launch, runtime_lane
+from proxy.logfiles import rotate_if_large
 from proxy.readiness import is_ready, probe_path
 from registry.httpclient import get_session
 from registry.kcpps import Lane, ModelConfig
@@ -289,6 +290,8 @@ class Runtime:
         assert launch.argv is not None
         self._log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self._log_path()
+        limits = self._config.logging
+        rotate_if_large(log_path, limits.backend_log_max_bytes, limits.backend_log_backups)
         # A local append-only log: opening it takes microseconds, not worth a thread hop.
         with open(log_path, "ab") as log:  # noqa: ASYNC230
             log.write(

@@ -59,6 +59,9 @@ class ClusterSync:
         self.on_snapshot = tuple(on_snapshot)
         self.tasks: set[asyncio.Task[None]] = set()
         self.last_poll_errors: dict[str, str] = {}
+        self.registered_at: float | None = None
+        """When the master last took this slave's registration (time.time); None until then
+        and after a registration fails: what /readyz asks of a slave."""
 
     # -- slave ------------------------------------------------------------------------------
 
@@ -69,6 +72,7 @@ class ClusterSync:
         status, body = await node.client.call_json(
             "POST", node.config.cluster.master_url, "/router/v1/node/register", json=node.snapshot()
         )
+        self.registered_at = None
         terminal = _terminal(status, body)
         if terminal:
             raise RegistrationRefused(terminal)
@@ -77,6 +81,8 @@ class ClusterSync:
         version = body.get("protocol_version", 0) if isinstance(body, dict) else 0
         if not isinstance(version, int) or version < MINIMUM_PROTOCOL_VERSION:
             raise RegistrationRefused(f"incompatible_protocol: master speaks protocol {version!r}")
+        self.registered_at = time.time()
+        logger.debug("registered with the master")
 
     async def _slave_loop(self) -> None:
         interval = self.node.config.cluster.sync_interval

@@ -615,6 +615,22 @@ class AnalyticsConfig(_Section):
     retention: PositiveDuration = _yaml_default("720h")
 
 
+LogFormat = Literal["text", "json"]
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
+BACKEND_LOG_MAX_BYTES_LIMIT = 1 << 40
+
+
+class LoggingConfig(_Section):
+    # json: one object per line (python-json-logger), for log shippers.
+    format: Annotated[LogFormat, _choice(LogFormat)] = "text"
+    level: Annotated[LogLevel, _choice(LogLevel)] = "INFO"
+    # Backend and worker output files are cut at this size (kept: `backend_log_backups`).
+    backend_log_max_bytes: Annotated[StrictInt, Field(ge=1024, le=BACKEND_LOG_MAX_BYTES_LIMIT)] = (
+        64 * 1024 * 1024
+    )
+    backend_log_backups: Annotated[StrictInt, Field(ge=1, le=100)] = 3
+
+
 # ------------------------------------------------------------------- cross checks
 
 
@@ -698,6 +714,7 @@ class RouterConfig(BaseModel):
     vllm: FamilyConfig = Field(default_factory=FamilyConfig)
     database: DatabaseConfig = Field(default_factory=DatabaseConfig)
     analytics: AnalyticsConfig = Field(default_factory=AnalyticsConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
     # Where the config came from; set by load_config, never read from YAML.
     source_path: Path | None = None
 
@@ -747,6 +764,7 @@ SECTION_MODELS: dict[str, type[_Section]] = {
     "vllm": FamilyConfig,
     "database": DatabaseConfig,
     "analytics": AnalyticsConfig,
+    "logging": LoggingConfig,
 }
 
 

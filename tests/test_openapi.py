@@ -61,6 +61,8 @@ CLIENT_PATHS = (
     "/api/v1/generate",
     "/ping",
 )
+# Served without any key: the health check and orchestrators' probes.
+PUBLIC_PATHS = ("/ping", "/healthz", "/readyz")
 MESSAGE_TIMEOUT_SECS = 20.0
 SIM_WEIGHTS = {"load_ms": 5, "base_ms": 1, "prompt_ms_per_token": 0, "output_ms_per_token": 1}
 
@@ -421,9 +423,9 @@ def test_admin_routes_require_the_admin_key_and_the_public_ones_do_not() -> None
     doc = openapi_document()
     for path, item in doc["paths"].items():
         for method, op in item.items():
-            public = path in (SCHEMA_URL, "/ping")
+            public = path in (SCHEMA_URL, *PUBLIC_PATHS)
             expected: list[dict[str, list[str]]] = [] if public else [{"adminKey": []}]
-            if not path.startswith("/router/v1/") and not public:
+            if not path.startswith(("/router/v1/", "/metrics")) and not public:
                 expected = [{"inferenceKey": []}]
             assert op["security"] == expected, f"{method} {path}"
 
@@ -439,7 +441,8 @@ def test_client_paths_match_the_proxy_route_table() -> None:
         # HEAD rides along with GET on the proxy; the document lists the GET.
         assert described(doc, path) == set(methods) - {"HEAD"}, path
         for op in doc["paths"][path].values():
-            assert bool(op["security"]) == needs_key, path
+            # /metrics checks the admin key itself; the route table's flag is the inference key.
+            assert bool(op["security"]) == (needs_key or path == "/metrics"), path
 
 
 def test_the_node_protocol_is_not_described() -> None:

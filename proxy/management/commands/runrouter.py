@@ -84,6 +84,7 @@ class NodeRunner:
         self.stopping = False
         self.tasks: set[asyncio.Task[None]] = set()
         self.ticker: Any = None
+        self.rotating: asyncio.Task[None] | None = None
 
     def run(self) -> int:
         from daphne.endpoints import build_endpoint_description_strings
@@ -109,6 +110,7 @@ class NodeRunner:
             catch_up_if_stale(node, node_id, snapshot)
 
         self.sync = ClusterSync(self.node, on_snapshot=[snapshot_seen])
+        node.sync = self.sync
         listening: list[Any] = []
 
         class RouterServer(Server):
@@ -188,6 +190,13 @@ class NodeRunner:
         node.recorder.start()
         if self.want_workers:
             await self._start_workers()
+        from proxy.logfiles import keep_rotating
+
+        limits = self.config.logging
+        log_dir = Path(self.config.cluster.store_dir) / "logs"
+        self.rotating = asyncio.ensure_future(
+            keep_rotating(log_dir, limits.backend_log_max_bytes, limits.backend_log_backups)
+        )
         from guardians.services import guardians_publish
         from lending.master import get_master
         from lending.ticker import LendingTicker
@@ -232,6 +241,7 @@ class NodeRunner:
         for err in node.catalog.errors:
             print(f"router: skipped model config {err}", file=sys.stderr, flush=True)
         cfg = self.config
+        node.ready = True
         print(
             f"router ready: http://{cfg.server.bind} node={cfg.cluster.node_id} "
             f"role={cfg.cluster.role} models={len(node.catalog.configs)} pid={os.getpid()}",
@@ -284,6 +294,8 @@ class NodeRunner:
         await node.recorder.stop()
         await node.decisions.stop()
         await self._stop_workers()
+        if self.rotating is not None:
+            self.rotating.cancel()
         await close_session()
         if node.client is not None:
             await node.client.aclose()

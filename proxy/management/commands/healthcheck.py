@@ -1,0 +1,58 @@
+"""`manage.py healthcheck [--live]`: ask this node's own `/readyz` (or `/healthz`), exit 0 when
+it answers 200 and 1 otherwise. The Dockerfile's HEALTHCHECK runs it; the address comes from
+the node's config (`server.bind`), so a container with its own config needs no other setting.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import urllib.error
+import urllib.request
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandParser
+
+TIMEOUT_SECS = 5.0
+
+
+def probe_url(path: str) -> str:
+    server = settings.ROUTER.server
+    host = server.host
+    # A wildcard bind is reached on loopback from inside the container.
+    if host in ("0.0.0.0", ""):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{server.port}{path}"
+
+
+class Command(BaseCommand):
+    help = "Exit 0 when this node's /readyz (or /healthz with --live) answers 200."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--live", action="store_true", help="ask /healthz: the process serves")
+        parser.add_argument("--config", help="config file (read by manage.py)")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        url = probe_url("/healthz" if options["live"] else "/readyz")
+        try:
+            with urllib.request.urlopen(url, timeout=TIMEOUT_SECS) as resp:
+                body = resp.read()
+                status = resp.status
+        except urllib.error.HTTPError as exc:
+            body, status = exc.read(), exc.code
+        except (OSError, urllib.error.URLError) as exc:
+            self.stderr.write(f"{url}: {exc}")
+            sys.exit(1)
+        if status != 200:
+            try:
+                detail = json.dumps(json.loads(body).get("checks", {}))
+            except (ValueError, AttributeError):
+                detail = body[:200].decode("utf-8", "replace")
+            self.stderr.write(f"{url}: HTTP {status} {detail}")
+            sys.exit(1)
+        self.stdout.write(f"{url}: ok")
