@@ -342,6 +342,14 @@ async def handle_site_asset_resolve(ctx: Ctx, node: Node) -> None:
     await ctx.json(200, await local_resolve(node.assets, _model_id(doc), wait=wait))
 
 
+async def handle_site_asset_bind(ctx: Ctx, node: Node) -> None:
+    from registry.assets import local_bind
+
+    doc = parse_json_body(ctx)
+    _this_node(node, doc)
+    await ctx.json(200, await local_bind(node.assets, doc))
+
+
 async def handle_site_asset_jobs(ctx: Ctx, node: Node) -> None:
     await ctx.json(200, node.assets.status())
 
@@ -380,6 +388,7 @@ NODE_ROUTES: dict[str, Route] = {
     "/router/v1/node/site/model-assets/export": (POST, handle_site_asset_export, False),
     "/router/v1/node/site/model-assets/resolve": (POST, handle_site_asset_resolve, False),
     "/router/v1/node/site/model-assets/jobs": (GET, handle_site_asset_jobs, False),
+    "/router/v1/node/site/model-assets/bind": (POST, handle_site_asset_bind, False),
 }
 ASSET_STREAM_PREFIX = "/router/v1/node/assets/"
 ASSET_JOB_PREFIX = "/router/v1/node/site/model-assets/jobs/"

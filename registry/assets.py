@@ -41,6 +41,7 @@ from registry.hashing import (
     path_base_name,
     resolve_model_path,
 )
+from registry.hforigin import SOURCE_HF, HfOrigin, OriginMismatch
 from registry.kcpps import (
     PORTABLE_FILENAME_SUFFIX,
     ModelConfig,
@@ -233,6 +234,8 @@ class Transfer:
     resumed_from: int = 0
     state: str = "running"
     error: str = ""
+    hf: HfOrigin | None = None
+    """Set when the bytes come from a Hugging Face hub rather than a peer."""
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -258,6 +261,7 @@ class FieldResult:
     verification: str = ""
     error: str = ""
     transfer: Transfer | None = None
+    hf: str | None = None
 
     def to_wire(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
@@ -307,8 +311,8 @@ def _references(cfg: ModelConfig) -> list[FieldResult]:
     for name in sorted(cfg.unresolved_fields):
         refs = portable_references(cfg.raw, name)
         listed = isinstance(cfg.raw.get(name + PORTABLE_HASH_SUFFIX), list)
-        for index, (digest, filename, _origin) in enumerate(refs):
-            out.append(FieldResult(name, index if listed else None, digest, filename))
+        for index, (digest, filename, origin) in enumerate(refs):
+            out.append(FieldResult(name, index if listed else None, digest, filename, hf=origin))
     return out
 
 
@@ -506,7 +510,12 @@ class AssetService:
     # -- resolution ----------------------------------------------------------------------------
 
     async def resolve_hash(
-        self, sha256: str, filename: str, *, result: FieldResult | None = None
+        self,
+        sha256: str,
+        filename: str,
+        *,
+        hf: str | None = None,
+        result: FieldResult | None = None,
     ) -> tuple[Path, str]:
         """(verified local file, verification source) for one reference.
 
@@ -514,7 +523,7 @@ class AssetService:
         """
         task = self._inflight.get(sha256)
         if task is None:
-            task = asyncio.ensure_future(self._resolve_hash(sha256, filename))
+            task = asyncio.ensure_future(self._resolve_hash(sha256, filename, hf))
             self._inflight[sha256] = task
             task.add_done_callback(lambda _t: self._inflight.pop(sha256, None))
         if result is not None:
@@ -525,7 +534,9 @@ class AssetService:
             result.transfer = self.transfers.get(sha256)
         return path, source
 
-    async def _resolve_hash(self, sha256: str, filename: str) -> tuple[Path, str]:
+    async def _resolve_hash(self, sha256: str, filename: str, hf: str | None) -> tuple[Path, str]:
+        from registry import hforigin
+
         found = await self.local_find(sha256)
         if found is not None:
             return Path(found.path), found.verification_source
@@ -538,10 +549,25 @@ class AssetService:
                 return await self.pull(sha256, filename, source), SOURCE_PEER
             except AssetError as exc:
                 reasons.append(f"{source.get('node_url')}: {exc}")
-        detail = "; ".join(reasons) if reasons else "no node of the cluster has it"
+        if not reasons:
+            reasons.append("no node of the cluster has it")
+        origins: list[HfOrigin] = []
+        if hf is not None:
+            try:
+                origins.append(hforigin.parse_origin(hf, param="hf"))
+            except RouterError as exc:
+                reasons.append(exc.message)
+        bound = await self._db(hforigin.bound, sha256)
+        if bound is not None and bound not in origins:
+            origins.append(bound)
+        for origin in origins:
+            try:
+                return await self.pull_hf(sha256, filename, origin), SOURCE_HF
+            except AssetError as exc:
+                reasons.append(f"{origin.uri}: {exc}")
         raise AssetError(
             f"{filename} ({sha256}) is not in the asset index, not below file_roots, and no "
-            f"peer delivered it ({detail})"
+            f"source delivered it ({'; '.join(reasons)})"
         )
 
     async def pull(self, sha256: str, filename: str, source: Mapping[str, Any]) -> Path:
@@ -551,18 +577,28 @@ class AssetService:
         # A source may hold the same bytes under another name; the reference's name is kept.
         if source.get("sha256") != sha256:
             raise AssetError("the source reports another hash")
-        if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= MAX_ASSET_BYTES:
-            raise AssetError(f"the source reports an invalid size {size!r}")
         if not isinstance(url, str) or self.node.client is None:
             raise AssetError("no usable source URL")
-        client = self.node.client
         try:
-            client.allow.add(normalize_base_url(url))
+            self.node.client.allow.add(normalize_base_url(url))
         except ValueError as exc:
             raise AssetError(f"invalid source URL {url!r}") from exc
+        return await self._fetch(Transfer(sha256, filename, url, _size(size)), SOURCE_PEER)
+
+    async def pull_hf(self, sha256: str, filename: str, origin: HfOrigin) -> Path:
+        """Download one asset from its hub origin, once the hub vouches for the hash there."""
+        from registry import hforigin
+
+        try:
+            size = await asyncio.to_thread(hforigin.verify, origin, sha256)
+        except OriginMismatch as exc:
+            raise AssetError(str(exc)) from exc
+        transfer = Transfer(sha256, filename, origin.uri, _size(size), hf=origin)
+        return await self._fetch(transfer, SOURCE_HF)
+
+    async def _fetch(self, transfer: Transfer, source: str) -> Path:
         async with self._slots:
-            transfer = Transfer(sha256, filename, url, size)
-            self.transfers[sha256] = transfer
+            self.transfers[transfer.sha256] = transfer
             try:
                 path = await self._copy(transfer)
             except AssetError as exc:
@@ -572,7 +608,7 @@ class AssetService:
                 transfer.state, transfer.error = "failed", str(exc)
                 raise AssetError(f"transfer failed: {exc}") from exc
             transfer.state = "done"
-        await self._db(index_add, sha256, filename, size, path, SOURCE_PEER)
+        await self._db(index_add, transfer.sha256, transfer.filename, transfer.size, path, source)
         return path
 
     async def _copy(self, transfer: Transfer) -> Path:
@@ -613,19 +649,27 @@ class AssetService:
 
         from registry.httpclient import get_session
 
-        client = self.node.client
-        assert client is not None
-        # The node client's allow-list decides where the token may go; the bytes then flow
-        # through the process's aiohttp pool, which reads them with far less overhead.
-        url = client.checked_url(transfer.node_url, STREAM_PREFIX + transfer.sha256)
-        headers = {"Authorization": client.authorization, "Accept-Encoding": "identity"}
+        headers = {"Accept-Encoding": "identity"}
+        if transfer.hf is not None:
+            from registry.hforigin import download_url
+
+            # A hub sends LFS files from elsewhere (a redirect); no cluster token goes there.
+            url, redirects = download_url(transfer.hf), True
+        else:
+            client = self.node.client
+            assert client is not None
+            # The node client's allow-list decides where the token may go; the bytes then flow
+            # through the process's aiohttp pool, which reads them with far less overhead.
+            url = client.checked_url(transfer.node_url, STREAM_PREFIX + transfer.sha256)
+            headers["Authorization"] = client.authorization
+            redirects = False
         if writer.offset > 0:
             headers["Range"] = f"bytes={writer.offset}-"
         try:
             async with get_session().get(
                 url,
                 headers=headers,
-                allow_redirects=False,
+                allow_redirects=redirects,
                 read_bufsize=COPY_BLOCK_BYTES,
                 timeout=aiohttp.ClientTimeout(
                     total=None,
@@ -709,7 +753,7 @@ class AssetService:
         async def one(result: FieldResult) -> Path | None:
             try:
                 path, source = await self.resolve_hash(
-                    result.sha256, result.filename, result=result
+                    result.sha256, result.filename, hf=result.hf, result=result
                 )
             except AssetError as exc:
                 result.error = str(exc)
@@ -927,6 +971,12 @@ class _PartialFile:
             pass
 
 
+def _size(value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_ASSET_BYTES:
+        raise AssetError(f"the source reports an invalid size {value!r}")
+    return value
+
+
 def _unlink(path: Path) -> None:
     try:
         os.unlink(path)
@@ -1083,3 +1133,35 @@ async def local_resolve(service: AssetService, model_id: str, *, wait: bool) -> 
 
 def local_job(service: AssetService, job_id: str) -> dict[str, Any]:
     return _job_or_404(service, job_id).to_wire()
+
+
+BIND_FIELDS = frozenset(
+    {"node_id", "node_url", "sha256", "repository", "repository_path", "commit", "token"}
+)
+
+
+async def local_bind(service: AssetService, doc: Mapping[str, Any]) -> dict[str, Any]:
+    """Verify a hub origin for a hash and store it (reference §7.4 bind)."""
+    from registry import hforigin
+
+    unknown = sorted(set(doc) - BIND_FIELDS)
+    if unknown:
+        raise RouterError(400, f"{unknown[0]} is not a field of a bind", param=unknown[0])
+    sha256 = check_sha256(doc.get("sha256"), "sha256")
+    origin = hforigin.check_origin(
+        doc.get("repository"),
+        doc.get("commit"),
+        doc.get("repository_path"),
+        param="repository",
+        commit_param="commit",
+        path_param="repository_path",
+    )
+    token = doc.get("token")
+    if token is not None and not isinstance(token, str):
+        raise RouterError(400, "token must be a string", param="token")
+    try:
+        await asyncio.to_thread(hforigin.verify, origin, sha256, token=token or None)
+    except OriginMismatch as exc:
+        raise RouterError(400, str(exc), param="sha256", code="model_asset_mismatch") from exc
+    await service._db(hforigin.bind, sha256, origin)
+    return {"sha256": sha256, "hf": origin.uri}

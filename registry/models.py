@@ -65,3 +65,20 @@ class ModelAsset(models.Model):
 
     def __str__(self) -> str:
         return f"{self.sha256[:12]} {self.filename}"
+
+
+class HfAssetOrigin(models.Model):
+    """Where on a Hugging Face hub the bytes of one hash can be fetched, once verified there:
+    the revision resolved to `commit` and the file's LFS hash was `sha256`."""
+
+    sha256 = models.CharField(max_length=64, primary_key=True)
+    repository = models.CharField(max_length=200)
+    repository_path = models.CharField(max_length=1000)
+    commit = models.CharField(max_length=64)
+    bound_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "model_asset_hf_origins"
+
+    def __str__(self) -> str:
+        return f"{self.sha256[:12]} hf://{self.repository}@{self.commit}/{self.repository_path}"

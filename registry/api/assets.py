@@ -16,6 +16,7 @@ from rest_framework.response import Response
 from registry.assets import (
     LOOKUP_MAX_HASHES,
     AssetService,
+    local_bind,
     local_job,
     local_resolve,
     remote_call,
@@ -30,6 +31,7 @@ from routerproject.api import (
     StrictListField,
     error_response,
 )
+from routerproject.errors import RouterError
 
 NODE_SITE = "/router/v1/node/site/model-assets"
 
@@ -69,6 +71,19 @@ class ResolveBatchSerializer(_Target):
         help_text="Local model IDs of portable configs on that node.",
     )
     wait = StrictBooleanField(required=False, default=False)
+
+
+class BindSerializer(_Target):
+    sha256 = StrictCharField(help_text="64 lower-case hex characters.")
+    repository = StrictCharField(help_text="owner/name on the hub (HF_ENDPOINT).")
+    repository_path = StrictCharField(help_text="The file's path in the repository.")
+    commit = StrictCharField(help_text="40 lower-case hex characters.")
+    token = StrictCharField(required=False, help_text="A hub token for a gated repository.")
+
+
+class BindResultSerializer(serializers.Serializer):
+    sha256 = serializers.CharField()
+    hf = serializers.CharField(help_text="hf://owner/repo@<commit>/<path>")
 
 
 class TransferSerializer(serializers.Serializer):
@@ -255,3 +270,32 @@ class JobView(SiteAPIView):
             path = f"{NODE_SITE}/jobs/{job_id}"
             return Response(await remote_call(running_node(), url, "GET", path))
         return Response(local_job(_service(), job_id))
+
+
+class BindView(SiteAPIView):
+    @extend_schema(
+        operation_id="modelAssetsBind",
+        summary="Bind a Hugging Face origin to a hash, once the hub vouches for it",
+        description="The revision must resolve to `commit` and the file at `repository_path` "
+        "must have the LFS hash `sha256`. A portable reference to that hash without an origin "
+        "of its own is then fetched from there when no node has it.",
+        request=BindSerializer,
+        responses={
+            200: OpenApiResponse(BindResultSerializer, "Bound."),
+            **TARGET_ERRORS,
+            400: error_response(
+                "A field is missing, malformed or unknown; or the hub does not vouch for the "
+                "hash there (code model_asset_mismatch). Nothing is stored."
+            ),
+        },
+    )
+    async def post(self, request: Request) -> Response:
+        if not isinstance(request.data, dict):
+            raise RouterError(400, "request body must be a JSON object")
+        doc = dict(request.data)
+        url = _target(doc)
+        if url is not None:
+            return Response(
+                await remote_call(running_node(), url, "POST", NODE_SITE + "/bind", doc)
+            )
+        return Response(await local_bind(_service(), doc))
