@@ -435,6 +435,8 @@ class AssetService:
             records = doc.get("assets")
             return [r for r in records if isinstance(r, dict)] if isinstance(records, list) else []
 
+        loop = asyncio.get_running_loop()
+        ends = loop.time() + deadline
         urls = [n.node_url for n in self.node.cluster.nodes.values() if n.healthy and n.node_url]
         tasks = [asyncio.ensure_future(ask(url)) for url in urls]
         try:
@@ -443,8 +445,8 @@ class AssetService:
             mine = []
         answers = [mine]
         if tasks:
-            # The deadline is shared: a slow node costs the rest nothing beyond it.
-            done, pending = await asyncio.wait(tasks, timeout=deadline)
+            # One deadline for the whole lookup: a slow node costs the rest nothing beyond it.
+            done, pending = await asyncio.wait(tasks, timeout=max(0.0, ends - loop.time()))
             for task in pending:
                 task.cancel()
             answers.extend(task.result() for task in done if task.exception() is None)

@@ -13,7 +13,15 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.harness import CLUSTER_TOKEN, Cluster, start_cluster, wait_for
+from tests.harness import (
+    CLUSTER_TOKEN,
+    Cluster,
+    ModelSpec,
+    start_cluster,
+    start_node,
+    text_model,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -287,3 +295,64 @@ def test_a_symlink_in_the_shared_dir_and_bad_targets_are_refused(
         assert len(part.content) == 10
     with httpx.Client(base_url=cluster.master.base_url) as anonymous:
         assert anonymous.get(f"/router/v1/node/assets/{digest}").status_code == 401
+
+
+def test_a_remote_nodes_config_is_exported_through_the_node_route(
+    tmp_path: Path, cleanup: list[Cluster]
+) -> None:
+    cluster = start_cluster(tmp_path, [], {"s1": [text_model("words")]})
+    cleanup.append(cluster)
+    weights = tmp_path / "s1" / "weights" / "words-model_param.sim.json"
+    digest = hashlib.sha256(weights.read_bytes()).hexdigest()
+    with cluster.master.client() as client:
+        url = cluster.slaves["s1"].base_url
+        answer = client.post(
+            f"{SITE}/export", json={"node_id": "s1", "node_url": url, "id": "words"}
+        )
+        assert answer.status_code == 200, answer.text
+        config = answer.json()["config"]
+        assert config["model_param_hash"] == digest
+        assert config["model_param_filename"] == weights.name
+        assert "model_param" not in config
+        wrong = client.post(
+            f"{SITE}/export",
+            json={"node_id": "s1", "node_url": "http://127.0.0.1:1", "id": "words"},
+        )
+        assert wrong.status_code == 400 and wrong.json()["error"]["param"] == "node_url"
+        missing = client.post(f"{SITE}/export", json={"node_id": "s1", "id": "nope"})
+        assert missing.status_code == 404, missing.text
+
+
+def test_a_file_below_file_roots_with_the_same_name_and_hash_is_used_in_place(
+    tmp_path: Path,
+) -> None:
+    roots = tmp_path / "roots"
+    (roots / "a").mkdir(parents=True)
+    (roots / "b").mkdir()
+    good = roots / "b" / "chat.sim.json"
+    digest = padded_weights(good, 50_000)
+    # Same name, other bytes: hashed and passed over.
+    padded_weights(roots / "a" / "chat.sim.json", 40_000)
+    # Same bytes, other name: never hashed (only matching names are).
+    (roots / "a" / "renamed.sim.json").write_bytes(good.read_bytes())
+    spec = ModelSpec(
+        "chat",
+        {"contextsize": 4096, "model_param_hash": digest, "model_param_filename": good.name},
+    )
+    node = start_node(tmp_path, [spec], models={"file_roots": [str(roots)]})
+    try:
+        with node.client() as client:
+            answer = client.post(
+                "/v1/chat/completions",
+                json={"model": "chat", "messages": [{"role": "user", "content": "hi"}]},
+            )
+            assert answer.status_code == 200, answer.text
+            (job,) = client.get(f"{SITE}/jobs").json()["jobs"]
+        (result,) = job["fields"]
+        assert result["source"] == "file_root_sha256" and result["transfer"] is None
+        assert not (node.store / "model-assets" / "sha256").exists()
+        cache = json.loads((node.store / "hash-cache.json").read_text())["entries"]
+        assert str(good) in cache and str(roots / "a" / "chat.sim.json") in cache
+        assert str(roots / "a" / "renamed.sim.json") not in cache
+    finally:
+        node.cleanup()
