@@ -94,8 +94,11 @@ def build_launch(cfg: ModelConfig, lane: Lane, *, config: RouterConfig, port: in
         argv += ["--port", str(port), "-a", cfg.local_id]
         if cfg.context_size:
             argv += ["-c", str(cfg.context_size)]
+        if cfg.parallel:
+            argv += ["-np", str(cfg.parallel)]
         if cfg.mmproj is not None:
             argv += ["--mmproj", str(cfg.mmproj)]
+        argv += cfg.extra_args
         return Launch(tuple(argv), base, _SIM_PROBES[lane], family="sim")
     if mode == "llama_sdcpp":
         if lane == "text":
@@ -129,7 +132,7 @@ def _llama(cfg: ModelConfig, config: RouterConfig, host: str, port: int, base: s
         argv += ["--mmproj", str(cfg.mmproj)]
     if cfg.raw.get("embeddings") is True:
         argv.append("--embeddings")
-    argv += list(config.llama.extra_args)
+    argv += [*config.llama.extra_args, *cfg.extra_args]
     return Launch(tuple(argv), base, "models", family="llama")
 
 
@@ -139,7 +142,7 @@ def _sdcpp(cfg: ModelConfig, config: RouterConfig, host: str, port: int, base: s
         return external
     argv = [_binary(config, "sdcpp"), "-m", _weights_for(cfg, "image")]
     argv += ["--listen-ip", host, "--listen-port", str(port)]
-    argv += list(config.sdcpp.extra_args)
+    argv += [*config.sdcpp.extra_args, *cfg.extra_args]
     return Launch(tuple(argv), base, "sd_models", family="sdcpp")
 
 
@@ -149,7 +152,7 @@ def _whisper(cfg: ModelConfig, config: RouterConfig, host: str, port: int, base:
         return external
     argv = [_binary(config, "whispercpp"), "-m", _weights_for(cfg, "whisper"), "--host", host]
     argv += ["--port", str(port)]
-    argv += list(config.whispercpp.extra_args)
+    argv += [*config.whispercpp.extra_args, *cfg.extra_args]
     # whisper-server serves transcription on /inference rather than the OpenAI path.
     paths = {"/v1/audio/transcriptions": "/inference"}
     return Launch(tuple(argv), base, "health", family="whispercpp", paths=paths)
@@ -165,7 +168,7 @@ def _vllm(cfg: ModelConfig, config: RouterConfig, host: str, port: int, base: st
         argv += ["--max-model-len", str(cfg.context_size)]
     if cfg.parallel:
         argv += ["--max-num-seqs", str(cfg.parallel)]
-    argv += list(config.vllm.extra_args)
+    argv += [*config.vllm.extra_args, *cfg.extra_args]
     return Launch(tuple(argv), base, "health", family="vllm")
 
 
@@ -176,7 +179,7 @@ def _kobold(cfg: ModelConfig, config: RouterConfig, host: str, port: int, base: 
     # KoboldCpp reads everything else from the .kcpps itself; the router owns host and port.
     argv = [_binary(config, "kobold"), "--config", str(cfg.path), "--host", host]
     argv += ["--port", str(port), "--skiplauncher"]
-    argv += list(config.kobold.extra_args)
+    argv += [*config.kobold.extra_args, *cfg.extra_args]
     if cfg.has_llm:
         return Launch(tuple(argv), base, "models", family="kobold")
     if cfg.has_image:

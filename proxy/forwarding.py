@@ -31,6 +31,7 @@ from proxy.rewrite import (
     usage_from_json,
 )
 from proxy.runtimes import Runtime
+from proxy.streamusage import TEXT_STREAM_PATHS, UsageStripper, ask_for_usage
 from registry.cluster import Replica
 from registry.httpclient import get_session
 from registry.kcpps import Lane, ModelConfig
@@ -177,6 +178,9 @@ class Job:
     """A guardian is set: a backend's refusal of the image raises ImageRefused instead."""
     guardian_restore: bool = False
     """Run as the guardian of a text-only model here: the displaced model is loaded back."""
+    hide_usage: bool = False
+    """The router asked the backend for the stream's usage; the client did not, so it is
+    taken out of what the client sees."""
 
 
 async def _acquire(runtime: Runtime, job: Job, *, borrowed: bool = False) -> Launch:
@@ -191,7 +195,21 @@ def _backend_headers(job: Job) -> dict[str, str]:
     return {"Content-Type": job.content_type.decode("latin-1")}
 
 
-def _record(ctx: Ctx, node: Node, job: Job) -> None:
+def _outcome(ctx: Ctx, failure: RouterError | None) -> int:
+    """The status the request ended with, as analytics records it.
+
+    A failure before any answer is the error the client gets (502 for a backend that cannot
+    load or answer); one after a 2xx head (a stream cut by a dead backend) is that error too,
+    although the client saw 200 and then an error event.
+    """
+    if ctx.disconnected:
+        return CLIENT_CLOSED
+    if failure is not None and ctx.status < 300:
+        return failure.status
+    return ctx.status
+
+
+def _record(ctx: Ctx, node: Node, job: Job, failure: RouterError | None = None) -> None:
     from analytics.recorder import RequestSample
 
     if job.lent:
@@ -200,7 +218,7 @@ def _record(ctx: Ctx, node: Node, job: Job) -> None:
     prompt_tokens = _int(usage.get("prompt_tokens", usage.get("input_tokens")))
     output_tokens = _int(usage.get("completion_tokens", usage.get("output_tokens")))
     image = job.image
-    status = CLIENT_CLOSED if ctx.disconnected else ctx.status
+    status = _outcome(ctx, failure)
     metrics.tokens_counted(job.public_id, prompt_tokens, output_tokens)
     node.recorder.add_request(
         RequestSample(
@@ -252,6 +270,7 @@ async def forward(ctx: Ctx, node: Node, job: Job, shape: Shaper) -> None:
     turn: Turn[Launch] | None = None
     ctx.served_node = node.node_id
     waited = time.monotonic()
+    failure: RouterError | None = None
     try:
         turn = await gate.ask(
             ctx, job, runtime, partial(_acquire, runtime, job, borrowed=ctx.borrowed), shape
@@ -267,9 +286,10 @@ async def forward(ctx: Ctx, node: Node, job: Job, shape: Shaper) -> None:
         try:
             url = launch.base_url + launch.backend_path(job.backend_path)
             session = get_session()
+            body = _backend_body(job)
             sent = time.monotonic()
             async with session.post(
-                url, data=job.body, headers=_backend_headers(job), timeout=node.request_timeout
+                url, data=body, headers=_backend_headers(job), timeout=node.request_timeout
             ) as resp:
                 if job.guardian_fallback and resp.status in REFUSAL_STATUSES:
                     await _check_refusal(ctx, resp)
@@ -284,12 +304,33 @@ async def forward(ctx: Ctx, node: Node, job: Job, shape: Shaper) -> None:
             ) from exc
         finally:
             runtime.release()
+    except RouterError as exc:
+        failure = exc
+        raise
+    except Exception:
+        # The client gets a 500 from the front (or, when the backend refused an image, that
+        # refusal, which is already the recorded status).
+        failure = RouterError(500, "internal router error", type="server_error")
+        raise
     finally:
         ctx.upstream_secs += time.monotonic() - waited
         if turn is not None:
             gate.done(turn)
         node.busy[busy_key] -= 1
-        _record(ctx, node, job)
+        _record(ctx, node, job, failure)
+
+
+def _backend_body(job: Job) -> bytes:
+    """The body for the backend: a text stream always asks for its usage (streamusage.py)."""
+    if not (
+        job.stream and job.backend_path in TEXT_STREAM_PATHS and job.content_type.startswith(JSON)
+    ):
+        return job.body
+    asked = ask_for_usage(job.body)
+    if asked is None:
+        return job.body
+    job.hide_usage = True
+    return asked
 
 
 async def _check_refusal(ctx: Ctx, resp: aiohttp.ClientResponse) -> None:
@@ -340,11 +381,15 @@ async def shape_openai(ctx: Ctx, job: Job, resp: aiohttp.ClientResponse) -> None
             ],
         )
         rewriter = SSERewriter(job.public_id) if rewrite else None
+        stripper = UsageStripper() if job.hide_usage else None
         tracker = UsageTracker()
         async for data in resp.content.iter_any():
             tracker.feed(data)
+            if stripper is not None:
+                data = stripper.feed(data)
             await ctx.chunk(rewriter.feed(data) if rewriter else data)
-        await ctx.end(rewriter.close() if rewriter else b"")
+        tail = stripper.close() if stripper is not None else b""
+        await ctx.end(rewriter.feed(tail) + rewriter.close() if rewriter else tail)
         job.usage = tracker.usage()
         return
     data = await resp.read()

@@ -334,7 +334,15 @@ class Runtime:
             self.state = "failed"
             self.last_error = f"backend exited with code {code}"
             self.last_error_at = time.time()
-            logger.warning("%s backend for %s exited with code %s", self.lane, self.current, code)
+            # The config's name and file say which model died; its whole JSON would bury that.
+            cur = self.current
+            logger.warning(
+                "%s backend for %s (%s) exited with code %s",
+                self.lane,
+                cur.local_id if cur else "?",
+                cur.path if cur else "?",
+                code,
+            )
             self._pump()
 
     async def _wait_ready(self, launch: Launch, cfg: ModelConfig) -> None:

@@ -38,9 +38,33 @@ BACKEND_MODES = ("kobold", "llama_sdcpp", "vllm", "sim", "upstream")
 # The node's runtime sides a config can be served on; the config's capabilities say which.
 Lane = Literal["text", "image", "whisper"]
 CONFIG_SUFFIX = ".kcpps"
-# Backends that serve /v1/embeddings from the text model itself (llama-server does, and the
-# sim imitates it; an upstream OpenAI-compatible server is assumed to).
-EMBEDDINGS_FROM_TEXT_BACKENDS = frozenset({"llama_sdcpp", "sim", "upstream"})
+# Backends that serve /v1/embeddings from any text model (the sim imitates a llama-server
+# started for it; an upstream OpenAI-compatible server is assumed to). llama-server itself
+# answers 501 unless started with --embeddings, so a llama_sdcpp config has embeddings only
+# when it asks for them ("embeddings": true, or the flag in its own extra_args).
+EMBEDDINGS_FROM_TEXT_BACKENDS = frozenset({"sim", "upstream"})
+EMBEDDINGS_FLAGS = frozenset({"--embeddings", "--embedding"})
+# Backends that split their context window evenly between their slots (llama-server with
+# `-np N` gives each request `contextsize / N` tokens, and the sim imitates it); unless the
+# cache is unified, when every slot may use the whole window.
+PER_SLOT_CONTEXT_BACKENDS = frozenset({"llama_sdcpp", "sim"})
+UNIFIED_CACHE_FLAGS = frozenset({"-kvu", "--kv-unified"})
+# Options the router sets itself on every backend it starts (weights, address, served name):
+# a config's own extra_args may not override them.
+ROUTER_OWNED_OPTIONS = frozenset(
+    {
+        "-m",
+        "--model",
+        "--host",
+        "--port",
+        "-a",
+        "--alias",
+        "--listen-ip",
+        "--listen-port",
+        "--served-model-name",
+        "--config",
+    }
+)
 # At least one of these must be set, otherwise the config runs nothing.
 PRIMARY_MODEL_FIELDS = ("model_param", "sdmodel", "whispermodel", "embeddingsmodel")
 PORTABLE_FILENAME_SUFFIX = "_filename"
@@ -100,6 +124,8 @@ class ModelConfig:
     # Path fields given only in portable form (`<field>_hash`) that no local path resolves
     # yet (reference-cluster §7.2); loading must wait for asset resolution.
     unresolved_fields: tuple[str, ...] = ()
+    # The config's own backend arguments (`"extra_args"`), after the family's.
+    extra_args: tuple[str, ...] = ()
 
     @property
     def has_llm(self) -> bool:
@@ -125,9 +151,18 @@ class ModelConfig:
     def has_embeddings(self) -> bool:
         if self.embeddings_model is not None or "embeddingsmodel" in self.unresolved_fields:
             return True
-        if self.raw.get("embeddings") is True:
+        if self.raw.get("embeddings") is True or EMBEDDINGS_FLAGS.intersection(self.extra_args):
             return True
         return self.has_llm and self.backend_mode in EMBEDDINGS_FROM_TEXT_BACKENDS
+
+    @property
+    def slot_context(self) -> int | None:
+        """Tokens one request may use: the context window, or one slot's share of it."""
+        if self.context_size is None or self.backend_mode not in PER_SLOT_CONTEXT_BACKENDS:
+            return self.context_size
+        if not self.parallel or UNIFIED_CACHE_FLAGS.intersection(self.extra_args):
+            return self.context_size
+        return max(1, self.context_size // self.parallel)
 
     @property
     def image_id(self) -> str | None:
@@ -174,8 +209,8 @@ class ModelConfig:
             if tts is not None:
                 voice["tts_model"] = tts
             caps["voice"] = voice
-        if self.context_size is not None:
-            caps["context"] = self.context_size
+        if self.slot_context is not None:
+            caps["context"] = self.slot_context
         return caps
 
     def to_record(
@@ -219,7 +254,9 @@ class ModelConfig:
                 "available": available,
                 "loaded": loaded,
                 "disabled": disabled,
-                "context_size": self.context_size,
+                # What one request may use (a slot's share): clients size prompts by it and
+                # the lending gate checks against it.
+                "context_size": self.slot_context,
                 "parallel": self.parallel,
                 # Lending eligibility travels with the record so a master can judge models on
                 # other nodes without their files.
@@ -418,6 +455,29 @@ def _referenced_files(raw: Mapping[str, Any], base_dir: Path) -> list[Path]:
     return list(seen)
 
 
+def _extra_args(path: Path, raw: Mapping[str, Any]) -> tuple[str, ...]:
+    """The config's own backend arguments; numbers are taken as their text, as in YAML."""
+    value = raw.get("extra_args")
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ModelConfigError(path, "extra_args", "must be a list of strings")
+    args: list[str] = []
+    for index, item in enumerate(value):
+        if isinstance(item, int | float) and not isinstance(item, bool):
+            item = str(item)
+        if not isinstance(item, str) or item == "":
+            raise ModelConfigError(
+                path, f"extra_args[{index}]", f"must be a non-empty string, got {item!r}"
+            )
+        if item.partition("=")[0] in ROUTER_OWNED_OPTIONS:
+            raise ModelConfigError(
+                path, f"extra_args[{index}]", f"{item!r} is set by the router and cannot be given"
+            )
+        args.append(item)
+    return tuple(args)
+
+
 def _vllm_settings(path: Path, raw: Mapping[str, Any]) -> Mapping[str, Any]:
     vllm = raw.get("vllm")
     if vllm is None:
@@ -539,6 +599,7 @@ def build_model_config(
     local_id = path.stem
     backend_mode, upstream_url = _backend_mode(path, raw, default_backend_mode)
     context_size, parallel = _window_and_parallel(path, raw, backend_mode)
+    extra_args = _extra_args(path, raw)
     _validate_path_fields(path, raw)
     if backend_mode != "upstream" and not any(
         _references_model(raw, name) for name in PRIMARY_MODEL_FIELDS
@@ -570,6 +631,7 @@ def build_model_config(
         size=size,
         missing_files=missing,
         unresolved_fields=unresolved,
+        extra_args=extra_args,
     )
 
 

@@ -32,7 +32,10 @@ class RequestRowSerializer(serializers.Serializer):
     config_filename = serializers.CharField(required=False)
     lane = serializers.CharField()
     path = serializers.CharField(required=False)
-    status = serializers.IntegerField(help_text="The HTTP status the client got.")
+    status = serializers.IntegerField(
+        help_text="How the request ended: the HTTP status the client got, 499 when it hung up, "
+        "502 for a stream its backend cut off after a 200 head."
+    )
     success = serializers.BooleanField()
     borrowed = serializers.BooleanField(required=False)
     stream = serializers.BooleanField(required=False)

@@ -464,17 +464,34 @@ class _TextReply:
         else:
             choice["text"] = ""
             choice["logprobs"] = None
-        return self._event(choice, self.usage)
+        return self._event(choice)
 
-    def _event(self, choice: dict[str, Any], usage: dict[str, int] | None = None) -> bytes:
+    def usage_chunk(self) -> bytes:
+        """The chunk a stream ends with when the request asked for `include_usage`."""
+        data = self._envelope("chat.completion.chunk" if self.chat else "text_completion", {})
+        data["choices"] = []
+        data["usage"] = self.usage
+        return b"data: " + orjson.dumps(data) + b"\n\n"
+
+    def _event(self, choice: dict[str, Any]) -> bytes:
         data = self._envelope("chat.completion.chunk" if self.chat else "text_completion", choice)
-        if usage is not None:
-            data["usage"] = usage
         return b"data: " + orjson.dumps(data) + b"\n\n"
 
 
+def _wants_usage(body: dict[str, Any]) -> bool:
+    # As llama-server and OpenAI: a stream carries usage only when the request asks for it.
+    options = body.get("stream_options")
+    return isinstance(options, dict) and options.get("include_usage") is True
+
+
 async def _stream_text(
-    request: web.Request, state: SimState, reply: _TextReply, prefill_ms: float, duration_ms: float
+    request: web.Request,
+    state: SimState,
+    reply: _TextReply,
+    prefill_ms: float,
+    duration_ms: float,
+    *,
+    usage: bool,
 ) -> web.StreamResponse:
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -488,6 +505,8 @@ async def _stream_text(
                 await asyncio.sleep(per_token_secs)
                 await response.write(reply.chunk(index))
             await response.write(reply.final_chunk())
+            if usage:
+                await response.write(reply.usage_chunk())
             await response.write(b"data: [DONE]\n\n")
             await response.write_eof()
     except ConnectionResetError:
@@ -510,6 +529,9 @@ async def _handle_text(request: web.Request, chat: bool) -> web.StreamResponse:
     n_prompt = prompt_tokens_for_bytes(len(raw))
     n_output = output_tokens(body)
     ctx = state.config.ctx_size
+    if ctx and state.config.parallel:
+        # As llama-server: each of its -np slots gets an equal share of the window.
+        ctx = max(1, ctx // state.config.parallel)
     capped = False
     if ctx:
         # As llama-server: a prompt that fills the context is refused, and generation stops
@@ -539,7 +561,9 @@ async def _handle_text(request: web.Request, chat: bool) -> web.StreamResponse:
         },
     )
     if body.get("stream") is True:
-        return await _stream_text(request, state, reply, prefill_ms, duration_ms)
+        return await _stream_text(
+            request, state, reply, prefill_ms, duration_ms, usage=_wants_usage(body)
+        )
     async with state.slot(request.path, duration_ms):
         await asyncio.sleep(duration_ms / 1000.0)
     return _json(reply.whole())

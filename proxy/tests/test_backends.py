@@ -172,6 +172,51 @@ def test_a_llama_text_launch_carries_context_slots_projector_embeddings_and_extr
     assert launch.base_url == f"http://127.0.0.1:{PORT}"
 
 
+def test_a_configs_own_extra_args_follow_the_familys(layout: Layout) -> None:
+    cfg = layout.model(
+        "chat",
+        {"model_param": _w("chat.gguf"), "extra_args": ["--embeddings", "--pooling", "mean"]},
+    )
+    config = layout.router_config(llama={"extra_args": ["-t", 1]})
+    launch = build_launch(cfg, "text", config=config, port=PORT)
+    assert launch.argv is not None
+    assert launch.argv[-5:] == ("-t", "1", "--embeddings", "--pooling", "mean")
+
+
+@pytest.mark.parametrize(
+    ("mode", "field", "weights", "lane"),
+    [
+        ("sim", "model_param", "chat.sim.json", "text"),
+        ("llama_sdcpp", "sdmodel", "image.sim.json", "image"),
+        ("llama_sdcpp", "whispermodel", "whisper.sim.json", "whisper"),
+        ("vllm", "model_param", "chat.gguf", "text"),
+        ("kobold", "model_param", "chat.gguf", "text"),
+    ],
+)
+def test_every_family_passes_a_configs_extra_args(
+    layout: Layout, mode: str, field: str, weights: str, lane: str
+) -> None:
+    cfg = layout.model("m", {"backend_mode": mode, field: _w(weights), "extra_args": ["--x", 7]})
+    launch = build_launch(cfg, lane, config=layout.router_config(), port=PORT)  # type: ignore[arg-type]
+    assert launch.argv is not None and launch.argv[-2:] == ("--x", "7")
+
+
+def test_the_sim_gets_the_slot_count_and_gates_on_one_slots_share(layout: Layout) -> None:
+    cfg = layout.model(
+        "chat",
+        {
+            "backend_mode": "sim",
+            "model_param": _w("chat.sim.json"),
+            "contextsize": 4096,
+            "parallel": 2,
+        },
+    )
+    launch = build_launch(cfg, "text", config=layout.router_config(), port=PORT)
+    assert launch.argv is not None
+    parsed = parse_args(list(launch.argv[3:]))
+    assert (parsed.ctx_size, parsed.parallel) == (4096, 2)
+
+
 def test_a_llama_launch_without_a_binary_path_runs_the_default_binary(layout: Layout) -> None:
     cfg = layout.model("chat", {"model_param": _w("chat.gguf")})
     launch = build_launch(cfg, "text", config=layout.router_config(), port=PORT)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import signal
 import sys
@@ -313,6 +314,21 @@ async def test_a_killed_backend_marks_the_runtime_failed_and_the_next_acquire_re
     assert runtime.process is not None and runtime.process.pid != old_pid
     assert await served_model(launch) == "alpha"
     assert node.loads() == [("alpha", True), ("alpha", True)]
+
+
+async def test_a_backend_crash_logs_the_configs_name_and_path_not_the_whole_config(
+    node: Node, runtime: Runtime, caplog: pytest.LogCaptureFixture
+) -> None:
+    alpha = node.model("alpha")
+    await within(runtime.load(alpha))
+    assert runtime.process is not None
+    with caplog.at_level(logging.WARNING, logger="proxy.runtimes"):
+        os.kill(runtime.process.pid, signal.SIGKILL)
+        await wait_for(lambda: runtime.state == "failed", "the runtime notices the exit")
+    crashes = [r.getMessage() for r in caplog.records if "exited with code" in r.getMessage()]
+    assert len(crashes) == 1
+    assert "alpha" in crashes[0] and str(alpha.path) in crashes[0]
+    assert "ModelConfig(" not in crashes[0] and alpha.config_hash not in crashes[0]
 
 
 # -- explicit control -------------------------------------------------------------------

@@ -369,17 +369,14 @@ async def test_concurrent_requests_are_served_one_after_the_other(shared_sim: Si
     assert shared_sim.stats()["completed"] == before + 2
 
 
-async def test_streaming_sends_one_chunk_per_token_then_usage_then_done(shared_sim: Sim) -> None:
-    body = {"messages": [{"role": "user", "content": "stream please"}], "max_tokens": 5}
-    raw = orjson.dumps({**body, "stream": True})
+async def _stream_events(sim: Sim, path: str, body: dict[str, Any]) -> list[str]:
     events: list[str] = []
-    started = time.monotonic()
     async with (
         httpx.AsyncClient() as client,
         client.stream(
             "POST",
-            f"{shared_sim.url}/v1/chat/completions",
-            content=raw,
+            f"{sim.url}{path}",
+            content=orjson.dumps(body),
             headers={"Content-Type": "application/json"},
         ) as response,
     ):
@@ -388,18 +385,29 @@ async def test_streaming_sends_one_chunk_per_token_then_usage_then_done(shared_s
             if line:
                 assert line.startswith("data: ")
                 events.append(line.removeprefix("data: "))
+    return events
+
+
+async def test_streaming_sends_one_chunk_per_token_then_usage_then_done(shared_sim: Sim) -> None:
+    body = {"messages": [{"role": "user", "content": "stream please"}], "max_tokens": 5}
+    streamed = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    raw = orjson.dumps(streamed)
+    started = time.monotonic()
+    events = await _stream_events(shared_sim, "/v1/chat/completions", streamed)
     assert time.monotonic() - started >= text_ms(SHARED_WEIGHTS, raw, 5) / 1000
     assert events[-1] == "[DONE]"
     chunks = [orjson.loads(e) for e in events[:-1]]
-    content_chunks, final = chunks[:-1], chunks[-1]
+    content_chunks, final, usage = chunks[:-2], chunks[-2], chunks[-1]
     assert len(content_chunks) == 5
     assert all(c["object"] == "chat.completion.chunk" for c in chunks)
     assert content_chunks[0]["choices"][0]["delta"]["role"] == "assistant"
     assert all(c["choices"][0]["finish_reason"] is None for c in content_chunks)
     text = "".join(c["choices"][0]["delta"]["content"] for c in content_chunks)
-    assert final["choices"][0]["finish_reason"] == "length"
+    assert final["choices"][0]["finish_reason"] == "length" and "usage" not in final
     prompt_tokens = math.ceil(len(raw) / 4)
-    assert final["usage"] == {
+    # As llama-server: the usage comes in a chunk of its own, with no choices.
+    assert usage["choices"] == []
+    assert usage["usage"] == {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": 5,
         "total_tokens": prompt_tokens + 5,
@@ -409,15 +417,32 @@ async def test_streaming_sends_one_chunk_per_token_then_usage_then_done(shared_s
     assert text == whole.json()["choices"][0]["message"]["content"]
 
 
+@pytest.mark.parametrize("options", [None, {}, {"include_usage": False}])
+async def test_a_stream_carries_no_usage_unless_the_request_asks(
+    shared_sim: Sim, options: dict[str, Any] | None
+) -> None:
+    body: dict[str, Any] = {"prompt": "count", "max_tokens": 3, "stream": True}
+    if options is not None:
+        body["stream_options"] = options
+    events = await _stream_events(shared_sim, "/v1/completions", body)
+    assert events[-1] == "[DONE]" and len(events) == 5
+    assert all("usage" not in orjson.loads(e) for e in events[:-1])
+
+
 async def test_completions_stream_text_chunks(shared_sim: Sim) -> None:
-    body = {"prompt": "go", "max_tokens": 3, "stream": True}
+    body = {
+        "prompt": "go",
+        "max_tokens": 3,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     async with httpx.AsyncClient() as client:
         response = await client.post(f"{shared_sim.url}/v1/completions", json=body)
     events = [line.removeprefix("data: ") for line in response.text.splitlines() if line]
     assert events[-1] == "[DONE]"
     chunks = [orjson.loads(e) for e in events[:-1]]
-    assert [c["object"] for c in chunks] == ["text_completion"] * 4
-    assert len("".join(c["choices"][0]["text"] for c in chunks).split()) == 3
+    assert [c["object"] for c in chunks] == ["text_completion"] * 5
+    assert len("".join(c["choices"][0]["text"] for c in chunks[:-1]).split()) == 3
     assert chunks[-1]["usage"]["completion_tokens"] == 3
 
 
@@ -720,5 +745,23 @@ async def test_generation_stops_when_the_context_is_full_and_a_prompt_too_long_i
         assert len(data["choices"][0]["text"].split()) == 64 - prompt_tokens
         assert data["choices"][0]["finish_reason"] == "length"
         resp = await client.post(f"{sim.url}/v1/completions", json={"prompt": "x" * 400})
+        assert resp.status_code == 400
+        assert resp.json()["error"]["type"] == "exceed_context_size_error"
+
+
+async def test_each_of_n_slots_gets_an_equal_share_of_the_context(
+    start_sim: Callable[..., Sim],
+) -> None:
+    weights = {"load_ms": 0, "base_ms": 0, "prompt_ms_per_token": 0, "output_ms_per_token": 0}
+    sim = start_sim("slots", weights, "-c", "128", "-np", "2")
+    async with httpx.AsyncClient() as client:
+        body = {"prompt": "x", "max_tokens": 1_000_000_000}
+        data = (await client.post(f"{sim.url}/v1/completions", json=body)).json()
+        assert data["usage"]["prompt_tokens"] + data["usage"]["completion_tokens"] == 64
+        # 80 prompt tokens fit the whole window but not one slot's 64.
+        raw = orjson.dumps({"prompt": "x" * (320 - 14)})
+        resp = await client.post(
+            f"{sim.url}/v1/completions", content=raw, headers={"Content-Type": "application/json"}
+        )
         assert resp.status_code == 400
         assert resp.json()["error"]["type"] == "exceed_context_size_error"

@@ -193,6 +193,87 @@ def test_a_kobold_chat_model_has_embeddings_only_when_asked(layout: Path) -> Non
     assert _load(layout, "flagged", raw | {"embeddings": True}).has_embeddings is True
 
 
+def test_a_llama_chat_model_has_embeddings_only_when_its_config_enables_them(
+    layout: Path,
+) -> None:
+    # llama-server answers /v1/embeddings with 501 unless started with --embeddings.
+    raw = {"model_param": "../weights/chat-small.sim.json", "backend_mode": "llama_sdcpp"}
+    plain = _load(layout, "plain", raw)
+    assert plain.has_embeddings is False and "embeddings" not in plain.capabilities()
+    assert _load(layout, "flagged", raw | {"embeddings": True}).has_embeddings is True
+    own_flag = _load(layout, "own", raw | {"extra_args": ["--embeddings", "--pooling", "mean"]})
+    assert own_flag.has_embeddings is True
+    assert own_flag.to_record(
+        node_id="n", node_url="http://n", source="local", available=True, loaded=False
+    )["has_embeddings"]
+
+
+def test_a_sim_and_an_upstream_chat_model_keep_their_embeddings(layout: Path) -> None:
+    assert _load(layout, "chat-small", CHAT_SMALL).has_embeddings is True
+    upstream = {"backend_mode": "upstream", "upstream_url": "http://127.0.0.1:9"}
+    assert _load(layout, "up", upstream).has_embeddings is True
+
+
+def test_extra_args_are_kept_in_order_with_numbers_as_text(layout: Path) -> None:
+    raw = CHAT_SMALL | {"extra_args": ["--pooling", "mean", "-t", 2, "--temp", 0.5]}
+    config = _load(layout, "chat-small", raw)
+    assert config.extra_args == ("--pooling", "mean", "-t", "2", "--temp", "0.5")
+    assert _load(layout, "bare", CHAT_SMALL).extra_args == ()
+
+
+@pytest.mark.parametrize(
+    ("value", "key"),
+    [
+        ("--pooling mean", "extra_args"),
+        ({"pooling": "mean"}, "extra_args"),
+        (["--pooling", None], "extra_args[1]"),
+        (["--pooling", True], "extra_args[1]"),
+        (["", "x"], "extra_args[0]"),
+        (["-t", "2", "--port", "9"], "extra_args[2]"),
+        (["--host=0.0.0.0"], "extra_args[0]"),
+        (["-m", "other.gguf"], "extra_args[0]"),
+        (["--alias", "someone-else"], "extra_args[0]"),
+    ],
+)
+def test_bad_extra_args_name_the_offending_item(layout: Path, value: Any, key: str) -> None:
+    with pytest.raises(ModelConfigError) as info:
+        _load(layout, "chat-small", CHAT_SMALL | {"extra_args": value})
+    assert info.value.key == key
+
+
+@pytest.mark.parametrize(
+    ("mode", "raw", "slot"),
+    [
+        ("llama_sdcpp", {"contextsize": 4096, "parallel": 2}, 2048),
+        ("llama_sdcpp", {"contextsize": 4096, "parallel": 3}, 1365),
+        ("llama_sdcpp", {"contextsize": 4096}, 4096),
+        ("llama_sdcpp", {"contextsize": 4096, "parallel": 1}, 4096),
+        ("sim", {"contextsize": 4096, "parallel": 4}, 1024),
+        # A unified cache lets every slot use the whole window.
+        ("llama_sdcpp", {"contextsize": 4096, "parallel": 2, "extra_args": ["-kvu"]}, 4096),
+        ("llama_sdcpp", {"contextsize": 4096, "parallel": 2, "extra_args": ["--kv-unified"]}, 4096),
+        # vLLM's max_model_len is per sequence already.
+        (
+            "vllm",
+            {"vllm": {"settings": {"max_model_length": 8192, "max_number_sequences": 4}}},
+            8192,
+        ),
+    ],
+)
+def test_the_record_reports_the_context_of_one_slot(
+    layout: Path, mode: str, raw: dict[str, Any], slot: int
+) -> None:
+    config = _load(
+        layout, "m", {"model_param": "../weights/chat-small.sim.json"} | raw, default=mode
+    )
+    record = config.to_record(
+        node_id="n", node_url="http://n", source="local", available=True, loaded=False
+    )
+    assert config.slot_context == slot
+    assert record["context_size"] == slot and record["capabilities"]["context"] == slot
+    assert config.context_size == raw.get("contextsize", 8192)
+
+
 def test_a_separate_embeddings_model_is_reported_as_such(layout: Path) -> None:
     raw = {"embeddingsmodel": "../weights/embed.sim.json", "backend_mode": "kobold"}
     config = _load(layout, "embed", raw)
