@@ -31,6 +31,13 @@ class RequestRecord(models.Model):
     duration_ms = models.FloatField()
     started_at = models.DateTimeField()
     finished_at = models.DateTimeField(db_index=True)
+    request_id = models.CharField(
+        max_length=128,
+        null=True,
+        blank=True,
+        db_index=True,
+        help_text="The request's X-Request-Id (the same on every node it passed through).",
+    )
 
     class Meta:
         db_table = "analytics_requests"

@@ -42,6 +42,7 @@ class RequestSample:
     started_at: float
     finished_at: float
     borrowed: bool = False
+    request_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -155,6 +156,7 @@ REQUEST_COLUMNS = (
     "duration_ms",
     "started_at",
     "finished_at",
+    "request_id",
 )
 LOAD_COLUMNS = (
     "node_id",
@@ -205,6 +207,7 @@ def _write(node_id: str, requests: list[RequestSample], loads: list[LoadEvent]) 
             s.duration_ms,
             ts(_ts(s.started_at)),
             ts(_ts(s.finished_at)),
+            s.request_id,
         )
         for s in requests
     ]

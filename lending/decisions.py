@@ -83,6 +83,7 @@ _COLUMNS: tuple[tuple[str, type], ...] = (
     ("borrowed_ahead", int),
     ("wait_ms", int),
     ("router_version", str),
+    ("request_id", str),
 )
 DECISION_FIELDS: tuple[str, ...] = tuple(name for name, _ in _COLUMNS)
 TEXT_FIELDS = tuple(name for name, kind in _COLUMNS if kind is str)
@@ -113,12 +114,27 @@ _FIELD_SET = frozenset(DECISION_FIELDS)
 _CONVERTERS: tuple[Callable[[Any], Any], ...] = tuple(
     str if name in TEXT_FIELDS else int if name in INT_FIELDS else float for name in DECISION_FIELDS
 )
+# Nullable text columns: a row about no request in particular (a plan, a lease update) stores
+# NULL there, not '', so "rows of this request" and "rows of no request" stay apart in SQL.
+NULLABLE_FIELDS = frozenset({"request_id"})
 _TYPES: tuple[type | tuple[type, ...], ...] = tuple(
-    str if name in TEXT_FIELDS else int if name in INT_FIELDS else (int, float)
+    (str, type(None))
+    if name in NULLABLE_FIELDS
+    else str
+    if name in TEXT_FIELDS
+    else int
+    if name in INT_FIELDS
+    else (int, float)
     for name in DECISION_FIELDS
 )
 _DEFAULTS: dict[str, Any] = {
-    name: "" if name in TEXT_FIELDS else 0 if name in INT_FIELDS else 0.0
+    name: None
+    if name in NULLABLE_FIELDS
+    else ""
+    if name in TEXT_FIELDS
+    else 0
+    if name in INT_FIELDS
+    else 0.0
     for name in DECISION_FIELDS
 }
 
@@ -276,7 +292,7 @@ def _compact(row: Mapping[str, Any]) -> dict[str, Any]:
     return {
         key: value
         for key, value in row.items()
-        if key in _ALWAYS_SHOWN or (value != "" and value != 0)
+        if key in _ALWAYS_SHOWN or (value != "" and value != 0 and value is not None)
     }
 
 

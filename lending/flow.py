@@ -108,7 +108,9 @@ class RequestLending:
             else:
                 node.restore.own_started(job)
             turn.launch = await acquire()
-            log_waited_behind_borrowed(node, lane, job.model_id, ahead, arrived)
+            log_waited_behind_borrowed(
+                node, lane, job.model_id, ahead, arrived, request_id=ctx.request_id
+            )
         except BaseException:
             self.done(turn)
             raise
@@ -136,6 +138,7 @@ class RequestLending:
         """An enrolled model's own request: True when a helper answered it."""
         node = self.node
         entry = turn.entry = queue_entry(node, job)
+        entry.request_id = ctx.request_id
         if job.has_image:
             node.owner.image_entries.add(id(entry))
         try:
@@ -149,7 +152,7 @@ class RequestLending:
         try:
             turn.entry = await helper_turn(ctx, node, job)
             node.restore.borrowed_started(job, ctx.offload_restore)
-            turn.launch = await borrowed_acquire(node, job, acquire())
+            turn.launch = await borrowed_acquire(node, job, acquire(), request_id=ctx.request_id)
         except BaseException:
             self.done(turn)
             raise
@@ -270,11 +273,24 @@ def yield_borrowed(node: ServingNode, lane: str) -> None:
 def _log_waited(node: ServingNode, lane: str, entry: Entry) -> None:
     if entry.borrowed:
         return
-    log_waited_behind_borrowed(node, lane, entry.model_id, entry.borrowed_ahead, entry.arrived_at)
+    log_waited_behind_borrowed(
+        node,
+        lane,
+        entry.model_id,
+        entry.borrowed_ahead,
+        entry.arrived_at,
+        request_id=entry.request_id,
+    )
 
 
 def log_waited_behind_borrowed(
-    node: ServingNode, lane: str, model_id: str, borrowed_ahead: int, arrived_at: float
+    node: ServingNode,
+    lane: str,
+    model_id: str,
+    borrowed_ahead: int,
+    arrived_at: float,
+    *,
+    request_id: str | None = None,
 ) -> None:
     """The helper row for a native request that had borrowed work ahead of it on arrival."""
     if borrowed_ahead <= 0:
@@ -287,6 +303,7 @@ def log_waited_behind_borrowed(
         outcome="native_waited_behind_borrowed",
         borrowed_ahead=borrowed_ahead,
         wait_ms=int((node.lending.clock() - arrived_at) * 1000),
+        request_id=request_id or None,
     )
 
 
@@ -320,6 +337,7 @@ async def relay(ctx: C, node: ServingNode, job: J, lease: Lease, shape: Shaper[C
                             path=job.backend_path,
                             body=job.body,
                             content_type=content_type,
+                            request_id=ctx.request_id,
                         )
                     )
                 except RelayRefused:
@@ -337,6 +355,7 @@ async def relay(ctx: C, node: ServingNode, job: J, lease: Lease, shape: Shaper[C
                     "X-Tensors-Offload-Owner-Model": job.model_id,
                     "X-Tensors-Offload-Path": job.backend_path,
                     "X-Tensors-Offload-Lane": job.lane,
+                    "X-Request-Id": ctx.request_id,
                 }
                 resp = await stack.enter_async_context(
                     get_session().post(url, data=job.body, headers=headers, allow_redirects=False)
@@ -360,7 +379,9 @@ async def relay(ctx: C, node: ServingNode, job: J, lease: Lease, shape: Shaper[C
 # -- helper -----------------------------------------------------------------------------------
 
 
-def _helper_row(node: ServingNode, lane: str, model_id: str, reason: str, **fields: Any) -> None:
+def _helper_row(
+    node: ServingNode, lane: str, model_id: str, reason: str, request_id: str | None
+) -> None:
     node.decisions.record(
         kind="helper",
         lane=lane,
@@ -368,11 +389,13 @@ def _helper_row(node: ServingNode, lane: str, model_id: str, reason: str, **fiel
         helper_model_id=model_id,
         outcome="borrowed_returned",
         reason=reason,
-        **fields,
+        request_id=request_id or None,
     )
 
 
-async def borrowed_acquire(node: ServingNode, job: RequestJob, acquiring: Awaitable[T]) -> T:
+async def borrowed_acquire(
+    node: ServingNode, job: RequestJob, acquiring: Awaitable[T], *, request_id: str | None = None
+) -> T:
     """Wait for the runtime (maybe a model load) unless the helper's own work takes it back."""
     lane = job.lane
     takeback = Takeback(node.runtimes.runtime_for(job.cfg, lane))
@@ -392,7 +415,7 @@ async def borrowed_acquire(node: ServingNode, job: RequestJob, acquiring: Awaita
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
-    _helper_row(node, lane, job.model_id, "own_work_arrived")
+    _helper_row(node, lane, job.model_id, "own_work_arrived", request_id)
     raise offload_returned("the helper's own work arrived before this request started")
 
 
@@ -403,14 +426,14 @@ async def helper_turn(ctx: RequestCtx, node: ServingNode, job: RequestJob) -> En
     if lane not in ("text", "image"):
         raise offload_returned("this lane does not take borrowed work")
     if not lending.accepting_borrowed(lane):
-        _helper_row(node, lane, job.model_id, "helper_busy_on_arrival")
+        _helper_row(node, lane, job.model_id, "helper_busy_on_arrival", ctx.request_id)
         raise offload_returned("the helper is busy with its own work")
     if not ctx.offload_load and not node.runtimes.is_loaded(job.cfg):
-        _helper_row(node, lane, job.model_id, "load_forbidden")
+        _helper_row(node, lane, job.model_id, "load_forbidden", ctx.request_id)
         raise offload_returned("serving would need a model load that the link forbids")
-    entry = Entry(job.model_id, lending.clock(), borrowed=True)
+    entry = Entry(job.model_id, lending.clock(), borrowed=True, request_id=ctx.request_id)
     outcome = await lending.admit(lane, entry)
     if outcome == RETURNED:
-        _helper_row(node, lane, job.model_id, "own_work_arrived")
+        _helper_row(node, lane, job.model_id, "own_work_arrived", ctx.request_id)
         raise offload_returned("the helper's own work arrived")
     return entry

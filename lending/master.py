@@ -366,7 +366,13 @@ class MasterLending:
     # -- relaying lent requests -------------------------------------------------------------
 
     def _refuse(
-        self, lane: str, owner_node: str, owner_model: str, reason: str, lease: Lease | None = None
+        self,
+        lane: str,
+        owner_node: str,
+        owner_model: str,
+        reason: str,
+        lease: Lease | None = None,
+        request_id: str | None = None,
     ) -> RelayRefused:
         self.node.decisions.record(
             kind="dispatch",
@@ -377,6 +383,7 @@ class MasterLending:
             helper_model_id=lease.helper_model_id if lease else "",
             outcome="relay_refused",
             reason=reason,
+            request_id=request_id or None,
         )
         return RelayRefused(reason, f"lent request refused: {reason}")
 
@@ -390,6 +397,7 @@ class MasterLending:
         path: str,
         body: bytes,
         content_type: str,
+        request_id: str = "",
     ) -> AsyncIterator[aiohttp.ClientResponse]:
         """Forward a lent request to the leased helper; yields the helper's response.
 
@@ -398,14 +406,16 @@ class MasterLending:
         """
         lease = self.lease_for(lane, owner_node, owner_model)
         if lease is None:
-            raise self._refuse(lane, owner_node, owner_model, "no_live_lease")
+            raise self._refuse(lane, owner_node, owner_model, "no_live_lease", None, request_id)
         node = self.node
         if lease.helper_node_id == node.node_id:
-            raise self._refuse(lane, owner_node, owner_model, "helper_is_master", lease)
+            raise self._refuse(lane, owner_node, owner_model, "helper_is_master", lease, request_id)
         remote = node.cluster.nodes.get(lease.helper_node_id)
         client = node.client
         if remote is None or not remote.healthy or remote.node_id in self.silent or client is None:
-            raise self._refuse(lane, owner_node, owner_model, "helper_unreachable", lease)
+            raise self._refuse(
+                lane, owner_node, owner_model, "helper_unreachable", lease, request_id
+            )
         try:
             body = set_body_model(body, lease.helper_model_id)
         except ValueError:
@@ -415,6 +425,8 @@ class MasterLending:
             "Authorization": client.authorization,
             "X-Tensors-Offload": "1",
         }
+        if request_id:
+            headers["X-Request-Id"] = request_id
         if lease.load_helper_model:
             headers["X-Tensors-Offload-Load"] = "1"
         if lease.restore_helper_model:
@@ -431,13 +443,17 @@ class MasterLending:
                 resp = await ctx.__aenter__()
             except (NodeCallError, aiohttp.ClientError, OSError, TimeoutError) as exc:
                 logger.warning("relay to %s failed: %s", helper, exc)
-                raise self._refuse(lane, owner_node, owner_model, "forward_failed", lease) from exc
+                raise self._refuse(
+                    lane, owner_node, owner_model, "forward_failed", lease, request_id
+                ) from exc
             except asyncio.CancelledError:
                 if task not in self.stalled:
                     raise
                 self.stalled.discard(task)
                 task.uncancel()
-                raise self._refuse(lane, owner_node, owner_model, "helper_stalled", lease) from None
+                raise self._refuse(
+                    lane, owner_node, owner_model, "helper_stalled", lease, request_id
+                ) from None
             # The helper has started answering. Taking the request back now would cut an
             # answer already on its way (the owner may have begun passing it on), so it
             # leaves the set a silent or stalled helper loses. Nothing awaits between the

@@ -129,6 +129,13 @@ class OffloadDecision(models.Model):
     borrowed_ahead = models.IntegerField(default=0)
     wait_ms = models.BigIntegerField(default=0)
     router_version = models.CharField(max_length=32, default="")
+    request_id = models.CharField(
+        max_length=128,
+        null=True,
+        blank=True,
+        db_index=True,
+        help_text="The X-Request-Id of the request the row is about; null for plans and leases.",
+    )
 
     class Meta:
         db_table = "offload_decisions"

@@ -99,6 +99,11 @@ class RequestCtx(Protocol):
         """The client has the start of an answer: a failed relay can no longer go back."""
         ...
 
+    @property
+    def request_id(self) -> str:
+        """Its X-Request-Id: decision rows about it carry it, and so do relays to a helper."""
+        ...
+
 
 class ImageSize(Protocol):
     @property

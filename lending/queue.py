@@ -69,6 +69,7 @@ class Entry:
     helper: tuple[str, str] | None = None
     borrowed_ahead: int = 0
     held_since: float | None = None
+    request_id: str | None = None
 
 
 HoldPredicate = Callable[[Entry, "LaneQueue", float], bool]

@@ -26,6 +26,7 @@ from proxy.forwarding import JSON, ASGIApp, Ctx, Receive, Scope, Send
 from proxy.handlers import ROUTES, Handler
 from proxy.node import Node, get_node
 from proxy.nodeapi import NODE_PREFIX, node_route
+from routerproject import request_ids
 from routerproject.api import admin_key_required, admin_key_valid
 from routerproject.errors import RouterError, error_body, is_ollama_path
 
@@ -33,6 +34,25 @@ logger = logging.getLogger(__name__)
 
 
 # -- the ASGI application -------------------------------------------------------------------
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return bytes(value)
+    return None
+
+
+def _with_request_id(send: Send, request_id: str) -> Send:
+    """`send` that adds the request ID to the answer Django (or the WebUI) starts."""
+    header = (request_ids.HEADER, request_id.encode("ascii"))
+
+    async def sending(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", ()), header]}
+        await send(message)
+
+    return sending
 
 
 class ProxyApp:
@@ -46,17 +66,25 @@ class ProxyApp:
         if scope["type"] != "http":
             await self.fallback(scope, receive, send)
             return
+        request_id = request_ids.from_header(_header(scope, request_ids.HEADER))
+        token = request_ids.bind(request_id)
+        try:
+            await self._http(scope, receive, send, request_id)
+        finally:
+            request_ids.unbind(token)
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send, request_id: str) -> None:
         path = scope["path"]
         route = ROUTES.get(path)
         cluster_call = False
         if route is None:
             if not path.startswith(NODE_PREFIX):
-                await self._management(scope, receive, send)
+                await self._management(scope, receive, _with_request_id(send, request_id))
                 return
             route = node_route(path)
             cluster_call = True
         methods, handler, needs_key = route
-        ctx = Ctx(scope, receive, send, path, scope["method"])
+        ctx = Ctx(scope, receive, send, path, scope["method"], request_id=request_id)
         node = self.node_getter()
         try:
             if cluster_call:
@@ -91,6 +119,7 @@ class ProxyApp:
     async def _management(self, scope: Scope, receive: Receive, send: Send) -> None:
         path, method = scope["path"], scope["method"]
         if admin_key_required(path, method):
+            # `send` already adds the request ID: this context must not add it twice.
             ctx = Ctx(scope, receive, send, path, method)
             if not admin_key_valid(ctx.header(b"authorization"), settings.ROUTER.auth.admin_keys):
                 await ctx.error(

@@ -36,6 +36,7 @@ from registry.cluster import Replica
 from registry.httpclient import get_session
 from registry.kcpps import Lane, ModelConfig
 from registry.nodeclient import NodeCallError
+from routerproject import request_ids
 from routerproject.errors import BackendError, RouterError, error_body
 
 logger = logging.getLogger(__name__)
@@ -72,6 +73,8 @@ class Ctx:
     offload_restore: bool = False
     guardian_restore: bool = False
     """Answering for a text-only model of this node as its guardian: load that model back after."""
+    request_id: str = ""
+    """The ID every answer, analytics row, decision row and log line of this request carries."""
     t0: float = field(default_factory=time.monotonic)
     wall0: float = field(default_factory=time.time)
     # What the access line and the metrics say about the request (proxy/observe.py).
@@ -97,7 +100,10 @@ class Ctx:
         self.started = True
         self.status = status
         self.first_byte = time.monotonic()
-        await self.send({"type": "http.response.start", "status": status, "headers": list(headers)})
+        out = list(headers)
+        if self.request_id:
+            out.append((request_ids.HEADER, self.request_id.encode("ascii")))
+        await self.send({"type": "http.response.start", "status": status, "headers": out})
 
     async def chunk(self, data: bytes) -> None:
         if data:
@@ -245,6 +251,7 @@ def _record(ctx: Ctx, node: Node, job: Job, failure: RouterError | None = None) 
             started_at=ctx.wall0,
             finished_at=time.time(),
             borrowed=ctx.borrowed,
+            request_id=ctx.request_id or None,
         )
     )
 
@@ -556,6 +563,8 @@ async def forward_remote(
     headers = {
         "Content-Type": content_type.decode("latin-1"),
         "Authorization": client.authorization,
+        # The serving node records the request under the ID this node answers with.
+        "X-Request-Id": ctx.request_id,
     }
     if guardian_restore:
         headers["X-Tensors-Guardian-Restore"] = "1"

@@ -234,6 +234,7 @@ async def handle_offload_request(ctx: Ctx, node: Node) -> None:
             path=path,
             body=ctx.body,
             content_type=content_type,
+            request_id=ctx.request_id,
         ) as resp:
             ctype = resp.headers.get("Content-Type", "application/json").encode("latin-1")
             await ctx.start(resp.status, [(b"content-type", ctype)])

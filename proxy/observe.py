@@ -68,10 +68,10 @@ def _line(ctx: Ctx, node: Node, level: int, status: int, now: float) -> None:
         "bytes": ctx.sent_bytes,
         "ms": ms,
     }
+    # The request ID leads every line of the request already (the log format's `[id]`).
     access.log(
         level,
-        "%s %s %s model=%s node=%s backend=%s lent_to=%s status=%d bytes=%d ms=%.1f",
-        fields["request_id"] or "-",
+        "%s %s model=%s node=%s backend=%s lent_to=%s status=%d bytes=%d ms=%.1f",
         ctx.method,
         ctx.path,
         fields["model"] or "-",
@@ -86,8 +86,8 @@ def _line(ctx: Ctx, node: Node, level: int, status: int, now: float) -> None:
 
 
 def request_id(ctx: Ctx) -> str:
-    value = ctx.header(b"x-request-id")
-    return value.decode("latin-1")[:128] if value else ""
+    # The ID the answer carries: the client's own, or the one the node made for it.
+    return ctx.request_id
 
 
 # -- /metrics, /healthz, /readyz ------------------------------------------------------------------

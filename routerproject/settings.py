@@ -172,17 +172,25 @@ Q_CLUSTER = {
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
+    # Every line names the request it was logged for (`-` outside one): see request_ids.py.
+    "filters": {"request_id": {"()": "routerproject.request_ids.RequestIdLogFilter"}},
     "formatters": {
-        "text": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
+        "text": {"format": "%(asctime)s %(levelname)s [%(request_id)s] %(name)s: %(message)s"},
         # Every `extra` field of a record (the access line's request_id, status, ms...)
-        # becomes a key of its object.
+        # becomes a key of its object; so does the request ID the filter adds to every record.
         "json": {
             "()": "pythonjsonlogger.json.JsonFormatter",
             "fmt": "%(asctime)s %(levelname)s %(name)s %(message)s",
             "rename_fields": {"asctime": "time", "levelname": "level", "name": "logger"},
         },
     },
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": ROUTER.logging.format}},
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": ROUTER.logging.format,
+            "filters": ["request_id"],
+        }
+    },
     "root": {
         "handlers": ["console"],
         "level": os.environ.get("ROUTER_LOG_LEVEL", ROUTER.logging.level),

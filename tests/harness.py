@@ -117,6 +117,25 @@ class RouterNode:
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(10)
 
+    def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """Rows of `sql` (with `%s` placeholders) from this node's own database.
+
+        For what only a node's database holds, such as a slave's analytics rows, which no
+        site route serves.
+        """
+        if self.db is not None:
+            import psycopg
+
+            with psycopg.connect(self.db.url) as pg:
+                return list(pg.execute(sql, params).fetchall())
+        import sqlite3
+
+        lite = sqlite3.connect(self.store / "router.sqlite3", timeout=10)
+        try:
+            return lite.execute(sql.replace("%s", "?"), params).fetchall()
+        finally:
+            lite.close()
+
     def cleanup(self, *, drop_db: bool = True) -> None:
         if self.proc.poll() is None:
             self.kill()

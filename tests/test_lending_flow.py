@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,7 @@ def own_cluster(tmp_path: Path) -> Iterator[Cluster]:
 
 
 def burst(c: Cluster, n: int, *, max_tokens: int = 10) -> list[httpx.Response]:
+    """`n` requests at once to the owner, each with an X-Request-Id of its own."""
     out: list[httpx.Response] = []
     lock = threading.Lock()
 
@@ -79,7 +81,8 @@ def burst(c: Cluster, n: int, *, max_tokens: int = 10) -> list[httpx.Response]:
                 "messages": [{"role": "user", "content": "hi"}],
                 "max_tokens": max_tokens,
             }
-            resp = client.post("/v1/chat/completions", json=body)
+            trace = {"X-Request-Id": f"burst-{uuid.uuid4().hex}"}
+            resp = client.post("/v1/chat/completions", json=body, headers=trace)
         with lock:
             out.append(resp)
 
@@ -118,10 +121,11 @@ def borrowed_on_helper(c: Cluster) -> int:
     return int(doc["borrowed"])
 
 
-def helper_chat(c: Cluster) -> httpx.Response:
+def helper_chat(c: Cluster, request_id: str = "") -> httpx.Response:
     with c.slaves["h"].client(timeout=120) as client:
         body = {"model": "fast", "messages": [{"role": "user", "content": "mine"}], "max_tokens": 2}
-        return client.post("/v1/chat/completions", json=body)
+        trace = {"X-Request-Id": request_id} if request_id else {}
+        return client.post("/v1/chat/completions", json=body, headers=trace)
 
 
 def test_held_requests_are_probed_to_the_helper_and_every_client_is_answered_once(
@@ -142,6 +146,51 @@ def test_held_requests_are_probed_to_the_helper_and_every_client_is_answered_onc
     assert any(r["outcome"] == "lease_updated" for r in rows)
 
 
+def test_a_lent_request_keeps_its_id_on_the_owner_the_master_and_the_helper(
+    cluster: Cluster,
+) -> None:
+    since = _now_ms()
+    responses = burst(cluster, 8)
+    assert [r.status_code for r in responses] == [200] * 8
+    ids = {r.headers["x-request-id"] for r in responses}
+    assert len(ids) == 8 and all(i.startswith("burst-") for i in ids)
+
+    def lent_ids() -> set[str]:
+        rows = decisions(cluster, since_ms=since, node_id="o", outcome="lent")
+        return {r.get("request_id", "") for r in rows}
+
+    lent = wait_for(lent_ids, timeout=15, interval=0.2)
+    # Each lent row names the request it lent, one the owner's client sent.
+    assert lent <= ids
+    # A lease row is about no request: it has no ID.
+    leases = decisions(cluster, since_ms=since, outcome="lease_updated")
+    assert all("request_id" not in r for r in leases)
+    helper = cluster.slaves["h"]
+
+    def borrowed_ids() -> set[str]:
+        rows = helper.query(
+            "SELECT request_id FROM analytics_requests WHERE borrowed = %s", (True,)
+        )
+        return {r[0] for r in rows} & lent
+
+    def came_back() -> set[str]:
+        rows = decisions(cluster, since_ms=since, node_id="o", outcome="returned")
+        return {r["request_id"] for r in rows}
+
+    # The helper answered those requests under the same IDs the owner's clients got (all
+    # but any it handed back, which the owner then ran).
+    wait_for(lambda: borrowed_ids() == lent - came_back(), timeout=15, interval=0.2)
+    owner = cluster.slaves["o"]
+
+    def owner_ids() -> set[str]:
+        return {r[0] for r in owner.query("SELECT request_id FROM analytics_requests")}
+
+    # The owner records the requests it ran itself under their IDs, and no lent one that the
+    # helper answered (that is the helper's row).
+    wait_for(lambda: ids - borrowed_ids() <= owner_ids(), timeout=15, interval=0.2)
+    assert not borrowed_ids() & owner_ids()
+
+
 def test_the_lending_tab_data_shows_nodes_and_leases(cluster: Cluster) -> None:
     with cluster.master.client() as client:
         summary = client.get("/router/v1/site/offload/summary").json()
@@ -157,7 +206,8 @@ def test_a_helper_request_of_its_own_is_never_blocked_by_borrowed_work(cluster: 
     burst_results: list[httpx.Response] = []
     own: list[httpx.Response] = []
     runner = threading.Thread(target=lambda: burst_results.extend(burst(cluster, 6)))
-    mine = threading.Thread(target=lambda: own.append(helper_chat(cluster)))
+    own_id = f"own-{uuid.uuid4().hex}"
+    mine = threading.Thread(target=lambda: own.append(helper_chat(cluster, own_id)))
     # A stopped backend keeps the borrowed request inside it running for as long as the test
     # needs: the helper then holds borrowed work that is running and borrowed work that waits.
     os.kill(backend_pid, signal.SIGSTOP)
@@ -187,7 +237,11 @@ def test_a_helper_request_of_its_own_is_never_blocked_by_borrowed_work(cluster: 
     rows = wait_for(helper_rows, timeout=15, interval=0.2)
     waited = [r for r in rows if r["outcome"] == "native_waited_behind_borrowed"]
     assert [r["borrowed_ahead"] for r in waited] == [1]
+    # The helper's own request is named on its row; each handed-back one by its owner's ID.
+    assert [r["request_id"] for r in waited] == [own_id]
+    burst_ids = {r.headers["x-request-id"] for r in burst_results}
     returned = [r for r in rows if r["outcome"] == "borrowed_returned"]
+    assert {r["request_id"] for r in returned} <= burst_ids
     assert {r["reason"] for r in returned} <= {
         "own_work_arrived",
         "helper_busy_on_arrival",
@@ -202,6 +256,7 @@ def test_a_relay_without_a_live_lease_is_refused_and_logged(cluster: Cluster) ->
         "X-Tensors-Offload-Owner-Model": "nope",
         "X-Tensors-Offload-Path": "/v1/chat/completions",
         "X-Tensors-Offload-Lane": "text",
+        "X-Request-Id": "relay-no-lease",
     }
     with cluster.master.client() as client:
         resp = client.post(
@@ -209,7 +264,12 @@ def test_a_relay_without_a_live_lease_is_refused_and_logged(cluster: Cluster) ->
         )
     assert resp.status_code == 409 and resp.json()["error"]["code"] == "offload_returned"
     rows = decisions(cluster, outcome="relay_refused")
-    assert any(r["reason"] == "no_live_lease" and r["owner_model_id"] == "nope" for r in rows)
+    assert any(
+        r["reason"] == "no_live_lease"
+        and r["owner_model_id"] == "nope"
+        and r["request_id"] == "relay-no-lease"
+        for r in rows
+    )
 
 
 def test_a_killed_helper_leaves_no_client_unanswered(own_cluster: Cluster) -> None:

@@ -230,8 +230,10 @@ def test_metrics_need_the_admin_key_when_admin_keys_are_set(tmp_path: Path) -> N
         # The text access line names every field an operator quotes.
         with n.client() as client:
             client.post("/v1/chat/completions", json=CHAT, headers={"X-Request-ID": "rid-text-1"})
-        line = wait_for(lambda: next((ln for ln in n.lines if "rid-text-1" in ln), None))
-        assert "router.access" in line
+        # Every line the request caused names it (a load, say); its access line is one of them.
+        line = wait_for(
+            lambda: next((ln for ln in n.lines if "[rid-text-1] router.access:" in ln), None)
+        )
         for part in ("POST /v1/chat/completions", "model=chat", "node=node-a", "status=200"):
             assert part in line, line
         # A health probe is no access line at INFO.

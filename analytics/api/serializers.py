@@ -49,6 +49,9 @@ class RequestRowSerializer(serializers.Serializer):
     duration_ms = serializers.FloatField()
     started_at = serializers.DateTimeField()
     finished_at = serializers.DateTimeField()
+    request_id = serializers.CharField(
+        allow_null=True, help_text="The X-Request-Id the client got (null in older rows)."
+    )
 
 
 class LoadRowSerializer(serializers.Serializer):

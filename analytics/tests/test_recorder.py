@@ -87,7 +87,7 @@ def load_models() -> list[str]:
 @recorder_db
 def test_a_flush_writes_each_buffered_sample_as_an_exact_row() -> None:
     rec = Recorder(node_id=NODE_ID)
-    rec.add_request(sample())
+    rec.add_request(sample(request_id="3f2a-client-trace"))
     rec.add_request(
         sample(
             "image-sd",
@@ -133,6 +133,7 @@ def test_a_flush_writes_each_buffered_sample_as_an_exact_row() -> None:
             "duration_ms": 412.5,
             "started_at": datetime.fromtimestamp(T0, tz=UTC),
             "finished_at": datetime.fromtimestamp(T0 + 0.5, tz=UTC),
+            "request_id": "3f2a-client-trace",
         },
         {
             "node_id": NODE_ID,
@@ -154,6 +155,7 @@ def test_a_flush_writes_each_buffered_sample_as_an_exact_row() -> None:
             "duration_ms": 412.5,
             "started_at": datetime.fromtimestamp(T0, tz=UTC),
             "finished_at": datetime.fromtimestamp(T0 + 0.5, tz=UTC),
+            "request_id": None,
         },
     ]
     [load] = [without_id(row) for row in LoadRecord.objects.values()]

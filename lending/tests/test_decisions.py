@@ -190,10 +190,30 @@ def test_a_flush_writes_every_buffered_row_exactly() -> None:
         "borrowed_ahead": 0,
         "wait_ms": 0,
         "router_version": VERSION,
+        "request_id": None,
     }
     assert rows[1]["outcome"] == "native_waited_behind_borrowed"
     assert rows[1]["borrowed_ahead"] == 1
     assert rows[1]["owner_model_id"] == ""
+
+
+@writer_db
+def test_a_row_about_a_request_keeps_its_id_and_any_other_row_stores_null() -> None:
+    log = new_log()
+    log.record(kind="dispatch", outcome="lent", request_id="req-7")
+    log.record(kind="dispatch", outcome="lease_updated")
+    log.record(kind="helper", outcome="borrowed_returned", request_id=None)
+    assert flush(log) == 3
+    assert stored("outcome", "request_id") == [
+        ("lent", "req-7"),
+        ("lease_updated", None),
+        ("borrowed_returned", None),
+    ]
+    # The query side leaves the empty ID out, as it does every other empty field.
+    rows = decisions_query(lane=None, outcome=None, kind=None, since_ms=None, limit=10)
+    by_outcome = {r["outcome"]: r for r in rows}
+    assert by_outcome["lent"]["request_id"] == "req-7"
+    assert "request_id" not in by_outcome["lease_updated"]
 
 
 @writer_db

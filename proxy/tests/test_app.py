@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -509,3 +510,66 @@ async def test_a_non_http_connection_goes_to_the_fallback(
     await comm.wait(MESSAGE_TIMEOUT_SECS)
     assert comm.future.done() and not comm.future.cancelled()
     assert fallback.paths == ["/v1/chat/completions"]
+
+
+# -- request IDs ------------------------------------------------------------------------
+
+
+async def test_a_clients_request_id_comes_back_and_is_recorded(
+    make_node: NodeFactory, fallback: Fallback, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = make_node()
+    samples = _capture_samples(monkeypatch, node)
+    app = ProxyApp(fallback, node_getter=lambda: node)
+
+    answer = await request(
+        app,
+        "POST",
+        "/v1/chat/completions",
+        _chat("chat", max_tokens=2),
+        headers=[(b"x-request-id", b"client-trace-42")],
+    )
+
+    assert answer.status == 200
+    assert answer.headers[b"x-request-id"] == b"client-trace-42"
+    assert [s.request_id for s in samples] == ["client-trace-42"]
+
+
+async def test_without_a_request_id_each_answer_gets_a_new_one(
+    make_node: NodeFactory, fallback: Fallback, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = make_node()
+    samples = _capture_samples(monkeypatch, node)
+    app = ProxyApp(fallback, node_getter=lambda: node)
+
+    first = await request(app, "POST", "/v1/chat/completions", _chat("chat", max_tokens=1))
+    second = await request(
+        app,
+        "POST",
+        "/v1/chat/completions",
+        _chat("chat", max_tokens=1),
+        headers=[(b"x-request-id", b"not usable")],
+    )
+
+    ids = [first.headers[b"x-request-id"], second.headers[b"x-request-id"]]
+    assert all(re.fullmatch(rb"[0-9a-f]{32}", i) for i in ids) and ids[0] != ids[1]
+    assert [s.request_id for s in samples] == [i.decode() for i in ids]
+
+
+async def test_errors_and_the_fallbacks_answers_carry_the_request_id_too(
+    make_node: NodeFactory, fallback: Fallback
+) -> None:
+    node = make_node()
+    app = ProxyApp(fallback, node_getter=lambda: node)
+    trace = [(b"x-request-id", b"t-1")]
+
+    unknown = await request(
+        app, "POST", "/v1/chat/completions", _chat("nope", max_tokens=1), headers=trace
+    )
+    wrong_method = await request(app, "GET", "/v1/chat/completions", headers=trace)
+    managed = await request(app, "GET", "/router/v1/version", headers=trace)
+
+    assert unknown.status == 404 and unknown.headers[b"x-request-id"] == b"t-1"
+    assert wrong_method.status == 405 and wrong_method.headers[b"x-request-id"] == b"t-1"
+    assert managed.body == b"fallback:/router/v1/version"
+    assert managed.headers[b"x-request-id"] == b"t-1"

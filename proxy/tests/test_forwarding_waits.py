@@ -102,7 +102,9 @@ class Client:
 
 def own_request(client: Client) -> Ctx:
     scope = {"type": "http", "headers": [], "query_string": b""}
-    return Ctx(scope, client.receive, client.send, "/v1/chat/completions", "POST")
+    return Ctx(
+        scope, client.receive, client.send, "/v1/chat/completions", "POST", request_id="own-1"
+    )
 
 
 async def test_an_unlinked_models_wait_behind_running_borrowed_work_is_logged(
@@ -145,6 +147,7 @@ async def test_an_unlinked_models_wait_behind_running_borrowed_work_is_logged(
             "outcome": "native_waited_behind_borrowed",
             "borrowed_ahead": 1,
             "wait_ms": 250,
+            "request_id": "own-1",
         }
     ]
 

@@ -1,0 +1,65 @@
+"""Request IDs: the one name a request goes by in answers, analytics rows, decision rows and logs.
+
+The ASGI front gives every request an ID as it arrives (the client's own `X-Request-Id` when it
+sent a usable one, else a new one), answers with it, and passes it on to every node the request
+travels through, so one ID finds a request's rows on the owner, the master and the helper.
+
+While the request runs, `current()` returns it (a context variable: each request is its own
+task), and `RequestIdLogFilter` puts it on every log line the request causes. Stdlib only: the
+logging configuration loads the filter before Django is set up.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import re
+import uuid
+
+HEADER = b"x-request-id"
+
+# Longer IDs, or characters outside this set, are not used as given: an ID goes into headers we
+# send to other nodes and into log lines, where a space, a quote or a newline would let a client
+# forge what an operator reads. Such a request gets a new ID instead of an error, because a
+# client's tracing header must never make an otherwise good request fail.
+MAX_LENGTH_CHARS = 128
+_ACCEPTED_RE = re.compile(rb"[A-Za-z0-9._:/+=@-]{1,%d}" % MAX_LENGTH_CHARS)
+
+_current: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
+
+
+def new() -> str:
+    """A fresh ID: 32 hex digits, unique without coordination between nodes."""
+    return uuid.uuid4().hex
+
+
+def from_header(value: bytes | None) -> str:
+    """The client's ID when it sent a usable one, else a new one."""
+    if value is not None:
+        value = value.strip()
+        if _ACCEPTED_RE.fullmatch(value):
+            return value.decode("ascii")
+    return new()
+
+
+def bind(request_id: str) -> contextvars.Token[str | None]:
+    """Make `request_id` the current one for this task (and the tasks it starts)."""
+    return _current.set(request_id)
+
+
+def unbind(token: contextvars.Token[str | None]) -> None:
+    _current.reset(token)
+
+
+def current() -> str | None:
+    """The ID of the request this code runs for, or None outside any request."""
+    return _current.get()
+
+
+class RequestIdLogFilter(logging.Filter):
+    """Sets `record.request_id` (`-` outside a request) for the log format to show."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not hasattr(record, "request_id"):
+            record.request_id = _current.get() or "-"
+        return True

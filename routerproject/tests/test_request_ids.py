@@ -1,0 +1,83 @@
+"""Request IDs: which client IDs are kept, and the log filter that puts the ID on each line."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+
+import pytest
+
+from routerproject import request_ids
+from routerproject.request_ids import MAX_LENGTH_CHARS, RequestIdLogFilter
+
+NEW_ID_RE = re.compile(r"[0-9a-f]{32}")
+
+
+@pytest.mark.parametrize(
+    "given",
+    [b"abc-123", b"7f3c9a2e-1b4d-4c5e-9f00-0123456789ab", b"trace:svc/a.b+c=d@e_f", b"x" * 128],
+)
+def test_a_clients_usable_id_is_kept_as_sent(given: bytes) -> None:
+    assert request_ids.from_header(given) == given.decode()
+
+
+def test_surrounding_whitespace_is_not_part_of_the_id() -> None:
+    assert request_ids.from_header(b"  abc  ") == "abc"
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        None,
+        b"",
+        b"x" * (MAX_LENGTH_CHARS + 1),
+        b"two words",
+        b'quote"d',
+        b"line\nbreak",
+        "caf\u00e9".encode(),
+    ],
+)
+def test_a_missing_or_unusable_id_is_replaced_by_a_new_one(given: bytes | None) -> None:
+    assert NEW_ID_RE.fullmatch(request_ids.from_header(given))
+
+
+def test_new_ids_differ() -> None:
+    assert len({request_ids.new() for _ in range(1000)}) == 1000
+
+
+def _record() -> logging.LogRecord:
+    return logging.LogRecord("x", logging.INFO, __file__, 1, "hello", None, None)
+
+
+def test_the_log_filter_names_the_current_request_and_a_dash_outside_one() -> None:
+    flt = RequestIdLogFilter()
+    outside = _record()
+    assert flt.filter(outside) and outside.__dict__["request_id"] == "-"
+    token = request_ids.bind("req-1")
+    try:
+        inside = _record()
+        assert flt.filter(inside) and inside.__dict__["request_id"] == "req-1"
+    finally:
+        request_ids.unbind(token)
+    after = _record()
+    assert flt.filter(after) and after.__dict__["request_id"] == "-"
+
+
+async def test_each_task_sees_its_own_request() -> None:
+    seen: dict[str, str | None] = {}
+    gate = asyncio.Event()
+
+    async def serve(name: str) -> None:
+        token = request_ids.bind(name)
+        try:
+            await gate.wait()  # both requests are in flight at once
+            seen[name] = request_ids.current()
+        finally:
+            request_ids.unbind(token)
+
+    tasks = [asyncio.ensure_future(serve(n)) for n in ("a", "b")]
+    gate.set()
+    await asyncio.gather(*tasks)
+    assert seen == {"a": "a", "b": "b"}
+    assert request_ids.current() is None
