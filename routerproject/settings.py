@@ -169,6 +169,7 @@ Q_CLUSTER = {
     "sync": os.environ.get("ROUTER_Q_SYNC") == "1",
 }
 
+_LOG_LEVEL = os.environ.get("ROUTER_LOG_LEVEL", ROUTER.logging.level).upper()
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -193,11 +194,15 @@ LOGGING = {
     },
     "root": {
         "handlers": ["console"],
-        "level": os.environ.get("ROUTER_LOG_LEVEL", ROUTER.logging.level),
+        "level": _LOG_LEVEL,
     },
     "loggers": {
         "django.channels.server": {"level": "WARNING"},
         "daphne": {"level": "WARNING"},
         "django_q": {"level": "WARNING"},
+        # httpx logs every call at INFO: the node protocol's polls, status and registration
+        # calls between nodes would bury the access and lending lines. Shown at DEBUG.
+        "httpx": {"level": "DEBUG" if _LOG_LEVEL == "DEBUG" else "WARNING"},
+        "httpcore": {"level": "DEBUG" if _LOG_LEVEL == "DEBUG" else "WARNING"},
     },
 }

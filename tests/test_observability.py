@@ -356,6 +356,19 @@ def test_lending_counters_move_as_the_decision_log_says(lending_cluster: Cluster
     for node_id in ("o", "h"):
         assert value(master_text, "router_node_up", node=node_id) == 1
         assert 0 <= value(master_text, "router_node_last_poll_age_seconds", node=node_id) < 60
+    # Routine calls between nodes (polls, runtime status, events) are no INFO lines.
+    for n in c.nodes():
+        chatter = [
+            ln
+            for ln in n.lines
+            if "HTTP Request:" in ln
+            or (
+                " INFO " in ln
+                and "/router/v1/node/" in ln
+                and "/router/v1/node/inference/" not in ln
+            )
+        ]
+        assert chatter == [], chatter[:3]
     # A lending event line on the owner per lent request.
     events = [ln for ln in owner.lines if "router.lending" in ln and "dispatch lent" in ln]
     assert len(events) == lent_rows
