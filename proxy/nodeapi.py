@@ -351,6 +351,14 @@ async def handle_site_asset_bind(ctx: Ctx, node: Node) -> None:
     await ctx.json(200, await local_bind(node.assets, doc))
 
 
+async def handle_site_asset_substitute(ctx: Ctx, node: Node) -> None:
+    from registry.assets import local_substitute
+
+    doc = parse_json_body(ctx)
+    _this_node(node, doc)
+    await ctx.json(200, await local_substitute(node.assets, doc))
+
+
 async def handle_site_asset_jobs(ctx: Ctx, node: Node) -> None:
     await ctx.json(200, node.assets.status())
 
@@ -390,6 +398,7 @@ NODE_ROUTES: dict[str, Route] = {
     "/router/v1/node/site/model-assets/resolve": (POST, handle_site_asset_resolve, False),
     "/router/v1/node/site/model-assets/jobs": (GET, handle_site_asset_jobs, False),
     "/router/v1/node/site/model-assets/bind": (POST, handle_site_asset_bind, False),
+    "/router/v1/node/site/model-assets/substitute": (POST, handle_site_asset_substitute, False),
 }
 ASSET_STREAM_PREFIX = "/router/v1/node/assets/"
 ASSET_JOB_PREFIX = "/router/v1/node/site/model-assets/jobs/"

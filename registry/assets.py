@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import itertools
+import json
 import logging
 import os
 import re
@@ -1166,4 +1167,163 @@ async def local_bind(service: AssetService, doc: Mapping[str, Any]) -> dict[str,
     except OriginMismatch as exc:
         raise RouterError(400, str(exc), param="sha256", code="model_asset_mismatch") from exc
     await service._db(hforigin.bind, sha256, origin)
+    return {"sha256": sha256, "hf": origin.uri}
+
+
+SUBSTITUTE_FIELDS = BIND_FIELDS | {
+    "id",
+    "filename",
+    "field",
+    "position",
+    "expected_sha256",
+    "confirm",
+}
+_config_locks: dict[str, asyncio.Lock] = {}
+
+
+def _fingerprint(path: Path) -> tuple[bytes, str]:
+    data = path.read_bytes()
+    return data, hashlib.sha256(data).hexdigest()
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        _unlink(Path(tmp))
+        raise
+
+
+def _conflict(message: str, param: str) -> RouterError:
+    return RouterError(409, message, param=param, code="model_asset_conflict")
+
+
+def _substituted(
+    raw: dict[str, Any],
+    name: str,
+    position: int | None,
+    expected: str,
+    new: str,
+    hf: str,
+    filename: str,
+) -> dict[str, Any]:
+    """The config with reference (`name`, `position`) moved from `expected` to `new`."""
+    hash_key = name + PORTABLE_HASH_SUFFIX
+    current = raw.get(hash_key)
+    out = dict(raw)
+    if isinstance(current, list):
+        if position is None or not 0 <= position < len(current):
+            raise RouterError(
+                400, f"position must index {hash_key} (0..{len(current) - 1})", param="position"
+            )
+        if current[position] != expected:
+            raise _conflict(
+                f"{hash_key}[{position}] is {current[position]!r} now, not {expected}", "field"
+            )
+        hashes = list(current)
+        hashes[position] = new
+        out[hash_key] = hashes
+        names = raw.get(name + PORTABLE_FILENAME_SUFFIX)
+        if isinstance(names, list) and len(names) == len(hashes):
+            names = list(names)
+            names[position] = filename
+            out[name + PORTABLE_FILENAME_SUFFIX] = names
+        # A list's origins must all be hub references, so a single one is not added to it:
+        # the binding stored for the hash serves instead.
+        origins = raw.get(name + "_hf")
+        if isinstance(origins, list) and len(origins) == len(hashes):
+            origins = list(origins)
+            origins[position] = hf
+            out[name + "_hf"] = origins
+        return out
+    if position not in (None, 0):
+        raise RouterError(400, f"{name} is not a list field: position must be 0", param="position")
+    if current != expected:
+        raise _conflict(f"{hash_key} is {current!r} now, not {expected}", "field")
+    out[hash_key] = new
+    out[name + PORTABLE_FILENAME_SUFFIX] = filename
+    out[name + "_hf"] = hf
+    return out
+
+
+async def local_substitute(service: AssetService, doc: Mapping[str, Any]) -> dict[str, Any]:
+    """Point one portable reference of a config at a verified hub file (reference §7.4)."""
+    from registry import hforigin
+    from registry.kcpps import load_model_config
+
+    unknown = sorted(set(doc) - SUBSTITUTE_FIELDS)
+    if unknown:
+        raise RouterError(400, f"{unknown[0]} is not a field of a substitute", param=unknown[0])
+    if doc.get("confirm") is not True:
+        raise RouterError(
+            400, "confirm must be true: the config file is rewritten", param="confirm"
+        )
+    node = service.node
+    model_id = doc.get("id")
+    cfg = node.catalog.configs.get(model_id) if isinstance(model_id, str) else None
+    if cfg is None:
+        raise RouterError(
+            404,
+            f"model {model_id!r} is not a model config on node {node.node_id!r}",
+            type="not_found",
+            param="id",
+            code="model_not_found",
+        )
+    name = doc.get("field")
+    if name not in PATH_FIELDS:
+        raise RouterError(400, "field must be a model path field (e.g. model_param)", param="field")
+    position = doc.get("position")
+    if position is not None and (not isinstance(position, int) or isinstance(position, bool)):
+        raise RouterError(400, "position must be an integer", param="position")
+    expected = check_sha256(doc.get("expected_sha256"), "expected_sha256")
+    sha256 = check_sha256(doc.get("sha256"), "sha256")
+    origin = hforigin.check_origin(
+        doc.get("repository"),
+        doc.get("commit"),
+        doc.get("repository_path"),
+        param="repository",
+        commit_param="commit",
+        path_param="repository_path",
+    )
+    filename = check_filename(origin.path.rsplit("/", 1)[-1], "repository_path")
+    token = doc.get("token")
+    if token is not None and not isinstance(token, str):
+        raise RouterError(400, "token must be a string", param="token")
+    try:
+        await asyncio.to_thread(hforigin.verify, origin, sha256, token=token or None)
+    except OriginMismatch as exc:
+        raise RouterError(400, str(exc), param="sha256", code="model_asset_mismatch") from exc
+    lock = _config_locks.setdefault(str(cfg.path), asyncio.Lock())
+    async with lock:
+        data, before = await asyncio.to_thread(_fingerprint, cfg.path)
+        try:
+            raw = json.loads(data)
+        except ValueError as exc:
+            raise _conflict(f"{cfg.filename} is not valid JSON now: {exc}", "id") from exc
+        if not isinstance(raw, dict):
+            raise _conflict(f"{cfg.filename} is not a JSON object now", "id")
+        new_raw = _substituted(raw, str(name), position, expected, sha256, origin.uri, filename)
+        await service._db(hforigin.bind, sha256, origin)
+        text = json.dumps(new_raw, indent=2).encode()
+        _data, now = await asyncio.to_thread(_fingerprint, cfg.path)
+        if now != before:
+            raise _conflict(f"{cfg.filename} changed while it was being rewritten", "id")
+        await asyncio.to_thread(_write_atomically, cfg.path, text)
+        try:
+            fresh = await asyncio.to_thread(
+                load_model_config,
+                cfg.path,
+                default_backend_mode=node.config.backend.mode,
+                hasher=service.hasher,
+            )
+        except ModelConfigError as exc:
+            raise RouterError(500, f"the rewritten config is refused: {exc}") from exc
+        service._install(fresh)
     return {"sha256": sha256, "hf": origin.uri}

@@ -200,3 +200,54 @@ def test_a_bound_origin_resolves_a_reference_without_one(
         assert shared(node, OTHER_SHA, "later.sim.json").read_bytes() == OTHER
         answer = client.post("/v1/chat/completions", json=chat("later"))
         assert answer.status_code == 200, answer.text
+
+
+def test_substitute_rewrites_one_reference_only_while_it_still_holds_the_expected_hash(
+    hub_and_node: tuple[Hub, RouterNode],
+) -> None:
+    hub, node = hub_and_node
+    config_path = node.store / "kcpps" / "later.kcpps"
+    body = {
+        "id": "later",
+        "field": "model_param",
+        "expected_sha256": OTHER_SHA,
+        "sha256": GOOD_SHA,
+        "repository": REPO,
+        "repository_path": "text/good.sim.json",
+        "commit": COMMIT,
+        "confirm": True,
+    }
+    with node.client() as client:
+        original = config_path.read_bytes()
+        cases: list[tuple[dict[str, Any], int, str, str | None]] = [
+            ({"sha256": OTHER_SHA}, 400, "sha256", "model_asset_mismatch"),
+            ({"confirm": False}, 400, "confirm", None),
+            ({"field": "nothing"}, 400, "field", None),
+            ({"expected_sha256": GOOD_SHA}, 409, "field", "model_asset_conflict"),
+        ]
+        for change, status, param, code in cases:
+            refused = client.post(f"{SITE}/substitute", json={**body, **change})
+            assert refused.status_code == status, (change, refused.text)
+            error = refused.json()["error"]
+            assert (error["param"], error.get("code")) == (param, code), change
+            assert config_path.read_bytes() == original
+
+        done = client.post(f"{SITE}/substitute", json=body)
+        assert done.status_code == 200, done.text
+        assert done.json() == {"sha256": GOOD_SHA, "hf": f"hf://{REPO}@{COMMIT}/text/good.sim.json"}
+        rewritten = json.loads(config_path.read_text())
+        assert rewritten["model_param_hash"] == GOOD_SHA
+        assert rewritten["model_param_filename"] == "good.sim.json"
+        assert rewritten["model_param_hf"] == done.json()["hf"]
+        assert rewritten["contextsize"] == 4096
+        again = client.post(f"{SITE}/substitute", json=body)
+        assert again.status_code == 409 and again.json()["error"]["code"] == "model_asset_conflict"
+
+        records = client.get("/router/v1/models").json()["models"]
+        later = next(r for r in records if r["local_id"] == "later")
+        good = next(r for r in records if r["local_id"] == "good")
+        assert later["model_hash"] == good["model_hash"]
+        answer = client.post("/v1/chat/completions", json=chat("later"))
+        assert answer.status_code == 200, answer.text
+        assert shared(node, GOOD_SHA, "good.sim.json").read_bytes() == GOOD
+        assert hub.downloads == ["text/good.sim.json"]  # fetched from the substituted origin

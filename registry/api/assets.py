@@ -19,6 +19,7 @@ from registry.assets import (
     local_bind,
     local_job,
     local_resolve,
+    local_substitute,
     remote_call,
     target_node,
 )
@@ -79,6 +80,14 @@ class BindSerializer(_Target):
     repository_path = StrictCharField(help_text="The file's path in the repository.")
     commit = StrictCharField(help_text="40 lower-case hex characters.")
     token = StrictCharField(required=False, help_text="A hub token for a gated repository.")
+
+
+class SubstituteSerializer(BindSerializer):
+    id = StrictCharField(help_text="Local model ID of the config to rewrite.")
+    field = StrictCharField(help_text="The path field, e.g. model_param.")
+    position = serializers.IntegerField(required=False, help_text="Index in a list field.")
+    expected_sha256 = StrictCharField(help_text="The hash the config must still hold there.")
+    confirm = StrictBooleanField(help_text="Must be true: the config file is rewritten.")
 
 
 class BindResultSerializer(serializers.Serializer):
@@ -299,3 +308,38 @@ class BindView(SiteAPIView):
                 await remote_call(running_node(), url, "POST", NODE_SITE + "/bind", doc)
             )
         return Response(await local_bind(_service(), doc))
+
+
+class SubstituteView(SiteAPIView):
+    @extend_schema(
+        operation_id="modelAssetsSubstitute",
+        summary="Point one portable reference of a config at a verified hub file",
+        description="The hub must vouch for `sha256` at `commit` and `repository_path` (else "
+        "400 model_asset_mismatch). Under a per-config lock, the config must still hold "
+        "`expected_sha256` there and be unchanged on disk until it is rewritten (else 409 "
+        "model_asset_conflict); the origin is bound, the file rewritten atomically (a list "
+        "keeps its length) and the node's registry refreshed.",
+        request=SubstituteSerializer,
+        responses={
+            200: OpenApiResponse(BindResultSerializer, "Substituted."),
+            **TARGET_ERRORS,
+            400: error_response(
+                "A field is missing, malformed or unknown, confirm is not true, or the hub "
+                "does not vouch for the hash (code model_asset_mismatch). Nothing changed."
+            ),
+            409: error_response(
+                "The config holds another hash there now, or changed meanwhile (code "
+                "model_asset_conflict). Nothing changed."
+            ),
+        },
+    )
+    async def post(self, request: Request) -> Response:
+        if not isinstance(request.data, dict):
+            raise RouterError(400, "request body must be a JSON object")
+        doc = dict(request.data)
+        url = _target(doc)
+        if url is not None:
+            return Response(
+                await remote_call(running_node(), url, "POST", NODE_SITE + "/substitute", doc)
+            )
+        return Response(await local_substitute(_service(), doc))

@@ -26,6 +26,11 @@ urlpatterns = [
     path("site/cook/apply", cook.CookApplyView.as_view(), name="site-cook-apply"),
     path("site/cook/<str:recipe_id>", cook.CookDeleteView.as_view(), name="site-cook-delete"),
     path("site/model-assets/bind", assets.BindView.as_view(), name="site-assets-bind"),
+    path(
+        "site/model-assets/substitute",
+        assets.SubstituteView.as_view(),
+        name="site-assets-substitute",
+    ),
     path("site/model-assets/jobs", assets.JobsView.as_view(), name="site-assets-jobs"),
     path("site/model-assets/jobs/<str:job_id>", assets.JobView.as_view(), name="site-assets-job"),
 ]
