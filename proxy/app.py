@@ -23,6 +23,7 @@ from django.conf import settings
 
 from proxy import observe
 from proxy.forwarding import JSON, ASGIApp, Ctx, Receive, Scope, Send
+from proxy.gate import Gate, Refusal, parse_address
 from proxy.handlers import ROUTES, Handler
 from proxy.node import Node, get_node
 from proxy.nodeapi import NODE_PREFIX, node_route
@@ -61,6 +62,7 @@ class ProxyApp:
     def __init__(self, fallback: Any, *, node_getter: Callable[[], Node] = get_node) -> None:
         self.fallback: ASGIApp = fallback
         self.node_getter = node_getter
+        self._gate: Gate | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -75,6 +77,12 @@ class ProxyApp:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send, request_id: str) -> None:
         path = scope["path"]
+        refusal = self._guard(scope, path)
+        if refusal is not None:
+            ctx = Ctx(scope, receive, send, path, scope["method"])
+            await ctx.start(refusal.status, [(b"content-type", JSON), *refusal.headers])
+            await ctx.end(refusal.body(path))
+            return
         route = ROUTES.get(path)
         cluster_call = False
         if route is None:
@@ -116,6 +124,32 @@ class ProxyApp:
         finally:
             observe.finish(ctx, node, cluster_call=cluster_call)
 
+    def _guard(self, scope: Scope, path: str) -> Refusal | None:
+        """The address and browser rules again, for requests that did not come through the
+        node's front door (which applies them before reading the body)."""
+        config = self.node_getter().config
+        gate = self._gate
+        if gate is None or gate.config is not config:
+            # Django's list: the same hosts, plus the test client's when Django's test
+            # environment added it.
+            hosts = settings.ALLOWED_HOSTS
+            gate = self._gate = Gate(
+                config,
+                browser_hosts=None
+                if "*" in hosts
+                else [host.strip("[]").lower() for host in hosts],
+            )
+
+        def header(name: bytes) -> bytes | None:
+            for key, value in scope["headers"]:
+                if key == name:
+                    return bytes(value)
+            return None
+
+        client = scope.get("client")
+        peer = parse_address(client[0]) if client else None
+        return gate.address_refusal(peer, header) or gate.host_refusal(path, header)
+
     async def _management(self, scope: Scope, receive: Receive, send: Send) -> None:
         path, method = scope["path"], scope["method"]
         if admin_key_required(path, method):
@@ -125,6 +159,12 @@ class ProxyApp:
                 await ctx.error(
                     RouterError(401, "a valid admin key is required", type="unauthorized")
                 )
+                return
+        if self._gate is not None:
+            ctx = Ctx(scope, receive, send, path, method)
+            refusal = self._gate.write_refusal(method, path, ctx.header)
+            if refusal is not None:
+                await ctx.error(refusal.error())
                 return
         await self.fallback(scope, receive, send)
 

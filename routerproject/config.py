@@ -73,6 +73,12 @@ BUILTIN_MODELS_CONFIG_DIR = REPO_DIR / "demo" / "kcpps"
 
 DEFAULT_MAX_BODY_BYTES = 33_554_432
 MAX_BODY_BYTES_LIMIT = 2**31
+# A body slower than this (bytes per second, on top of server.body_timeout) is a client holding
+# a connection open, not one uploading.
+DEFAULT_BODY_MIN_RATE = 4096
+# Enough for a master's pooled connections or a busy client; a single address past it is
+# holding connections, not using them.
+DEFAULT_MAX_CONNECTIONS_PER_CLIENT = 1024
 MAX_PORT = 65_535
 NODE_ID_MAX_CHARS = 64
 SYNC_CONCURRENCY_MAX = 128
@@ -330,6 +336,21 @@ def _validate_cidr(value: Any) -> str:
 Cidr = Annotated[str, BeforeValidator(_validate_cidr)]
 
 
+def _validate_allowed_host(value: Any) -> str:
+    text = _require_str(value).strip()
+    if text == "*":
+        return text
+    bare = text[1:-1] if text.startswith("[") and text.endswith("]") else text
+    if not (_is_ip_address(bare) or _HOSTNAME_RE.fullmatch(bare)):
+        raise ValueError(
+            f"must be a host name or IP address without port, or * for any (got {text!r})"
+        )
+    return bare
+
+
+AllowedHost = Annotated[str, BeforeValidator(_validate_allowed_host)]
+
+
 def _split_bind(text: str) -> tuple[str, int]:
     """Split ``host:port`` / ``[v6]:port``; an empty host means every interface."""
     hint = "must be host:port, e.g. 127.0.0.1:8080, 0.0.0.0:8080 or [::1]:8080"
@@ -446,8 +467,21 @@ class _Section(BaseModel):
 class ServerConfig(_Section):
     bind: Annotated[str, BeforeValidator(_validate_bind)] = "127.0.0.1:8080"
     allowed_cidrs: list[Cidr] = Field(default_factory=list)
+    # Peers whose X-Forwarded-For names the client (a reverse proxy); none by default, so a
+    # client cannot pick its own address with a header.
+    trusted_proxies: list[Cidr] = Field(default_factory=list)
+    # Host names a browser may reach the management API, WebUI and admin under; empty means
+    # the defaults of `browser_hosts`.
+    allowed_hosts: list[AllowedHost] = Field(default_factory=list)
     max_body_bytes: Annotated[StrictInt, Field(ge=1, le=MAX_BODY_BYTES_LIMIT)] = (
         DEFAULT_MAX_BODY_BYTES
+    )
+    header_timeout: PositiveDuration = _yaml_default("10s")
+    body_timeout: PositiveDuration = _yaml_default("30s")
+    body_min_rate: Annotated[StrictInt, Field(ge=0)] = DEFAULT_BODY_MIN_RATE
+    idle_timeout: PositiveDuration = _yaml_default("2m")
+    max_connections_per_client: Annotated[StrictInt, Field(ge=0)] = (
+        DEFAULT_MAX_CONNECTIONS_PER_CLIENT
     )
     shutdown_grace: NonNegativeDuration = _yaml_default("10s")
 
@@ -468,6 +502,30 @@ class ServerConfig(_Section):
     @property
     def allowed_networks(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
         return tuple(ipaddress.ip_network(cidr, strict=False) for cidr in self.allowed_cidrs)
+
+    @property
+    def proxy_networks(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+        return tuple(ipaddress.ip_network(cidr, strict=False) for cidr in self.trusted_proxies)
+
+    def browser_hosts(self, public_url: str = "") -> tuple[str, ...] | None:
+        """Host names (lower case, no port) a browser may use; ``None`` means any host.
+
+        Unset, they are the loopback names, the bind host and the public URL's host, and any
+        host when the bind address is a wildcard (the operator cannot have listed every name
+        the machine answers to).
+        """
+        if self.allowed_hosts:
+            if "*" in self.allowed_hosts:
+                return None
+            return tuple(host.lower() for host in self.allowed_hosts)
+        host = _split_bind(self.bind)[0]
+        if host in ("", "0.0.0.0", "::"):
+            return None
+        names = ["localhost", "127.0.0.1", "::1", host.lower()]
+        public_host = urlsplit(public_url).hostname if public_url else None
+        if public_host:
+            names.append(public_host.lower())
+        return tuple(dict.fromkeys(names))
 
 
 class AuthConfig(_Section):

@@ -30,7 +30,14 @@ SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY") or (
     "router-" + str(STORE_DIR.resolve())
 )
 DEBUG = os.environ.get("ROUTER_DEBUG") == "1"
-ALLOWED_HOSTS = ["*"]
+_BROWSER_HOSTS = ROUTER.server.browser_hosts(ROUTER.cluster.public_url)
+# The front door refuses other hosts first (proxy.gate), with the router's envelope; Django's
+# own check is the second guard for its views. Django writes IPv6 hosts in brackets.
+ALLOWED_HOSTS = (
+    ["*"]
+    if _BROWSER_HOSTS is None
+    else [f"[{host}]" if ":" in host else host for host in _BROWSER_HOSTS]
+)
 
 INSTALLED_APPS = [
     "daphne",

@@ -113,7 +113,21 @@ class NodeRunner:
         node.sync = self.sync
         listening: list[Any] = []
 
+        from proxy.frontdoor import FrontDoor, FrontDoorFactory, raise_fd_limit
+
+        door = FrontDoor(self.config)
+
         class RouterServer(Server):
+            # Daphne builds its HTTP factory inside run(); taking it over as it is assigned
+            # puts the node's front door on every connection without copying run().
+            @property
+            def http_factory(self) -> Any:
+                return self._router_http_factory
+
+            @http_factory.setter
+            def http_factory(self, factory: Any) -> None:
+                self._router_http_factory = FrontDoorFactory(self, door)
+
             def create_application(self, protocol: Any, scope: dict[str, Any]) -> Any:
                 filesend.advertise(scope)
                 return super().create_application(protocol, scope)
@@ -166,6 +180,9 @@ class NodeRunner:
         disable_twisted_form_parsing()
         disable_twisted_access_log()
         tune_gc()
+        before, after = raise_fd_limit()
+        if after != before:
+            logger.info("open-file limit raised from %d to %d", before, after)
         self.server.run()
         return self.exit_code
 
