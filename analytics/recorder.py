@@ -15,6 +15,8 @@ from typing import Any
 
 from channels.db import database_sync_to_async
 
+from routerproject.dbhealth import DATABASE, is_database_error
+
 logger = logging.getLogger(__name__)
 
 FLUSH_INTERVAL_SECS = 1.0
@@ -113,14 +115,21 @@ class Recorder:
             return 0
         try:
             await database_sync_to_async(_write)(self.node_id, requests, loads)
-        except Exception:
-            logger.exception("analytics flush failed; keeping %d rows", len(requests) + len(loads))
+        except Exception as exc:
+            if is_database_error(exc):
+                # An outage: one line when it starts, not a traceback every flush.
+                DATABASE.failed("analytics flush", exc)
+            else:
+                logger.exception(
+                    "analytics flush failed; keeping %d rows", len(requests) + len(loads)
+                )
             self._requests[:0] = requests
             self._loads[:0] = loads
             # Rows that arrived during the failed flush sit behind the returned ones; the bound
             # still holds, and whatever it pushes out is counted, never lost silently.
             self.dropped += _trim(self._requests) + _trim(self._loads)
             return 0
+        DATABASE.succeeded()
         return len(requests) + len(loads)
 
 

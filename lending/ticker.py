@@ -23,6 +23,7 @@ from analytics.costs import node_costs_compute
 from lending.ports import LendingNode
 from lending.propagate import links_publish, settings_publish
 from lending.services import decisions_prune
+from routerproject.dbhealth import DATABASE, is_database_error
 
 logger = logging.getLogger(__name__)
 
@@ -81,8 +82,14 @@ class LendingTicker:
             if self.node.role == "master" and self.replan is not None:
                 # The fallback for lost events: every lease is replanned on the tick.
                 await self.replan()
-        except Exception:
-            logger.exception("lending tick failed")
+        except Exception as exc:
+            if not is_database_error(exc):
+                logger.exception("lending tick failed")
+            else:
+                # An outage: one line when it starts, not a traceback every tick.
+                DATABASE.failed("lending tick", exc)
+        else:
+            DATABASE.succeeded()
         logger.debug("lending tick took %.1f ms", (time.monotonic() - started) * 1000)
 
     async def prune_if_due(self, now: float, now_ms: int) -> int:

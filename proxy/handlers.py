@@ -36,7 +36,7 @@ from proxy.node import Node
 from registry.bodies import set_body_model
 from registry.cluster import Replica
 from registry.routing import Kind, lane_of, resolve
-from routerproject.errors import RouterError, is_ollama_path
+from routerproject.errors import RouterError, echo, is_ollama_path
 
 Handler = Callable[[Ctx, Node], Awaitable[None]]
 logger = logging.getLogger(__name__)
@@ -422,7 +422,7 @@ async def handle_ollama_show(ctx: Ctx, node: Node) -> None:
         and not r.record.get("disabled")
     ]
     if not replicas:
-        raise RouterError(404, f"model '{model}' not found", code="model_not_found")
+        raise RouterError(404, f"model '{echo(model)}' not found", code="model_not_found")
     rec = dict(replicas[0].record)
     family = str(rec.get("backend_mode") or "llama")
     capabilities = []

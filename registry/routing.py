@@ -18,7 +18,7 @@ from typing import Literal
 from registry.cluster import Replica
 from registry.kcpps import Lane
 from registry.ports import RoutingNode
-from routerproject.errors import RouterError
+from routerproject.errors import RouterError, echo
 
 Kind = Literal["llm", "embeddings", "image", "voice"]
 
@@ -31,7 +31,9 @@ CAPABILITY = {
 
 
 def not_found(model: str) -> RouterError:
-    return RouterError(404, f'model "{model}" was not found', code="model_not_found", param="model")
+    return RouterError(
+        404, f'model "{echo(model)}" was not found', code="model_not_found", param="model"
+    )
 
 
 def candidates(node: RoutingNode, public_id: str, kind: Kind) -> list[Replica]:

@@ -9,7 +9,7 @@ from registry.cluster import RemoteNode
 from registry.identity import Assignment, IdentityKey
 from registry.kcpps import Lane, ModelConfig
 from registry.ports import RegistryNode, RuntimeView
-from routerproject.errors import RouterError
+from routerproject.errors import RouterError, echo
 
 UNLOAD_TARGETS = ("text", "image", "embeddings", "voice", "music", "all")
 
@@ -34,7 +34,7 @@ def _lanes(cfg: ModelConfig) -> list[Lane]:
 def _resolve(node: RegistryNode, model_id: str) -> ModelConfig:
     cfg = node.catalog.configs.get(model_id) or node.catalog.image_ids.get(model_id)
     if cfg is None:
-        raise RouterError(404, f'model "{model_id}" was not found', code="model_not_found")
+        raise RouterError(404, f'model "{echo(model_id)}" was not found', code="model_not_found")
     return cfg
 
 
@@ -44,7 +44,7 @@ def _owner(node: RegistryNode, model_id: str) -> tuple[str, str, str]:
         model_id
     )
     if not replicas:
-        raise RouterError(404, f'model "{model_id}" was not found', code="model_not_found")
+        raise RouterError(404, f'model "{echo(model_id)}" was not found', code="model_not_found")
     local = [r for r in replicas if r.is_local]
     if local:
         return local[0].node_id, "", local[0].local_id
@@ -457,7 +457,7 @@ def model_state_save(*, local_id: str, enabled: bool) -> None:
 def _unknown_model(node_id: str, local_id: str) -> RouterError:
     return RouterError(
         404,
-        f'model "{local_id}" is not a model config on node "{node_id}"',
+        f'model "{echo(local_id)}" is not a model config on node "{echo(node_id)}"',
         type="not_found",
         param="local_id",
         code="model_not_found",

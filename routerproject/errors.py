@@ -6,6 +6,10 @@ from typing import Any
 
 import orjson
 
+# A name echoed in an error is there to be recognised: two hundred characters do that, and a
+# client that sent a megabyte of name does not get it back (nor does the log).
+ECHO_MAX_CHARS = 200
+
 OLLAMA_PREFIXES = ("/api/chat", "/api/generate", "/api/tags", "/api/ps", "/api/embed", "/api/show")
 
 
@@ -58,3 +62,10 @@ def error_body(path: str, err: RouterError) -> bytes:
     if is_ollama_path(path):
         return orjson.dumps({"error": err.message})
     return orjson.dumps(err.envelope())
+
+
+def echo(text: str, limit: int = ECHO_MAX_CHARS) -> str:
+    """`text` as an error message may repeat it: cut past `limit` characters, saying so."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} characters)"

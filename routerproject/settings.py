@@ -7,6 +7,8 @@ starts), then ROUTER_CONFIG, then ./config.yaml, then the built-in standalone de
 from __future__ import annotations
 
 import os
+import secrets
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +26,36 @@ ROUTER_VERSION = "0.1.0"
 STORE_DIR = Path(ROUTER.cluster.store_dir)
 STORE_DIR.mkdir(parents=True, exist_ok=True)
 
-SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY") or (
-    # A node needs no cross-process secret for sessions it does not share; deriving it from the
-    # store keeps admin logins valid across restarts without another file to manage.
-    "router-" + str(STORE_DIR.resolve())
+SECRET_KEY_FILENAME = "secret_key"
+
+
+def stored_secret_key(path: Path) -> str:
+    """The node's secret key from `path`, made there (readable by its owner only) if missing.
+
+    Sessions, CSRF tokens and password resets are signed with it: it must be unguessable, and
+    kept across restarts so admin logins survive them. The router and its workers both load
+    these settings: the key is written whole to a private file, then linked into place, so
+    whichever process comes second reads a complete key instead of making its own.
+    """
+    if not path.exists():
+        draft = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+        fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(secrets.token_urlsafe(48) + "\n")
+        try:
+            os.link(draft, path)
+        except FileExistsError:
+            pass
+        finally:
+            draft.unlink()
+    key = path.read_text(encoding="utf-8").strip()
+    if not key:
+        raise RuntimeError(f"{path} is empty: delete it and the node makes a new secret key")
+    return key
+
+
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY") or stored_secret_key(
+    STORE_DIR / SECRET_KEY_FILENAME
 )
 DEBUG = os.environ.get("ROUTER_DEBUG") == "1"
 _BROWSER_HOSTS = ROUTER.server.browser_hosts(ROUTER.cluster.public_url)
@@ -52,6 +80,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "django_q",
+    "axes",
     "registry",
     "proxy",
     "lending",
@@ -67,7 +96,22 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes asks: it turns a lockout into its answer.
+    "axes.middleware.AxesMiddleware",
 ]
+
+# Admin logins are throttled (django-axes): after AXES_FAILURE_LIMIT wrong passwords for one
+# user name from one address, that pair is refused (429) for AXES_COOLOFF_TIME. Keyed on the
+# pair, so neither a guesser behind a shared address nor one trying many names locks out
+# everyone else.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = 5
+AXES_COOLOFF_TIME = timedelta(minutes=15)
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
 
 ROOT_URLCONF = "routerproject.urls"
 ASGI_APPLICATION = "routerproject.asgi.application"

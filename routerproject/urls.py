@@ -20,3 +20,4 @@ urlpatterns = [
 ]
 
 handler404 = "routerproject.views.not_found"
+handler500 = "routerproject.views.server_error"
