@@ -7,6 +7,7 @@ surface for SQL) is read by its table name: analytics sits below lending and nev
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -64,11 +65,21 @@ def frames(since: datetime, tables: Iterable[str] = TABLES) -> dict[str, pd.Data
 
 def read_jsonl(paths: Iterable[Path]) -> dict[str, pd.DataFrame]:
     """Frames from `analytics_export --format jsonl` files, by the `table` of each row."""
-    parts = [pd.read_json(path, lines=True, dtype=False) for path in paths]
-    parts = [part for part in parts if len(part)]
-    if not parts:
+    # Read as plain JSON so times stay Unix seconds (pandas' reader would take `*_at` columns
+    # for dates).
+    records: list[dict[str, object]] = []
+    for path in paths:
+        with open(path, encoding="utf-8") as lines:
+            for number, line in enumerate(lines, 1):
+                if not line.strip():
+                    continue
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{path}:{number}: not a JSON line ({exc.msg})") from exc
+    if not records:
         return {}
-    rows = pd.concat(parts, ignore_index=True)
+    rows = pd.DataFrame.from_records(records)
     if "table" not in rows.columns:
         raise ValueError("rows carry no `table` field: not an analytics_export jsonl file")
     return {

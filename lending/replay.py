@@ -12,8 +12,9 @@ slot is refilled at once under a priced lease. The helper serves one request at 
 its own requests go first: a borrowed request it has not started goes back to the owner,
 which runs it.
 
-Not modelled: network time between nodes, the hold for a faster helper (held requests wait
-only for the owner's backend or a lease), restores.
+The hold for a faster helper follows lending/hold.py: a slot behind a running job stays empty
+while a priced lease's lent slots are all busy and the helper is predicted to finish the next
+request sooner. Not modelled: network time between nodes, restores.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 
 from analytics.fitting import CostFit
 from lending.planner import Endpoint, Lease, LinkTarget, Settings, plan_lane
-from lending.pricing import CostTable
+from lending.pricing import CostTable, helper_finish_ms, owner_finish_ms
 
 __all__ = [
     "BurstResult",
@@ -80,6 +81,7 @@ class ReplaySettings:
     slower_slots: int
     probe_slots: int
     grant_ttl_ms: int
+    hold_for_faster_helper: bool = True
 
     def planner(self) -> Settings:
         return Settings(
@@ -115,6 +117,8 @@ class _Job:
     returned: bool = False
     done_ms: float | None = None
     lent: bool = False
+    lent_at: float = 0.0
+    admitted_at: float = 0.0
 
 
 class _Sim:
@@ -147,6 +151,7 @@ class _Sim:
         self.own_delay: dict[int, float] = {}
         self.leases: dict[int, int] = {}
         self.timeline: list[tuple[float, int, int]] = []
+        self.hold_deadline: dict[int, float] = {}
         self.current_burst = 0
         for request in requests:
             self._push(request.at_ms, "arrive", request)
@@ -173,6 +178,8 @@ class _Sim:
             elif kind == "helper_own":
                 assert isinstance(payload, Request)
                 self._helper_own(payload)
+            elif kind == "release":
+                self._admit()
             elif kind == "probe" and self.probe_at is not None and at >= self.probe_at:
                 self.probe_at = None
                 self._plan()
@@ -209,9 +216,55 @@ class _Sim:
         while self.held and len(self.admitted) < depth:
             # Requests that came back go first, then the oldest.
             job = min(self.held, key=lambda j: (not j.returned, j.request.at_ms, j.seq))
+            if self.admitted and self._hold(job):
+                break
             self.held.remove(job)
+            job.admitted_at = self.now
             self.admitted.append(job)
         self._owner_start()
+
+    def _hold(self, job: _Job) -> bool:
+        """The owner keeps `job` for the helper (lending/hold.py's rule, with its prices):
+        a slot behind a running job, a priced lease whose lent slots are all busy, and the
+        helper predicted to finish it strictly sooner. Past that prediction plus one job it
+        is released."""
+        lease = self.lease
+        if (
+            not self.settings.hold_for_faster_helper
+            or lease is None
+            or self.now >= self.lease_until
+            or not lease.knows_speeds()
+            or job.returned
+        ):
+            return False
+        out = self._out_jobs()
+        if len(out) < max(1, lease.helper_slots):
+            return False
+        job_ms = lease.owner_job_ms or 0.0
+        service = lease.helper_service_ms or 0.0
+        own_price, helper_price = job_ms, service
+        if job.price > 0 and job_ms > 0:
+            own_price, helper_price = job.price, service * job.price / job_ms
+        owner = owner_finish_ms(
+            now_ms=self.now,
+            oldest_admitted_start_ms=min(j.admitted_at for j in self.admitted),
+            last_own_completion_ms=self.owner_last_done if self.owner_last_done else None,
+            in_flight=len(self.admitted),
+            job_ms=job_ms,
+            this_job_ms=own_price,
+        )
+        helper = helper_finish_ms(
+            now_ms=self.now,
+            lent_at_ms=[j.lent_at for j in out],
+            switch_ms=lease.helper_switch_ms or 0.0,
+            service_ms=service,
+            this_job_ms=helper_price,
+        )
+        deadline = self.hold_deadline.setdefault(job.seq, helper + service)
+        if self.now > deadline or helper >= owner:
+            return False
+        self._push(deadline + 1.0, "release", None)
+        return True
 
     def _owner_start(self) -> None:
         if self.owner_running is None and self.admitted:
@@ -282,8 +335,12 @@ class _Sim:
 
     # -- the master and the owner's lending ---------------------------------------------------
 
+    def _out_jobs(self) -> list[_Job]:
+        running = [self.helper_running] if isinstance(self.helper_running, _Job) else []
+        return [*running, *self.lent_queue]
+
     def _out(self) -> int:
-        return len(self.lent_queue) + (1 if isinstance(self.helper_running, _Job) else 0)
+        return len(self._out_jobs())
 
     def _endpoints(self) -> tuple[Endpoint, LinkTarget]:
         pair = self.pair
@@ -361,6 +418,7 @@ class _Sim:
             job = max(lendable, key=lambda j: (j.price, j.request.at_ms, j.seq))
             self.held.remove(job)
             job.lent = True
+            job.lent_at = self.now
             self.lent_queue.append(job)
             room -= 1
         self._helper_start()

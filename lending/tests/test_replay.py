@@ -101,6 +101,33 @@ def test_a_depth_of_one_lends_one_more() -> None:
     assert result.makespan_ms == pytest.approx(owner_ms(TOKENS))
 
 
+def test_the_owner_holds_a_request_the_busy_helper_still_finishes_sooner() -> None:
+    # A helper at 60 ms a job: ten lent jobs take it 600 ms. When the owner's first job ends
+    # at 405 ms, two requests are still held: the owner would finish a third one at 1215 ms,
+    # the helper (two out) well before, so the owner holds it and the helper drains the
+    # backlog while the owner's second job runs to 810 ms.
+    slower = Pair(
+        **{
+            **pair().__dict__,
+            "helper_truth": fit(HELPER_BASE, 5.5),
+            "known": CostTable(
+                fits={
+                    ("o", "big", "llm"): fit(OWNER_BASE, OWNER_PER_TOKEN),
+                    ("h", "fast", "llm"): fit(HELPER_BASE, 5.5),
+                },
+                loads={},
+            ),
+        }
+    )
+    (held,) = replay(slower, DEFAULTS, burst_requests())
+    no_hold = ReplaySettings(**{**DEFAULTS.__dict__, "hold_for_faster_helper": False})
+    (admitted,) = replay(slower, no_hold, burst_requests())
+    assert held.lent == BURST - 2
+    assert held.makespan_ms == pytest.approx(2 * owner_ms(TOKENS))
+    assert admitted.lent == BURST - 3
+    assert admitted.makespan_ms == pytest.approx(3 * owner_ms(TOKENS))
+
+
 def test_without_prices_and_an_idle_helper_below_the_probe_bar_nothing_is_lent() -> None:
     busy_recently = Pair(**{**pair(known=False).__dict__, "helper_idle_ms": 0.0})
     slow_probe = ReplaySettings(**{**DEFAULTS.__dict__, "probe_idle_ms": 1e9})

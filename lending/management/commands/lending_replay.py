@@ -37,6 +37,7 @@ def replay_settings(effective: EffectiveSettings) -> ReplaySettings:
         slower_slots=effective.slower_slots,
         probe_slots=effective.probe_slots,
         grant_ttl_ms=int(effective.grant_ttl_secs * MS),
+        hold_for_faster_helper=effective.hold_for_faster_helper,
     )
 
 
