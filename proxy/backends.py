@@ -177,7 +177,8 @@ def _kobold(cfg: ModelConfig, config: RouterConfig, host: str, port: int, base: 
     if external:
         return external
     # KoboldCpp reads everything else from the .kcpps itself; the router owns host and port.
-    argv = [_binary(config, "kobold"), "--config", str(cfg.path), "--host", host]
+    argv = [_binary(config, "kobold"), "--config", str(cfg.launch_config or cfg.path)]
+    argv += ["--host", host]
     argv += ["--port", str(port), "--skiplauncher"]
     argv += [*config.kobold.extra_args, *cfg.extra_args]
     if cfg.has_llm:

@@ -19,6 +19,7 @@ resolution (and its transfer).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -78,6 +79,9 @@ JOBS_KEPT = 200
 # Bounds the search for a file name below file_roots, as the inventory's listing is bounded.
 FILE_ROOT_MAX_VISITED = 200_000
 PARTIAL_SUFFIX = ".partial"
+# Below cluster.store_dir: resolved copies of portable configs, for backends that read the
+# config file itself (koboldcpp's --config).
+RESOLVED_CONFIGS_DIR = "resolved-kcpps"
 
 _RANGE_RE = re.compile(r"bytes=(\d+)-(\d*)")
 
@@ -779,7 +783,10 @@ class AssetService:
                     resolved = with_resolved_paths(current, by_field, hasher=self.hasher)
                 except ModelConfigError as exc:
                     raise AssetError(str(exc)) from exc
-                self._install(resolved)
+                copy = self.node.config.cluster.store_dir / RESOLVED_CONFIGS_DIR / cfg.filename
+                text = json.dumps(dict(resolved.raw), indent=2).encode()
+                await asyncio.to_thread(_write_resolved, copy, text)
+                self._install(dataclasses.replace(resolved, launch_config=copy))
                 job.state = "done"
             else:
                 job.state = "failed"
@@ -972,6 +979,11 @@ class _PartialFile:
             os.close(self.fd)
         except OSError:
             pass
+
+
+def _write_resolved(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_atomically(path, data)
 
 
 def _size(value: object) -> int:

@@ -124,6 +124,9 @@ class ModelConfig:
     # Path fields given only in portable form (`<field>_hash`) that no local path resolves
     # yet (reference-cluster §7.2); loading must wait for asset resolution.
     unresolved_fields: tuple[str, ...] = ()
+    # A resolved portable config runs from a copy with local paths (the file itself stays
+    # portable); backends that read the config file itself are given this copy.
+    launch_config: Path | None = None
     # The config's own backend arguments (`"extra_args"`), after the family's.
     extra_args: tuple[str, ...] = ()
 

@@ -142,6 +142,14 @@ def test_a_copied_portable_config_waits_for_the_peer_transfer_then_answers(
     target = shared_file(cluster, digest, "chat.sim.json")
     assert target.read_bytes() == weights.read_bytes()
     assert not target.with_name("chat.sim.json.partial").exists()
+    # The copied file stays portable; the node runs a copy that names the local file.
+    assert "model_param" not in json.loads(
+        (cluster.slaves["s1"].store / "kcpps" / "chat-copy.kcpps").read_text()
+    )
+    resolved = json.loads(
+        (cluster.slaves["s1"].store / "resolved-kcpps" / "chat-copy.kcpps").read_text()
+    )
+    assert resolved["model_param"] == str(target) and "model_param_hash" not in resolved
     (job,) = slave_status(cluster)["jobs"]
     assert job["state"] == "done" and job["model_id"] == "chat-copy"
     (result,) = job["fields"]

@@ -332,6 +332,20 @@ def test_a_kobold_launch_hands_koboldcpp_the_kcpps_and_owns_host_and_port(
     assert (launch.probe, launch.family) == ("models", "kobold")
 
 
+def test_a_resolved_portable_kobold_config_runs_from_its_resolved_copy(layout: Layout) -> None:
+    import dataclasses
+
+    cfg = layout.model("kc", {"backend_mode": "kobold", "model_param": _w("chat.gguf")})
+    copy = layout.kcpps.parent / "resolved-kcpps" / "kc.kcpps"
+    launch = build_launch(
+        dataclasses.replace(cfg, launch_config=copy),
+        "text",
+        config=layout.router_config(),
+        port=PORT,
+    )
+    assert _after(launch.argv, "--config") == str(copy)
+
+
 def test_a_kobold_image_only_config_waits_for_an_sd_model(layout: Layout) -> None:
     cfg = layout.model("kc", {"backend_mode": "kobold", "sdmodel": _w("image.gguf")})
     launch = build_launch(cfg, "image", config=layout.router_config(), port=PORT)
