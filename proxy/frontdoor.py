@@ -32,6 +32,7 @@ from twisted.internet.error import ConnectionDone
 from twisted.python.failure import Failure
 from twisted.web import http
 
+from proxy import metrics
 from proxy.gate import Address, Gate, Refusal, parse_address
 
 logger = logging.getLogger("router.frontdoor")
@@ -108,6 +109,11 @@ class FrontDoor:
             self.open[key] = held
         else:
             self.open.pop(key, None)
+
+    def refused(self, status: int, reason: str, kind: str, message: str) -> None:
+        """Count a refusal and log it (at most one line per `kind` per interval)."""
+        metrics.frontdoor_refused(status, reason)
+        self.log.note(kind, message)
 
     def body_allowance(self, received: int) -> float:
         """Seconds a body may take once `received` bytes of it are in."""
@@ -236,8 +242,11 @@ class FrontDoorChannel(http.HTTPChannel):
             message = f"request head not received within {limit:g}s"
         else:
             return
-        self.door.log.note(
-            f"slow-{what}", f"closed a slow connection from {self.peer} ({what} past {limit:g}s)"
+        self.door.refused(
+            408,
+            "request_timeout",
+            f"slow-{what}",
+            f"closed a slow connection from {self.peer} ({what} past {limit:g}s)",
         )
         request = self.requests[-1] if self.requests else None
         if request is not None:
@@ -299,7 +308,9 @@ class FrontDoorRequest(WebRequest):
         # No "100 Continue" after the answer: the client must not send the body.
         self.requestHeaders.removeHeader(b"expect")
         values = self.requestHeaders.getRawHeaders(b"x-request-id")
-        channel.door.log.note(
+        channel.door.refused(
+            refusal.status,
+            refusal.code or refusal.type,
             f"status-{refusal.status}",
             f"{refusal.status} to {channel.peer} on {self.path_text}: {refusal.message}",
         )
@@ -347,7 +358,9 @@ class FrontDoorFactory(HTTPFactory):
         peer = parse_address(getattr(addr, "host", None))
         counted = self.door.acquire(peer)
         if counted is False:
-            self.door.log.note(
+            self.door.refused(
+                429,
+                "too_many_connections",
                 "connection-cap",
                 f"429 to {peer}: over {self.door.cap} connections from one address",
             )

@@ -100,7 +100,17 @@ LOAD_FAILURES = Counter(
     registry=REGISTRY,
 )
 
+FRONTDOOR_REFUSALS = Counter(
+    "router_frontdoor_refusals",
+    "Requests and connections the front door answered itself, before reading a body, by "
+    "status and reason (unauthorized, body_too_large, address_not_allowed, host_not_allowed, "
+    "cross_origin, request_timeout, too_many_connections, ...).",
+    ("status", "reason"),
+    registry=REGISTRY,
+)
+
 _FAMILIES: dict[str, str] = {}
+_refusal_children: dict[tuple[int, str], Any] = {}
 _request_children: dict[tuple[str, str, str, str], Any] = {}
 _latency_children: dict[tuple[str, str], tuple[Any, Any]] = {}
 _overhead_children: dict[str, Any] = {}
@@ -152,6 +162,13 @@ def request_finished(ctx: Ctx, node: Node, status: int, now: float) -> None:
     if overhead is None:
         overhead = _overhead_children[family] = OVERHEAD.labels(family)
     overhead.observe(max(0.0, total - ctx.upstream_secs))
+
+
+def frontdoor_refused(status: int, reason: str) -> None:
+    child = _refusal_children.get((status, reason))
+    if child is None:
+        child = _refusal_children[(status, reason)] = FRONTDOOR_REFUSALS.labels(str(status), reason)
+    child.inc()
 
 
 def tokens_counted(model: str, prompt_tokens: int, output_tokens: int) -> None:
@@ -215,6 +232,14 @@ class NodeCollector(Collector):
         ready = GaugeMetricFamily("router_ready", "1 once startup is over (see /readyz).")
         ready.add_metric((), 1 if node.ready else 0)
         yield ready
+        from routerproject.dbhealth import DATABASE
+
+        database = GaugeMetricFamily(
+            "router_database_available",
+            "0 from the first failed database access until the next one that works.",
+        )
+        database.add_metric((), 0 if DATABASE.down else 1)
+        yield database
 
     @staticmethod
     def _runtimes(node: Node) -> Iterator[Metric]:

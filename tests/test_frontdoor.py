@@ -189,6 +189,24 @@ def test_refusals_are_logged_at_most_once_per_interval(tmp_path: Path) -> None:
         node.cleanup()
 
 
+def _metric(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_refusals_are_counted_in_the_metrics(keyed: RouterNode) -> None:
+    name = 'router_frontdoor_refusals_total{reason="body_too_large",status="413"}'
+    with keyed.client(headers={"Authorization": f"Bearer {ADMIN}"}) as client:
+        before = _metric(client.get("/metrics").text, name)
+        for _ in range(3):
+            _refused_at_head(keyed.port, "POST", "/v1/embeddings", f"Authorization: Bearer {KEY}")
+        scraped = client.get("/metrics").text
+    assert _metric(scraped, name) == before + 3
+    assert _metric(scraped, "router_database_available") == 1.0
+
+
 # -- server.allowed_cidrs and server.trusted_proxies --------------------------------------------
 
 

@@ -61,6 +61,8 @@ def test_a_database_outage_is_a_json_503_and_one_log_line(tmp_path: Path) -> Non
             assert client.post("/v1/chat/completions", json=_chat("alpha")).status_code == 200
             url = "/router/v1/site/analytics"
             wait_for(lambda: client.get(url, params={"kind": "requests"}).json()["records"])
+            metrics = "/metrics"
+            assert "router_database_available 1.0" in client.get(metrics).text
             with _database_down(node):
                 for _ in range(5):
                     answer = client.get(url, params={"kind": "requests"})
@@ -71,6 +73,7 @@ def test_a_database_outage_is_a_json_503_and_one_log_line(tmp_path: Path) -> Non
                 # Inference goes on; its record waits for the database.
                 during = client.post("/v1/chat/completions", json=_chat("alpha"))
                 assert during.status_code == 200
+                assert "router_database_available 0.0" in client.get(metrics).text
             wait_for(lambda: any("database available again" in line for line in node.lines))
             records = wait_for(
                 lambda: len(client.get(url, params={"kind": "requests"}).json()["records"]) >= 2
