@@ -316,7 +316,10 @@ def _client_schemas() -> dict[str, Schema]:
 
 def _client_errors(*, ollama: bool = False, model: bool = True) -> dict[str, Schema]:
     errors = {
-        "401": _error("`auth.inference_keys` is set and the request carries none.", ollama=ollama)
+        "401": _error("`auth.inference_keys` is set and the request carries none.", ollama=ollama),
+        "403": _error(
+            "The client is outside `server.allowed_cidrs` (address_not_allowed).", ollama=ollama
+        ),
     }
     if not model:
         return errors

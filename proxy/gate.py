@@ -24,14 +24,18 @@ from urllib.parse import unquote, urlsplit
 
 from proxy.handlers import ROUTES
 from proxy.nodeapi import NODE_PREFIX
-from routerproject.api import MANAGEMENT_PREFIX, admin_key_required, admin_key_valid
+from routerproject.api import (
+    MANAGEMENT_PREFIX,
+    WRITE_METHODS,
+    admin_key_required,
+    admin_key_valid,
+)
 from routerproject.errors import RouterError, error_body
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 HeaderLookup = Callable[[bytes], bytes | None]
 
-WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 JSON_TYPES = ("application/json",)
 
 

@@ -29,6 +29,7 @@ from rest_framework.views import exception_handler as drf_exception_handler
 from routerproject.errors import RouterError, error_envelope
 
 JSON = "application/json"
+WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 MANAGEMENT_PREFIX = "/router/v1/"
 SITE_NOTE = (
     "Site route: served by a master or a standalone node; a slave answers 404, as if the "
@@ -339,6 +340,27 @@ class RouterAutoSchema(AutoSchema):
             responses.setdefault(
                 "404", _error_object("On a slave, where site routes do not exist.")
             )
+        # What the node's front door answers before the view runs (README, "The front door").
+        responses.setdefault(
+            "400", _error_object("The `Host` is not in `server.allowed_hosts` (host_not_allowed).")
+        )
+        responses.setdefault(
+            "403",
+            _error_object(
+                "The client is outside `server.allowed_cidrs` (address_not_allowed), or a write "
+                "on a node without admin keys comes from another origin (cross_origin)."
+            ),
+        )
+        if method.upper() in WRITE_METHODS:
+            responses.setdefault(
+                "413", _error_object("The body is larger than `server.max_body_bytes`.")
+            )
+            responses.setdefault(
+                "415", _error_object("The body's Content-Type is not application/json.")
+            )
+        responses.setdefault(
+            "503", _error_object("The database is unavailable (database_unavailable).")
+        )
         return operation
 
     def _site_route(self) -> bool:
