@@ -19,6 +19,7 @@ from django.http import HttpRequest
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
+from lending.decisions import DECISION_OUTCOMES
 from lending.models import (
     ImageLink,
     LegacyRoutingGroupMember,
@@ -47,20 +48,6 @@ DECISIONS_COUNT_CAP = 10_000
 # of rows, and its values are a closed set written by our own code.
 DECISION_KINDS = ("plan", "dispatch", "helper")
 DECISION_LANES = ("image", "text")
-DECISION_OUTCOMES = (
-    "granted",
-    "probe",
-    "skipped",
-    "lease_updated",
-    "lease_cleared",
-    "lent",
-    "returned",
-    "held_for_helper",
-    "lease_refused",
-    "relay_refused",
-    "native_waited_behind_borrowed",
-    "borrowed_returned",
-)
 
 
 class ReadOnlyAdmin(TypedModelAdmin[Any]):

@@ -23,9 +23,14 @@ from routerproject.errors import RouterError
 
 __all__ = [
     "DECISION_FIELDS",
+    "DECISION_OUTCOMES",
     "LANES",
+    "OUTCOME_TEXT",
+    "REASON_TEXT",
     "DecisionLog",
+    "decisions_fold",
     "decisions_query",
+    "merge_folds",
     "merge_node_records",
     "parse_decision_filters",
 ]
@@ -89,12 +94,13 @@ DECISION_FIELDS: tuple[str, ...] = tuple(name for name, _ in _COLUMNS)
 TEXT_FIELDS = tuple(name for name, kind in _COLUMNS if kind is str)
 INT_FIELDS = tuple(name for name, kind in _COLUMNS if kind is int)
 FLOAT_FIELDS = tuple(name for name, kind in _COLUMNS if kind is float)
-# The Lending tab folds consecutive rows that agree on the signature and shows each measure's
-# range across the fold: what says who decided what, and the numbers it weighed.
+# The decision log folds rows that agree on the signature and shows each measure's range
+# across the fold: what says who decided what, and the numbers it weighed.
+# The trigger (which queue event asked) is not part of it: the same decision taken on
+# `enqueued` and on `completed` is one decision, and each fold counts its triggers instead.
 FOLD_SIGNATURE: tuple[str, ...] = (
     "node_id",
     "kind",
-    "trigger",
     "lane",
     "owner_node_id",
     "owner_model_id",
@@ -107,6 +113,47 @@ FOLD_MEASURES: tuple[str, ...] = tuple(
     name for name, kind in _COLUMNS if kind is not str and name != "recorded_at"
 )
 _FIELD_SET = frozenset(DECISION_FIELDS)
+
+# Every outcome and reason our code writes, each explained in the operator's words (the
+# Lending tab's legend and tooltips). A test keeps these in step with the code that records.
+OUTCOME_TEXT: dict[str, str] = {
+    "granted": "The master gave the owner a lease on this helper.",
+    "probe": "The master sent one request to an idle helper to measure it.",
+    "skipped": "The master did not lend to this helper (see the reason).",
+    "lease_updated": "The owner took a new or changed lease.",
+    "lease_cleared": "The owner's lease ended.",
+    "lease_refused": "The owner refused a lease it cannot use.",
+    "lent": "The owner lent a held request to the helper.",
+    "returned": "A lent request came back to its owner, which runs it.",
+    "held_for_helper": "The owner kept a request back for a helper that finishes sooner.",
+    "relay_refused": "The master could not pass a lent request on (see the reason).",
+    "native_waited_behind_borrowed": "The helper's own request waited behind borrowed work.",
+    "borrowed_returned": "The helper handed a borrowed request back to its owner.",
+}
+DECISION_OUTCOMES: tuple[str, ...] = tuple(OUTCOME_TEXT)
+REASON_TEXT: dict[str, str] = {
+    "cost_rejected": "Lending would not finish the work sooner than the owner alone.",
+    "owner_unpriced": "The owner has too few measured requests to price its backlog.",
+    "switch_unpriced": "The helper's model load time has not been measured yet.",
+    "restore_unpriced": "The time to reload the helper's previous model is not measured yet.",
+    "service_unpriced": "Neither the helper nor the owner can price this work yet.",
+    "helper_recently_busy": "The helper was busy with its own work too recently.",
+    "helper_not_accepting": "The helper has its own work and takes no borrowed work now.",
+    "helper_claimed": "Another owner holds this helper in the same plan.",
+    "load_forbidden": "The helper would have to load the model and the link forbids it.",
+    "context_too_small": "The helper's context window is too small for the held requests.",
+    "outranked": "Another helper finishes the work sooner.",
+    "refilled": "A lent slot freed and the owner filled it at once under its live lease.",
+    "not_an_owner": "The lease names a model that does not lend from this node.",
+    "helper_finishes_sooner": "The helper is expected to answer before the owner could.",
+    "no_live_lease": "The owner had no live lease for this helper any more.",
+    "helper_is_master": "The lease named the master itself as the helper.",
+    "helper_unreachable": "The master could not reach the helper.",
+    "forward_failed": "Passing the request to the helper failed.",
+    "helper_stalled": "The helper stopped answering; its lent work went back to the owner.",
+    "own_work_arrived": "The helper's own request arrived before the borrowed one started.",
+    "helper_busy_on_arrival": "The helper was busy with its own work when the request came.",
+}
 
 # Converters applied on the writer thread: one row with a wrong type (a numpy float, a
 # None meaning "no value", which becomes the column default) must not fail the whole
@@ -296,16 +343,19 @@ def _compact(row: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def decisions_query(
+def _filtered(
     *,
     lane: str | None,
     outcome: str | None,
     kind: str | None,
     since_ms: int | None,
-    limit: int,
+    until_ms: int | None = None,
+    model_id: str | None = None,
+    request_id: str | None = None,
     node_id: str | None = None,
-) -> list[dict[str, Any]]:
-    """This database's decision rows, newest first, zero-valued optional fields omitted."""
+) -> Any:
+    from django.db.models import Q
+
     from lending.models import OffloadDecision
 
     rows = OffloadDecision.objects.all()
@@ -317,12 +367,177 @@ def decisions_query(
         rows = rows.filter(kind=kind)
     if since_ms is not None:
         rows = rows.filter(recorded_at__gte=since_ms)
+    if until_ms is not None:
+        rows = rows.filter(recorded_at__lte=until_ms)
+    if model_id:
+        rows = rows.filter(Q(owner_model_id=model_id) | Q(helper_model_id=model_id))
+    if request_id:
+        rows = rows.filter(request_id=request_id)
     if node_id:
         rows = rows.filter(node_id=node_id)
+    return rows
+
+
+def decisions_query(
+    *,
+    lane: str | None,
+    outcome: str | None,
+    kind: str | None,
+    since_ms: int | None,
+    limit: int,
+    until_ms: int | None = None,
+    model_id: str | None = None,
+    request_id: str | None = None,
+    node_id: str | None = None,
+) -> list[dict[str, Any]]:
+    """This database's decision rows, newest first, zero-valued optional fields omitted."""
     if limit < 1:
         return []
+    rows = _filtered(
+        lane=lane,
+        outcome=outcome,
+        kind=kind,
+        since_ms=since_ms,
+        until_ms=until_ms,
+        model_id=model_id,
+        request_id=request_id,
+        node_id=node_id,
+    )
     ordered = rows.order_by("-recorded_at", "-id").values("id", *DECISION_FIELDS)[:limit]
     return [_compact(row) for row in ordered]
+
+
+# A node answers at most this many folds; a log with more distinct decisions in the window says
+# so (`truncated`) instead of growing the answer without bound.
+MAX_FOLDS_PER_NODE = 2000
+REQUEST_ID_SAMPLE = 10
+
+
+def decisions_fold(
+    *,
+    lane: str | None,
+    outcome: str | None,
+    kind: str | None,
+    since_ms: int | None,
+    until_ms: int | None = None,
+    model_id: str | None = None,
+    request_id: str | None = None,
+    node_id: str | None = None,
+    max_folds: int = MAX_FOLDS_PER_NODE,
+) -> dict[str, Any]:
+    """This database's decision rows folded by FOLD_SIGNATURE, in the database (GROUP BY).
+
+    Each fold has the signature fields, its row `count`, `first_at`/`last_at`, the count of
+    each trigger, and per measure its `[min, max]`; folds come newest `last_at` first.
+    """
+    from django.db.models import Count, Max, Min
+
+    rows = _filtered(
+        lane=lane,
+        outcome=outcome,
+        kind=kind,
+        since_ms=since_ms,
+        until_ms=until_ms,
+        model_id=model_id,
+        request_id=request_id,
+        node_id=node_id,
+    )
+    aggregates: dict[str, Any] = {
+        "n": Count("id"),
+        "first_at": Min("recorded_at"),
+        "last_at": Max("recorded_at"),
+        "version_min": Min("router_version"),
+        "version_max": Max("router_version"),
+        "source_min": Min("service_source"),
+        "source_max": Max("service_source"),
+        # Request IDs differ row by row: a fold keeps a sample (the lowest and highest of each
+        # finer group); the log's request_id filter shows every row of one request.
+        "request_min": Min("request_id"),
+        "request_max": Max("request_id"),
+    }
+    for m in FOLD_MEASURES:
+        aggregates[f"{m}__min"] = Min(m)
+        aggregates[f"{m}__max"] = Max(m)
+    # One group per signature and trigger; the triggers are folded together below, so the
+    # limit is on those finer groups, newest first.
+    grouped = (
+        rows.values(*FOLD_SIGNATURE, "trigger")
+        .annotate(**aggregates)
+        .order_by("-last_at")[: max_folds * 4 + 1]
+    )
+    fine = list(grouped)
+    truncated = len(fine) > max_folds * 4
+    folds: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for g in fine[: max_folds * 4]:
+        key = tuple(g[k] for k in FOLD_SIGNATURE)
+        fold = folds.get(key)
+        if fold is None:
+            fold = {k: g[k] for k in FOLD_SIGNATURE}
+            fold.update(
+                count=0,
+                first_at=g["first_at"],
+                last_at=g["last_at"],
+                triggers={},
+                measures={},
+                router_versions=[],
+                service_sources=[],
+                request_ids=[],
+            )
+            folds[key] = fold
+        fold["count"] += g["n"]
+        fold["first_at"] = min(fold["first_at"], g["first_at"])
+        fold["last_at"] = max(fold["last_at"], g["last_at"])
+        if g["trigger"]:
+            fold["triggers"][g["trigger"]] = fold["triggers"].get(g["trigger"], 0) + g["n"]
+        for m in FOLD_MEASURES:
+            lo, hi = g[f"{m}__min"], g[f"{m}__max"]
+            have = fold["measures"].get(m)
+            fold["measures"][m] = [lo, hi] if have is None else [min(have[0], lo), max(have[1], hi)]
+        fields = (
+            ("router_versions", "version"),
+            ("service_sources", "source"),
+            ("request_ids", "request"),
+        )
+        for field, names in fields:
+            for value in (g[f"{names}_min"], g[f"{names}_max"]):
+                if value and value not in fold[field]:
+                    fold[field].append(value)
+    out = sorted(folds.values(), key=lambda f: (-f["last_at"], f["node_id"]))
+    if len(out) > max_folds:
+        out, truncated = out[:max_folds], True
+    for fold in out:
+        # Measures that were 0 throughout say nothing about this decision.
+        fold["measures"] = {m: v for m, v in fold["measures"].items() if v != [0, 0]}
+        fold["request_ids"] = sorted(fold["request_ids"])[:REQUEST_ID_SAMPLE]
+    total = sum(f["count"] for f in out)
+    return {"folds": out, "rows": total, "truncated": truncated}
+
+
+def merge_folds(
+    per_node: Mapping[str, Mapping[str, Any]], *, offset: int, limit: int
+) -> dict[str, Any]:
+    """Several nodes' folds as one page, newest `last_at` first.
+
+    The node is part of the signature, so folds from two nodes never merge: the page is a
+    slice of all of them, with the totals an operator needs to know what is not shown.
+    """
+    folds: list[dict[str, Any]] = []
+    rows = 0
+    truncated: list[str] = []
+    for node_key, doc in per_node.items():
+        node_folds = [f for f in doc.get("folds", []) if isinstance(f, dict)]
+        folds.extend(node_folds)
+        rows += int(doc.get("rows", 0))
+        if doc.get("truncated"):
+            truncated.append(node_key)
+    folds.sort(key=lambda f: (-int(f.get("last_at", 0)), str(f.get("node_id", ""))))
+    return {
+        "folds": folds[offset : offset + limit],
+        "offset": offset,
+        "total_folds": len(folds),
+        "total_rows": rows,
+        "truncated_nodes": sorted(truncated),
+    }
 
 
 def _whole(query: Mapping[str, str], name: str, *, minimum: int) -> int | None:
@@ -346,6 +561,9 @@ def parse_decision_filters(
     if limit is None:
         limit = default_limit
     since_ms = _whole(query, "since_ms", minimum=0)
+    until_ms = _whole(query, "until_ms", minimum=0)
+    if since_ms is not None and until_ms is not None and until_ms < since_ms:
+        raise RouterError(400, "until_ms must not be before since_ms", param="until_ms")
     lane = query.get("lane", "").strip()
     if lane and lane not in LANES:
         raise RouterError(400, "lane must be image or text", param="lane")
@@ -354,6 +572,9 @@ def parse_decision_filters(
         "outcome": query.get("outcome", "").strip() or None,
         "kind": query.get("kind", "").strip() or None,
         "since_ms": since_ms,
+        "until_ms": until_ms,
+        "model_id": query.get("model_id", "").strip() or None,
+        "request_id": query.get("request_id", "").strip() or None,
         "limit": min(limit, max_limit),
     }
 

@@ -169,6 +169,37 @@ async def handle_offload_decisions(ctx: Ctx, node: Node) -> None:
     await ctx.json(200, {"records": records})
 
 
+async def handle_offload_decision_folds(ctx: Ctx, node: Node) -> None:
+    from urllib.parse import parse_qsl
+
+    from channels.db import database_sync_to_async
+
+    from lending.decisions import decisions_fold, parse_decision_filters
+
+    query = dict(parse_qsl(ctx.scope.get("query_string", b"").decode("latin-1")))
+    filters = parse_decision_filters(query, default_limit=1, max_limit=1)
+    filters.pop("limit")
+    await node.decisions.flush()
+    await ctx.json(200, await database_sync_to_async(decisions_fold)(**filters))
+
+
+async def handle_offload_timeline(ctx: Ctx, node: Node) -> None:
+    import time
+    from urllib.parse import parse_qsl
+
+    from channels.db import database_sync_to_async
+
+    from lending.timeline import timeline_local, timeline_window
+
+    query = dict(parse_qsl(ctx.scope.get("query_string", b"").decode("latin-1")))
+    since, until, step = timeline_window(query, now_ms=int(time.time() * 1000))
+    await node.decisions.flush()
+    doc = await database_sync_to_async(timeline_local)(
+        node_id=node.node_id, since_ms=since, until_ms=until, step_ms=step
+    )
+    await ctx.json(200, doc)
+
+
 async def handle_offload_event(ctx: Ctx, node: Node) -> None:
     from lending.master import get_master
 
@@ -387,6 +418,8 @@ NODE_ROUTES: dict[str, Route] = {
     "/router/v1/node/guardians": (POST, handle_guardians, False),
     "/router/v1/node/offload/summary": (GET, handle_offload_summary, False),
     "/router/v1/node/offload/decisions": (GET, handle_offload_decisions, False),
+    "/router/v1/node/offload/decisions/folded": (GET, handle_offload_decision_folds, False),
+    "/router/v1/node/offload/timeline": (GET, handle_offload_timeline, False),
     "/router/v1/node/offload/event": (POST, handle_offload_event, False),
     "/router/v1/node/offload/grant": (POST, handle_offload_grant, False),
     "/router/v1/node/offload/request": (POST, handle_offload_request, False),

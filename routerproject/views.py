@@ -4,20 +4,29 @@ import sys
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.shortcuts import render
+from django.shortcuts import redirect, render
 
 from routerproject.dbhealth import DATABASE, is_database_error, unavailable_response
 from routerproject.errors import error_envelope
 
 
 def index(request: HttpRequest) -> HttpResponse:
-    return JsonResponse(
-        {
-            "service": "cluster router",
-            "endpoints": ["/v1/models", "/router/v1/models"],
-            "webui": ["/ui/nodes", "/ui/lending"],
-        }
-    )
+    """`/`: the Nodes page on a node that has pages; on a slave, where its pages are."""
+    cluster = settings.ROUTER.cluster
+    if cluster.role != "slave":
+        return redirect("ui-nodes")
+    doc = {
+        "service": "cluster router",
+        "role": "slave",
+        "node_id": cluster.node_id,
+        "message": "This node is a slave: it has no pages. Its master shows the whole cluster.",
+        "master_url": cluster.master_url,
+        "webui": f"{cluster.master_url.rstrip('/')}/ui/nodes" if cluster.master_url else "",
+        "endpoints": ["/v1/models", "/router/v1/models"],
+    }
+    if "text/html" in request.headers.get("Accept", ""):
+        return render(request, "ui/slave.html", doc)
+    return JsonResponse(doc)
 
 
 def nodes_page(request: HttpRequest) -> HttpResponse:

@@ -471,3 +471,46 @@ def test_the_nodes_page_marks_borrowed_work_and_unloads_by_generation(
     with c.master.client() as client:
         state = client.get("/router/v1/site/nodes/state", params={"node_id": "s"}).json()
     assert all(not b["loaded_models"] for b in state["backends"])
+
+
+def test_the_timeline_shows_lending_per_node_and_per_owner(cluster: Cluster, page: object) -> None:
+    # The fixture's backlog on o was lent to h: the series say so, per node and per owner.
+    def timeline() -> dict[str, Any]:
+        with cluster.master.client() as client:
+            doc: dict[str, Any] = client.get(
+                "/router/v1/site/offload/timeline", params={"minutes": 15}
+            ).json()
+            return doc
+
+    def lent_and_borrowed() -> dict[str, Any] | None:
+        doc = timeline()
+        nodes = {n["node_id"]: n for n in doc["nodes"]}
+        owners = {(o["owner_node_id"], o["owner_model_id"]): o for o in doc["owners"]}
+        big = owners.get(("o", "big"))
+        if big and sum(big["lent"]) and sum(nodes["h"]["borrowed_ms"]) and sum(nodes["o"]["lent"]):
+            return doc
+        return None
+
+    doc = wait_for(lent_and_borrowed, timeout=30)
+    assert doc["buckets"] == 60 and doc["step_ms"] == 15_000
+    assert {n["node_id"] for n in doc["nodes"]} == {"master", "h", "o"}
+    assert all(len(n["own_ms"]) == 60 for n in doc["nodes"])
+    big = next(o for o in doc["owners"] if o["owner_model_id"] == "big")
+    assert max(big["held_max"]) >= 1
+    tab = page  # playwright Page
+    owner = tab.locator('#timeline [data-chart="owner:text:o/big"]')  # type: ignore[attr-defined]
+    owner.wait_for()
+    lent_text = owner.locator(".totals").inner_text()
+    assert re.search(r"lent [1-9][0-9]* request", lent_text), lent_text
+    helper = tab.locator('#timeline [data-chart="node:h"] .totals')  # type: ignore[attr-defined]
+    borrowed = re.search(r"borrowed ([0-9.]+) (ms|s) ", helper.inner_text())
+    assert borrowed and float(borrowed.group(1)) > 0, helper.inner_text()
+    # Chart.js, served by the node itself, drew on the canvas.
+    drawn = tab.evaluate(  # type: ignore[attr-defined]
+        "typeof Chart === 'function' && Object.keys(Chart.instances).length >= 4"
+    )
+    assert drawn
+    ARTIFACTS.mkdir(exist_ok=True)
+    tab.locator("#timeline").screenshot(path=str(ARTIFACTS / "lending-timeline.png"))  # type: ignore[attr-defined]
+    bad = httpx.get(cluster.master.base_url + "/router/v1/site/offload/timeline?minutes=0")
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "minutes"

@@ -259,6 +259,82 @@ class DecisionsSerializer(serializers.Serializer):
     node_errors = _node_errors("Nodes that did not answer.")
 
 
+class DecisionFoldSerializer(serializers.Serializer):
+    """Rows of one decision (same node, kind, lane, owner, helper, outcome and reason)."""
+
+    node_id = serializers.CharField()
+    kind = serializers.CharField()
+    lane = serializers.CharField()
+    owner_node_id = serializers.CharField()
+    owner_model_id = serializers.CharField()
+    helper_node_id = serializers.CharField()
+    helper_model_id = serializers.CharField()
+    outcome = serializers.CharField()
+    reason = serializers.CharField()
+    count = serializers.IntegerField(help_text="How many rows fold into this one.")
+    first_at = serializers.IntegerField(help_text="The earliest row, Unix ms.")
+    last_at = serializers.IntegerField(help_text="The latest row, Unix ms.")
+    triggers = serializers.DictField(
+        child=serializers.IntegerField(), help_text="Rows per trigger (plan rows)."
+    )
+    measures = serializers.DictField(
+        child=serializers.ListField(child=serializers.FloatField(), min_length=2, max_length=2),
+        help_text="[min, max] of each measure across the rows; measures 0 throughout left out.",
+    )
+    router_versions = serializers.ListField(child=serializers.CharField())
+    service_sources = serializers.ListField(child=serializers.CharField())
+    request_ids = serializers.ListField(
+        child=serializers.CharField(),
+        help_text="A sample (at most 10) of the request IDs the rows are about.",
+    )
+
+
+class DecisionFoldsSerializer(serializers.Serializer):
+    folds = DecisionFoldSerializer(many=True, help_text="Newest last_at first; one page.")
+    offset = serializers.IntegerField()
+    total_folds = serializers.IntegerField(help_text="Folds matching the filters, all pages.")
+    total_rows = serializers.IntegerField(help_text="Rows in those folds.")
+    truncated_nodes = serializers.ListField(
+        child=serializers.CharField(),
+        help_text="Nodes with more distinct decisions in the window than they answer; their "
+        "oldest folds are not counted. Narrow the time range to see them.",
+    )
+    node_errors = _node_errors("Nodes that did not answer.")
+
+
+class TimelineNodeSerializer(serializers.Serializer):
+    node_id = serializers.CharField()
+    own_ms = serializers.ListField(
+        child=serializers.IntegerField(), help_text="Backend time on own requests per bucket."
+    )
+    borrowed_ms = serializers.ListField(
+        child=serializers.IntegerField(), help_text="Backend time on borrowed requests per bucket."
+    )
+    lent = serializers.ListField(
+        child=serializers.IntegerField(), help_text="Requests this node lent per bucket."
+    )
+
+
+class TimelineOwnerSerializer(serializers.Serializer):
+    owner_node_id = serializers.CharField()
+    owner_model_id = serializers.CharField()
+    lane = serializers.CharField()
+    held_max = serializers.ListField(
+        child=serializers.IntegerField(), help_text="Deepest planned hold per bucket."
+    )
+    lent = serializers.ListField(child=serializers.IntegerField(), help_text="Lent per bucket.")
+
+
+class TimelineSerializer(serializers.Serializer):
+    since_ms = serializers.IntegerField()
+    until_ms = serializers.IntegerField()
+    step_ms = serializers.IntegerField(help_text="Bucket length.")
+    buckets = serializers.IntegerField()
+    nodes = TimelineNodeSerializer(many=True)
+    owners = TimelineOwnerSerializer(many=True)
+    node_errors = _node_errors("Nodes that did not answer.")
+
+
 # -- the summary ---------------------------------------------------------------------------------
 
 

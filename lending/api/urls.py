@@ -13,5 +13,11 @@ urlpatterns = [
     ),
     path("site/offload/settings", views.SettingsView.as_view(), name="site-offload-settings"),
     path("site/offload/decisions", views.DecisionsView.as_view(), name="site-offload-decisions"),
+    path(
+        "site/offload/decisions/folded",
+        views.DecisionFoldsView.as_view(),
+        name="site-offload-decision-folds",
+    ),
+    path("site/offload/timeline", views.TimelineView.as_view(), name="site-offload-timeline"),
     path("site/offload/summary", views.SummaryView.as_view(), name="site-offload-summary"),
 ]

@@ -23,16 +23,25 @@ from rest_framework.response import Response
 from lending import links as link_svc
 from lending import selectors, services
 from lending.api import serializers as s
-from lending.decisions import decisions_query, merge_node_records, parse_decision_filters
+from lending.decisions import (
+    decisions_fold,
+    decisions_query,
+    merge_folds,
+    merge_node_records,
+    parse_decision_filters,
+)
 from lending.gather import gather_remote
 from lending.keys import LendingSettingError
 from lending.ports import running_node
 from lending.propagate import links_publish
+from lending.timeline import merge_timelines, timeline_local, timeline_window
 from routerproject.api import SiteAPIView, error_response
 from routerproject.errors import RouterError
 
 DECISIONS_DEFAULT_LIMIT = 500
 DECISIONS_MAX_LIMIT = 5000
+FOLDS_DEFAULT_LIMIT = 50
+FOLDS_MAX_LIMIT = 500
 BAD_REQUEST = error_response("The request is invalid; `param` names the field at fault.")
 
 # -- routing links -----------------------------------------------------------------------------
@@ -257,6 +266,27 @@ class SettingsView(SiteAPIView):
 # -- decisions ---------------------------------------------------------------------------------
 
 
+_FILTER_PARAMETERS = [
+    OpenApiParameter("lane", str, enum=["image", "text"], description="Only this lane."),
+    OpenApiParameter("outcome", str, description="Only this outcome."),
+    OpenApiParameter("kind", str, description="Only this kind (plan, dispatch, helper)."),
+    OpenApiParameter(
+        "model_id", str, description="Only rows whose owner or helper model is this local ID."
+    ),
+    OpenApiParameter("request_id", str, description="Only rows about this request."),
+    OpenApiParameter(
+        "node_id",
+        str,
+        many=True,
+        explode=True,
+        style="form",
+        description="Only these nodes (repeat the parameter); default all.",
+    ),
+    OpenApiParameter("since_ms", int, description="Only rows recorded at or after this Unix ms."),
+    OpenApiParameter("until_ms", int, description="Only rows recorded at or before this Unix ms."),
+]
+
+
 class DecisionsView(SiteAPIView):
     @extend_schema(
         operation_id="offloadDecisionsList",
@@ -265,27 +295,12 @@ class DecisionsView(SiteAPIView):
         "concurrently, and a node that fails is listed in `node_errors` rather than failing "
         "the whole answer.",
         parameters=[
-            OpenApiParameter("lane", str, enum=["image", "text"], description="Only this lane."),
-            OpenApiParameter("outcome", str, description="Only this outcome."),
-            OpenApiParameter(
-                "kind", str, description="Only this kind (plan, dispatch, helper, …)."
-            ),
-            OpenApiParameter(
-                "node_id",
-                str,
-                many=True,
-                explode=True,
-                style="form",
-                description="Only these nodes (repeat the parameter); default all.",
-            ),
+            *_FILTER_PARAMETERS,
             OpenApiParameter(
                 "limit",
                 int,
                 default=DECISIONS_DEFAULT_LIMIT,
                 description=f"At most this many rows (capped at {DECISIONS_MAX_LIMIT}).",
-            ),
-            OpenApiParameter(
-                "since_ms", int, description="Only rows recorded at or after this Unix ms."
             ),
         ],
         responses={
@@ -316,6 +331,99 @@ class DecisionsView(SiteAPIView):
             if isinstance(rows, list):
                 per_node[node_id] = [r for r in rows if isinstance(r, dict)]
         body: dict[str, Any] = {"records": merge_node_records(per_node, limit=filters["limit"])}
+        if errors:
+            body["node_errors"] = errors
+        return Response(body)
+
+
+class DecisionFoldsView(SiteAPIView):
+    @extend_schema(
+        operation_id="offloadDecisionFoldsList",
+        summary="The decision log folded: one line per repeated decision, a page at a time",
+        description="Rows with the same node, kind, lane, owner, helper, outcome and reason fold "
+        "into one, with the count, time span, triggers and each measure's range, whatever the "
+        "numbers. Each node folds its own rows in its database; a node that fails is listed in "
+        "`node_errors`.",
+        parameters=[
+            *_FILTER_PARAMETERS,
+            OpenApiParameter("offset", int, default=0, description="Skip this many folds."),
+            OpenApiParameter(
+                "limit",
+                int,
+                default=FOLDS_DEFAULT_LIMIT,
+                description=f"At most this many folds (capped at {FOLDS_MAX_LIMIT}).",
+            ),
+        ],
+        responses={
+            200: OpenApiResponse(s.DecisionFoldsSerializer, "One page of folds."),
+            400: BAD_REQUEST,
+        },
+    )
+    async def get(self, request: Request) -> Response:
+        filters = parse_decision_filters(
+            request.query_params, default_limit=FOLDS_DEFAULT_LIMIT, max_limit=FOLDS_MAX_LIMIT
+        )
+        limit = filters.pop("limit")
+        offset = _offset(request.query_params.get("offset", ""))
+        node = running_node()
+        wanted = set(request.query_params.getlist("node_id")) or None
+        per_node: dict[str, dict[str, Any]] = {}
+        if wanted is None or node.node_id in wanted:
+            await node.decisions.flush()
+            per_node[node.node_id] = await database_sync_to_async(decisions_fold)(**filters)
+        params = {k: str(v) for k, v in filters.items() if v is not None}
+        remote_ids = None if wanted is None else wanted - {node.node_id}
+        answers, errors = await gather_remote(
+            node, "/router/v1/node/offload/decisions/folded", params=params, node_ids=remote_ids
+        )
+        for node_id, doc in answers.items():
+            if isinstance(doc, dict):
+                per_node[node_id] = doc
+        body = merge_folds(per_node, offset=offset, limit=limit)
+        if errors:
+            body["node_errors"] = errors
+        return Response(body)
+
+
+def _offset(raw: str) -> int:
+    raw = raw.strip()
+    if not raw:
+        return 0
+    if not raw.isdigit():
+        raise RouterError(400, "offset must be a whole number of at least 0", param="offset")
+    return int(raw)
+
+
+class TimelineView(SiteAPIView):
+    @extend_schema(
+        operation_id="offloadTimelineGet",
+        summary="Lending over time: per node own, borrowed and idle time and lent requests; "
+        "per owner its held depth and lent count",
+        description="Sixty buckets over the last `minutes`; every node answers from its own "
+        "database and a node that fails is listed in `node_errors`.",
+        parameters=[
+            OpenApiParameter(
+                "minutes", int, default=15, description="The window, 1 to 1440 minutes."
+            )
+        ],
+        responses={200: OpenApiResponse(s.TimelineSerializer, "The series."), 400: BAD_REQUEST},
+    )
+    async def get(self, request: Request) -> Response:
+        query = {"minutes": str(request.query_params.get("minutes", ""))}
+        since, until, step = timeline_window(query, now_ms=int(time.time() * 1000))
+        node = running_node()
+        await node.decisions.flush()
+        answers: dict[str, dict[str, Any]] = {
+            node.node_id: await database_sync_to_async(timeline_local)(
+                node_id=node.node_id, since_ms=since, until_ms=until, step_ms=step
+            )
+        }
+        params = {"since_ms": str(since), "until_ms": str(until), "step_ms": str(step)}
+        remote, errors = await gather_remote(
+            node, "/router/v1/node/offload/timeline", params=params
+        )
+        answers.update({k: v for k, v in remote.items() if isinstance(v, dict)})
+        body = merge_timelines(answers, since_ms=since, until_ms=until, step_ms=step)
         if errors:
             body["node_errors"] = errors
         return Response(body)

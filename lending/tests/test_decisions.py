@@ -18,9 +18,14 @@ from lending import decisions as decisions_module
 from lending import services
 from lending.decisions import (
     DECISION_FIELDS,
+    DECISION_OUTCOMES,
     MAX_BUFFERED_ROWS,
+    OUTCOME_TEXT,
+    REASON_TEXT,
     DecisionLog,
+    decisions_fold,
     decisions_query,
+    merge_folds,
     merge_node_records,
     parse_decision_filters,
 )
@@ -410,17 +415,32 @@ def test_filters_default_when_the_query_string_is_empty() -> None:
         "outcome": None,
         "kind": None,
         "since_ms": None,
+        "until_ms": None,
+        "model_id": None,
+        "request_id": None,
         "limit": 500,
     }
 
 
 def test_filters_pass_the_given_values_through() -> None:
-    query = {"lane": "text", "outcome": "lent", "kind": "dispatch", "since_ms": "0", "limit": "7"}
+    query = {
+        "lane": "text",
+        "outcome": "lent",
+        "kind": "dispatch",
+        "since_ms": "0",
+        "until_ms": "9",
+        "model_id": "qwen",
+        "request_id": "req-1",
+        "limit": "7",
+    }
     assert parse_decision_filters(query, default_limit=500, max_limit=5000) == {
         "lane": "text",
         "outcome": "lent",
         "kind": "dispatch",
         "since_ms": 0,
+        "until_ms": 9,
+        "model_id": "qwen",
+        "request_id": "req-1",
         "limit": 7,
     }
 
@@ -555,3 +575,162 @@ def test_a_slave_prunes_in_its_router_process_with_the_retention_its_master_push
     )
     make_rows({"recorded_at": T0_MS - 90 * 86_400_000})
     assert prune_decisions() == 0
+
+
+# -- folding ---------------------------------------------------------------------------------
+
+
+def fold_all(**filters: Any) -> dict[str, Any]:
+    query: dict[str, Any] = {"lane": None, "outcome": None, "kind": None, "since_ms": None}
+    query.update(filters)
+    return decisions_fold(**query)
+
+
+def plan(at: int, **fields: Any) -> dict[str, Any]:
+    row = {
+        "recorded_at": at,
+        "kind": "plan",
+        "lane": "text",
+        "owner_node_id": "o",
+        "owner_model_id": "big",
+        "helper_node_id": "h",
+        "helper_model_id": "fast",
+        "outcome": "skipped",
+        "reason": "cost_rejected",
+    }
+    row.update(fields)
+    return row
+
+
+@pytest.mark.django_db
+def test_one_decision_folds_into_one_line_whatever_its_numbers_and_triggers() -> None:
+    make_rows(
+        plan(100, trigger="enqueued", keep_ms=800.0, pending_count=3),
+        plan(250, trigger="completed", keep_ms=1200.5, pending_count=5),
+        plan(300, trigger="enqueued", keep_ms=900.0, pending_count=4),
+        # Another outcome, another reason, another helper model: three more lines.
+        plan(200, trigger="enqueued", outcome="granted", reason="", slots=2),
+        plan(210, trigger="enqueued", reason="helper_claimed"),
+        plan(220, trigger="enqueued", helper_model_id="other"),
+    )
+    doc = fold_all()
+    assert doc["rows"] == 6 and doc["truncated"] is False
+    folds = doc["folds"]
+    assert len(folds) == 4
+    first = folds[0]
+    assert (first["outcome"], first["reason"], first["helper_model_id"]) == (
+        "skipped",
+        "cost_rejected",
+        "fast",
+    )
+    assert (first["count"], first["first_at"], first["last_at"]) == (3, 100, 300)
+    assert first["triggers"] == {"enqueued": 2, "completed": 1}
+    assert first["measures"]["keep_ms"] == [800.0, 1200.5]
+    assert first["measures"]["pending_count"] == [3, 5]
+    assert "slots" not in first["measures"]  # 0 throughout says nothing
+    assert first["router_versions"] == [VERSION]
+    # Newest last first: the lines that ended at 220, 210 and 200 follow.
+    assert [f["last_at"] for f in folds] == [300, 220, 210, 200]
+    assert folds[3]["measures"] == {"slots": [2, 2]}
+
+
+@pytest.mark.django_db
+def test_folds_of_two_nodes_stay_apart_and_merge_into_one_page() -> None:
+    make_rows(plan(100), plan(300))
+    OffloadDecision.objects.bulk_create(
+        [OffloadDecisionFactory.build(**{**plan(200), "node_id": "node-b"})]
+    )
+    here = decisions_fold(lane=None, outcome=None, kind=None, since_ms=None, node_id=NODE_ID)
+    there = decisions_fold(lane=None, outcome=None, kind=None, since_ms=None, node_id="node-b")
+    assert [f["count"] for f in here["folds"]] == [2]
+    page = merge_folds({NODE_ID: here, "node-b": there}, offset=0, limit=1)
+    assert (page["total_folds"], page["total_rows"], page["offset"]) == (2, 3, 0)
+    assert [f["node_id"] for f in page["folds"]] == [NODE_ID]
+    page = merge_folds({NODE_ID: here, "node-b": there}, offset=1, limit=1)
+    assert [f["node_id"] for f in page["folds"]] == ["node-b"]
+    assert merge_folds({NODE_ID: here}, offset=5, limit=10)["folds"] == []
+
+
+@pytest.mark.django_db
+def test_folding_filters_by_time_range_and_model_on_either_side() -> None:
+    make_rows(
+        plan(100),
+        plan(200, owner_model_id="small"),
+        plan(300, helper_model_id="small", reason="outranked"),
+        plan(400, reason="helper_claimed"),
+    )
+    spans = [(f["first_at"], f["last_at"]) for f in fold_all(since_ms=150, until_ms=350)["folds"]]
+    assert spans == [(300, 300), (200, 200)]
+    assert [f["last_at"] for f in fold_all(until_ms=100)["folds"]] == [100]
+    assert [f["last_at"] for f in fold_all(model_id="small")["folds"]] == [300, 200]
+    assert fold_all(model_id="nosuch")["folds"] == []
+
+
+@pytest.mark.django_db
+def test_a_fold_carries_a_sample_of_its_request_ids_and_one_id_filters_the_log() -> None:
+    make_rows(
+        plan(100, kind="dispatch", outcome="lent", reason="", request_id="req-a"),
+        plan(200, kind="dispatch", outcome="lent", reason="", request_id="req-b"),
+        plan(300, kind="dispatch", outcome="lent", reason="", request_id="req-c"),
+        plan(400),  # a plan row: about no request in particular
+    )
+    lent = next(f for f in fold_all()["folds"] if f["outcome"] == "lent")
+    assert lent["count"] == 3 and lent["request_ids"] == ["req-a", "req-c"]
+    plan_fold = next(f for f in fold_all()["folds"] if f["kind"] == "plan")
+    assert plan_fold["request_ids"] == []
+    (one,) = fold_all(request_id="req-b")["folds"]
+    assert (one["count"], one["request_ids"]) == (1, ["req-b"])
+    assert fold_all(request_id="req-z")["folds"] == []
+
+
+@pytest.mark.django_db
+def test_a_node_with_more_decisions_than_it_answers_says_it_cut_them() -> None:
+    make_rows(*(plan(100 + i, reason=f"r{i}") for i in range(5)))
+    doc = decisions_fold(lane=None, outcome=None, kind=None, since_ms=None, max_folds=3)
+    assert doc["truncated"] is True
+    assert [f["reason"] for f in doc["folds"]] == ["r4", "r3", "r2"]
+    assert doc["rows"] == 3  # the rows of the folds it answers
+    assert merge_folds({NODE_ID: doc}, offset=0, limit=10)["truncated_nodes"] == [NODE_ID]
+    exact = decisions_fold(lane=None, outcome=None, kind=None, since_ms=None, max_folds=5)
+    assert exact["truncated"] is False and len(exact["folds"]) == 5
+
+
+def test_until_before_since_is_a_400_naming_until_ms() -> None:
+    with pytest.raises(RouterError) as caught:
+        parse_decision_filters({"since_ms": "10", "until_ms": "9"}, default_limit=1, max_limit=1)
+    assert (caught.value.status, caught.value.param) == (400, "until_ms")
+    same = parse_decision_filters(
+        {"since_ms": "10", "until_ms": "10"}, default_limit=1, max_limit=1
+    )
+    assert same["until_ms"] == 10
+
+
+def _recorded_literals(pattern: str) -> set[str]:
+    import pathlib
+    import re
+
+    root = pathlib.Path(decisions_module.__file__).parent
+    found: set[str] = set()
+    for path in [*root.glob("*.py"), *(root.parent / "proxy").glob("*.py")]:
+        found.update(re.findall(pattern, path.read_text(encoding="utf-8"), flags=re.S))
+    return found
+
+
+def test_every_outcome_and_reason_the_code_records_is_explained() -> None:
+    outcomes = _recorded_literals(r'outcome="([a-z_]+)"') | _recorded_literals(
+        r'OUTCOME_[A-Z]+ = "([a-z_]+)"'
+    )
+    reasons = (
+        _recorded_literals(r'REASON_[A-Z_]+ = "([a-z_]+)"')
+        | _recorded_literals(r'REFILLED = "([a-z_]+)"')
+        | _recorded_literals(r'_refuse\([^)]*?"([a-z_]+)"')
+        | _recorded_literals(r'_helper_row\([^)]*?"([a-z_]+)"')
+        | _recorded_literals(r'outcome="[a-z_]+",\s*reason="([a-z_]+)"')
+        | _recorded_literals(r'reason="([a-z_]+)",\s*outcome=')
+    )
+    # The scan finds what it should: a sample of each way a value is written.
+    assert {"lent", "granted", "relay_refused", "borrowed_returned"} <= outcomes
+    assert {"cost_rejected", "refilled", "helper_stalled", "own_work_arrived"} <= reasons
+    assert outcomes <= set(OUTCOME_TEXT), outcomes - set(OUTCOME_TEXT)
+    assert reasons <= set(REASON_TEXT), reasons - set(REASON_TEXT)
+    assert set(DECISION_OUTCOMES) == set(OUTCOME_TEXT)

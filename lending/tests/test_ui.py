@@ -26,9 +26,11 @@ def test_the_page_folds_by_the_decision_logs_field_lists(client: Client) -> None
 def test_every_decision_column_is_either_folded_on_or_measured() -> None:
     # A new column must be placed: shown as part of what a row says, or as a number it weighed.
     # The request ID differs on every row that has one: folding on it would fold nothing, so
-    # the detail line lists the IDs of the rows it folded instead.
+    # each fold carries a sample of its rows' IDs and the log filters by one ID instead.
+    # The trigger is counted per fold (several triggers can ask for one decision).
     placed = {
         "recorded_at",
+        "trigger",
         "service_source",
         "router_version",
         "request_id",
