@@ -172,9 +172,12 @@ class ProxyApp:
         task = asyncio.current_task()
         assert task is not None
         watcher = asyncio.ensure_future(self._watch_disconnect(ctx, task))
+        # Counted for shutdown: forwarded and relayed requests hold no runtime of this node.
+        node.requests.begin()
         try:
             await handler(ctx, node)
         finally:
+            node.requests.end()
             watcher.cancel()
 
     @staticmethod

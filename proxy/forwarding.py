@@ -7,6 +7,7 @@ analytics. Analytics rows go to an in-memory buffer (analytics/recorder.py).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -21,6 +22,7 @@ from guardians.routing import REFUSAL_STATUSES, ImageRefused, is_image_refusal
 from lending.flow import Turn
 from proxy import metrics, translate, work
 from proxy.backends import Launch
+from proxy.inflight import Forward
 from proxy.node import Node
 from proxy.rewrite import (
     InvalidBackendJSON,
@@ -115,17 +117,27 @@ class Ctx:
         self.sent_bytes += len(data)
         await self.send({"type": "http.response.body", "body": data, "more_body": False})
 
-    async def respond(self, status: int, body: bytes, content_type: bytes = JSON) -> None:
+    async def respond(
+        self,
+        status: int,
+        body: bytes,
+        content_type: bytes = JSON,
+        extra: Iterable[tuple[bytes, bytes]] = (),
+    ) -> None:
         # A length lets the client (or a master relaying this answer) skip chunked decoding.
         length = str(len(body)).encode()
-        await self.start(status, [(b"content-type", content_type), (b"content-length", length)])
+        headers = [(b"content-type", content_type), (b"content-length", length), *extra]
+        await self.start(status, headers)
         await self.end(body)
 
     async def json(self, status: int, doc: Any) -> None:
         await self.respond(status, orjson.dumps(doc))
 
     async def error(self, err: RouterError) -> None:
-        await self.respond(err.status, error_body(self.path, err))
+        extra = []
+        if err.retry_after is not None:
+            extra.append((b"retry-after", str(err.retry_after).encode()))
+        await self.respond(err.status, error_body(self.path, err), extra=extra)
 
 
 Handler = Callable[[Ctx, Node], Awaitable[None]]
@@ -158,6 +170,25 @@ def require_model(doc: dict[str, Any]) -> str:
 # -- forwarding -----------------------------------------------------------------------------
 
 
+class NotSent(RouterError):
+    """The request never reached its target: the connection was refused, or reset while the
+    request was still being written. It cannot have run there, so it may go to another
+    replica (or the restarted backend) once; every other failure is answered as it is."""
+
+
+_BODY_NOT_WRITTEN = "Can not write request body"
+
+
+def never_sent(exc: BaseException) -> bool:
+    """Whether an aiohttp failure happened before the whole request was handed over."""
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return True  # no connection: refused, unreachable, reset during the handshake
+    # aiohttp's own wording for a failure while writing the body, before any answer.
+    return isinstance(exc, aiohttp.ClientOSError) and (exc.strerror or "").startswith(
+        _BODY_NOT_WRITTEN
+    )
+
+
 @dataclass
 class Job:
     """What one forwarded request needs: target, body, and the numbers analytics records."""
@@ -187,6 +218,8 @@ class Job:
     hide_usage: bool = False
     """The router asked the backend for the stream's usage; the client did not, so it is
     taken out of what the client sees."""
+    not_sent: bool = False
+    """Never reached the backend (it is retried): no analytics row of its own."""
 
 
 async def _acquire(runtime: Runtime, job: Job, *, borrowed: bool = False) -> Launch:
@@ -218,7 +251,7 @@ def _outcome(ctx: Ctx, failure: RouterError | None) -> int:
 def _record(ctx: Ctx, node: Node, job: Job, failure: RouterError | None = None) -> None:
     from analytics.recorder import RequestSample
 
-    if job.lent:
+    if job.lent or job.not_sent:
         return
     usage = job.usage or {}
     prompt_tokens = _int(usage.get("prompt_tokens", usage.get("input_tokens")))
@@ -303,12 +336,17 @@ async def forward(ctx: Ctx, node: Node, job: Job, shape: Shaper) -> None:
                 await shape(ctx, job, resp)
             job.service_ms = _service_ms(runtime, launch, sent)
         except (TimeoutError, aiohttp.ClientError, ConnectionError) as exc:
-            raise RouterError(
-                502,
-                f"backend for model {job.public_id!r} failed: {type(exc).__name__}: {exc}",
-                type="backend_error",
-                code="backend_failed",
-            ) from exc
+            message = f"backend for model {job.public_id!r} failed: {type(exc).__name__}: {exc}"
+            if not ctx.started and (
+                never_sent(exc) or (_cut_off(exc) and await runtime.died(launch))
+            ):
+                # Never reached, or reached a backend process that is dead now: nothing of
+                # it can answer, so it runs once more. The next acquire starts the backend
+                # again rather than hand out the dead one.
+                runtime.backend_lost(launch, f"{type(exc).__name__}: {exc}")
+                job.not_sent = True
+                raise NotSent(502, message, type="backend_error", code="backend_failed") from exc
+            raise RouterError(502, message, type="backend_error", code="backend_failed") from exc
         finally:
             runtime.release()
     except RouterError as exc:
@@ -491,6 +529,11 @@ async def shape_kobold(ctx: Ctx, job: Job, resp: aiohttp.ClientResponse) -> None
     await ctx.json(200, translate.openai_to_kobold(doc))
 
 
+def _cut_off(exc: BaseException) -> bool:
+    """The connection closed or was reset before any answer (a crashed backend does that)."""
+    return isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError))
+
+
 # -- forwarding to another node -------------------------------------------------------------
 
 NODE_INFERENCE_PREFIX = "/router/v1/node/inference"
@@ -505,9 +548,11 @@ async def _relay_whole(
     ctype: bytes,
     public_id: str | None,
     guardian_fallback: bool,
+    fwd: Forward,
 ) -> None:
     """A buffered answer from another node, its model ID rewritten when ``public_id`` is set."""
     data = await resp.read()
+    fwd.heard()
     if guardian_fallback and is_image_refusal(resp.status, data):
         ctx.status = resp.status
         raise ImageRefused(resp.status, data, ctype)
@@ -520,7 +565,7 @@ async def _relay_whole(
 
 
 async def _relay_stream(
-    ctx: Ctx, resp: aiohttp.ClientResponse, ctype: bytes, public_id: str | None
+    ctx: Ctx, resp: aiohttp.ClientResponse, ctype: bytes, public_id: str | None, fwd: Forward
 ) -> None:
     """An SSE or NDJSON answer from another node, passed on chunk by chunk."""
     rewriter: SSERewriter | NDJSONRewriter | None = None
@@ -528,6 +573,7 @@ async def _relay_stream(
         rewriter = SSERewriter(public_id) if ctype.startswith(SSE) else NDJSONRewriter(public_id)
     await ctx.start(resp.status, [(b"content-type", ctype), *_STREAM_HEADERS])
     async for chunk in resp.content.iter_any():
+        fwd.heard()
         await ctx.chunk(rewriter.feed(chunk) if rewriter else chunk)
     await ctx.end(rewriter.close() if rewriter else b"")
 
@@ -571,6 +617,7 @@ async def forward_remote(
     ctx.served_node = replica.node_id
     ctx.backend = "node"
     waited = time.monotonic()
+    fwd = node.forwards.begin(replica.node_id)
     try:
         # The hot path uses the process's aiohttp session (measured ~2 ms faster per hop than
         # httpx over its aiohttp transport); the node client's allow-list still decides where
@@ -579,11 +626,26 @@ async def forward_remote(
         async with get_session().post(
             url, data=body, headers=headers, allow_redirects=False, timeout=node.request_timeout
         ) as resp:
+            fwd.heard()
             ctype = _content_type(resp)
             if ctype.startswith((SSE, NDJSON)):
-                await _relay_stream(ctx, resp, ctype, rewrite_to)
+                await _relay_stream(ctx, resp, ctype, rewrite_to, fwd)
             else:
-                await _relay_whole(ctx, resp, ctype, rewrite_to, guardian_fallback)
+                await _relay_whole(ctx, resp, ctype, rewrite_to, guardian_fallback, fwd)
+    except asyncio.CancelledError:
+        if not fwd.cut or ctx.disconnected:
+            raise
+        # Cut off because the node stopped answering (see proxy/inflight.py): the client gets
+        # an error now instead of waiting out the request timeout.
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+        raise RouterError(
+            502,
+            f"node {replica.node_id!r} stopped answering while serving {public_id!r}: {fwd.cut}",
+            type="backend_error",
+            code="node_failed",
+        ) from None
     except NodeCallError as exc:
         raise RouterError(
             502,
@@ -592,7 +654,8 @@ async def forward_remote(
             code="node_failed",
         ) from exc
     except (TimeoutError, aiohttp.ClientError, OSError, InvalidBackendJSON) as exc:
-        raise RouterError(
+        error = RouterError if ctx.started or not never_sent(exc) else NotSent
+        raise error(
             502,
             f"node {replica.node_id!r} failed while serving {public_id!r}: "
             f"{type(exc).__name__}: {exc}",
@@ -601,4 +664,5 @@ async def forward_remote(
         ) from exc
     finally:
         ctx.upstream_secs += time.monotonic() - waited
+        node.forwards.end(fwd)
         node.busy[busy_key] -= 1

@@ -22,6 +22,7 @@ from proxy import observe, stt, translate, work
 from proxy.forwarding import (
     Ctx,
     Job,
+    NotSent,
     Shaper,
     _ollama_embed_shaper,
     _ollama_shaper,
@@ -35,7 +36,7 @@ from proxy.forwarding import (
 from proxy.node import Node
 from registry.bodies import set_body_model
 from registry.cluster import Replica
-from registry.routing import Kind, lane_of, resolve
+from registry.routing import Kind, candidates, choose, lane_of, require_view, resolve
 from routerproject.errors import RouterError, echo, is_ollama_path
 
 Handler = Callable[[Ctx, Node], Awaitable[None]]
@@ -43,17 +44,75 @@ logger = logging.getLogger(__name__)
 
 
 RunOn = Callable[[Replica, bool], Awaitable[None]]
+Serve = Callable[[Replica], Awaitable[None]]
 
 
 def _dispatch(
     ctx: Ctx, node: Node, public_id: str, replica: Replica, has_image: bool, run: RunOn
 ) -> Awaitable[None]:
     """What serves a text request: its guardian check when it carries an image, else `run`."""
+
+    def attempt(target: Replica, restore: bool) -> Awaitable[None]:
+        return _failover(ctx, node, public_id, "llm", target, lambda t: run(t, restore))
+
     if has_image and not ctx.borrowed:
-        return _guarded(ctx, node, public_id, replica, run)
+        return _guarded(ctx, node, public_id, replica, attempt)
     # A plain function, not a coroutine: the common case costs no extra frame, and memory per
     # held request counts.
-    return run(replica, ctx.guardian_restore)
+    return attempt(replica, ctx.guardian_restore)
+
+
+async def _failover(
+    ctx: Ctx, node: Node, public_id: str, kind: Kind, first: Replica, serve: Serve
+) -> None:
+    """Serve on `first`; if the request never reached it, once more on another replica.
+
+    Only a request whose connection was refused, or reset before it was fully sent, comes
+    back here (NotSent): it cannot have run, so running it elsewhere answers it exactly once.
+    A remote node that refused is suspect at once (skipped until a poll of it succeeds); a
+    local backend that refused is reloaded, and the retry may land on it again.
+    """
+    try:
+        await serve(first)
+        return
+    except NotSent as exc:
+        failed = exc
+    if not first.is_local:
+        node.cluster.mark_suspect(first.node_url, f"connection failed: {failed.message}")
+    second = _second_replica(ctx, node, public_id, kind, first)
+    if second is None:
+        raise failed
+    logger.info(
+        "%s: %s on %s was not reached (%s); retrying once on %s",
+        ctx.path,
+        public_id,
+        first.node_id,
+        failed.message,
+        second.node_id,
+    )
+    try:
+        await serve(second)
+    except NotSent as exc:
+        if not second.is_local:
+            node.cluster.mark_suspect(second.node_url, f"connection failed: {exc.message}")
+        raise
+
+
+def _second_replica(
+    ctx: Ctx, node: Node, public_id: str, kind: Kind, first: Replica
+) -> Replica | None:
+    found = candidates(node, public_id, kind)
+    if not any(r.node_id == first.node_id and r.local_id == first.local_id for r in found):
+        return None  # a guardian's or a recipe's replica: no other replica stands in for it
+    if ctx.borrowed:
+        found = [r for r in found if r.is_local]
+    others = [r for r in found if r.is_local or r.node_id != first.node_id]
+    if not others:
+        return None
+    try:
+        return choose(node, public_id, kind, others)
+    except RouterError:
+        return None
 
 
 async def _guarded(ctx: Ctx, node: Node, public_id: str, replica: Replica, run: RunOn) -> None:
@@ -211,16 +270,20 @@ async def handle_embeddings(ctx: Ctx, node: Node) -> None:
     else:
         model = ctx.model = require_model(doc)
     replica = resolve(node, model, "embeddings", borrowed=ctx.borrowed)
-    await _serve(
-        ctx,
-        node,
-        replica,
-        kind="embeddings",
-        public_id=model,
-        path=ctx.path,
-        body=body,
-        shape=shape_openai,
-    )
+
+    def serve(target: Replica) -> Awaitable[None]:
+        return _serve(
+            ctx,
+            node,
+            target,
+            kind="embeddings",
+            public_id=model,
+            path=ctx.path,
+            body=body,
+            shape=shape_openai,
+        )
+
+    await _failover(ctx, node, model, "embeddings", replica, serve)
 
 
 def _default_embeddings(node: Node) -> str:
@@ -268,17 +331,21 @@ async def handle_images(ctx: Ctx, node: Node) -> None:
     except ValueError as exc:
         raise RouterError(400, str(exc), param=getattr(exc, "param", None)) from exc
     replica = resolve(node, model, "image", borrowed=ctx.borrowed)
-    await _serve(
-        ctx,
-        node,
-        replica,
-        kind="image",
-        public_id=model,
-        path=ctx.path,
-        body=ctx.body,
-        shape=shape_openai,
-        image=image,
-    )
+
+    def serve(target: Replica) -> Awaitable[None]:
+        return _serve(
+            ctx,
+            node,
+            target,
+            kind="image",
+            public_id=model,
+            path=ctx.path,
+            body=ctx.body,
+            shape=shape_openai,
+            image=image,
+        )
+
+    await _failover(ctx, node, model, "image", replica, serve)
 
 
 async def handle_transcriptions(ctx: Ctx, node: Node) -> None:
@@ -298,20 +365,24 @@ async def handle_transcriptions(ctx: Ctx, node: Node) -> None:
     model = model_field.decode("utf-8", "replace").strip() if model_field else ""
     if model:
         replica = resolve(node, model, "voice", borrowed=ctx.borrowed)
-        body = ctx.body
-        if replica.local_id != model:
-            body = stt.replace_multipart_model(ctx.body, model, replica.local_id)
-        await _serve(
-            ctx,
-            node,
-            replica,
-            kind="voice",
-            public_id=model,
-            path=ctx.path,
-            body=body,
-            shape=shape_openai,
-            content_type=ctype,
-        )
+
+        def serve(target: Replica) -> Awaitable[None]:
+            body = ctx.body
+            if target.local_id != model:
+                body = stt.replace_multipart_model(ctx.body, model, target.local_id)
+            return _serve(
+                ctx,
+                node,
+                target,
+                kind="voice",
+                public_id=model,
+                path=ctx.path,
+                body=body,
+                shape=shape_openai,
+                content_type=ctype,
+            )
+
+        await _failover(ctx, node, model, "voice", replica, serve)
         return
     async with stt.reserve(node) as replica:
         await _serve(
@@ -383,30 +454,32 @@ async def handle_ollama_embed(ctx: Ctx, node: Node) -> None:
     except translate.TranslationError as exc:
         raise RouterError(400, str(exc), param=exc.param) from exc
     replica = resolve(node, model, "embeddings", borrowed=ctx.borrowed)
-    if replica.cfg is None:
-        # The holder translates Ollama itself: the client's body goes as it came.
-        await _serve(
+
+    def serve(target: Replica) -> Awaitable[None]:
+        if target.cfg is None:
+            # The holder translates Ollama itself: the client's body goes as it came.
+            return _serve(
+                ctx,
+                node,
+                target,
+                kind="embeddings",
+                public_id=model,
+                path=ctx.path,
+                body=ctx.body,
+                shape=shape_openai,
+            )
+        return _serve(
             ctx,
             node,
-            replica,
+            target,
             kind="embeddings",
             public_id=model,
-            path=ctx.path,
-            body=ctx.body,
-            shape=shape_openai,
+            path="/v1/embeddings",
+            body=orjson.dumps({**body_doc, "model": target.local_id}),
+            shape=_ollama_embed_shaper(legacy),
         )
-        return
-    body_doc["model"] = replica.local_id
-    await _serve(
-        ctx,
-        node,
-        replica,
-        kind="embeddings",
-        public_id=model,
-        path="/v1/embeddings",
-        body=orjson.dumps(body_doc),
-        shape=_ollama_embed_shaper(legacy),
-    )
+
+    await _failover(ctx, node, model, "embeddings", replica, serve)
 
 
 async def handle_ollama_show(ctx: Ctx, node: Node) -> None:
@@ -422,6 +495,7 @@ async def handle_ollama_show(ctx: Ctx, node: Node) -> None:
         and not r.record.get("disabled")
     ]
     if not replicas:
+        require_view(node)
         raise RouterError(404, f"model '{echo(model)}' not found", code="model_not_found")
     rec = dict(replicas[0].record)
     family = str(rec.get("backend_mode") or "llama")
@@ -465,38 +539,48 @@ async def handle_kobold(ctx: Ctx, node: Node) -> None:
     if not isinstance(model, str):
         raise RouterError(400, "model must be a string", param="model")
     replica = resolve(node, model, "llm", borrowed=ctx.borrowed)
-    if replica.cfg is None:
-        await _serve(
+    if replica.cfg is not None:
+        _kobold_translated(doc)  # a request it cannot translate is refused before anything runs
+
+    def serve(target: Replica) -> Awaitable[None]:
+        if target.cfg is None:
+            return _serve(
+                ctx,
+                node,
+                target,
+                kind="llm",
+                public_id=model,
+                path=ctx.path,
+                body=orjson.dumps({**doc, "model": model}),
+                shape=shape_openai,
+            )
+        path, body_doc = _kobold_translated(doc)
+        body_doc["model"] = target.local_id
+        return _serve(
             ctx,
             node,
-            replica,
+            target,
             kind="llm",
             public_id=model,
-            path=ctx.path,
-            body=orjson.dumps({**doc, "model": model}),
-            shape=shape_openai,
+            path=path,
+            body=orjson.dumps(body_doc),
+            shape=shape_kobold,
         )
-        return
-    try:
-        path, body_doc, _ = translate.kobold_generate_request(doc)
-    except translate.TranslationError as exc:
-        raise RouterError(400, str(exc), param=exc.param) from exc
-    body_doc["model"] = replica.local_id
-    body_doc.setdefault("max_tokens", KOBOLD_DEFAULT_MAX_LENGTH)
-    await _serve(
-        ctx,
-        node,
-        replica,
-        kind="llm",
-        public_id=model,
-        path=path,
-        body=orjson.dumps(body_doc),
-        shape=shape_kobold,
-    )
+
+    await _failover(ctx, node, model, "llm", replica, serve)
 
 
 # KoboldCpp's own default generation length, for clients that send no max_length.
 KOBOLD_DEFAULT_MAX_LENGTH = 100
+
+
+def _kobold_translated(doc: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    try:
+        path, body_doc, _ = translate.kobold_generate_request(doc)
+    except translate.TranslationError as exc:
+        raise RouterError(400, str(exc), param=exc.param) from exc
+    body_doc.setdefault("max_tokens", KOBOLD_DEFAULT_MAX_LENGTH)
+    return path, body_doc
 
 
 def _enabled_image_ids(node: Node) -> list[str]:
@@ -532,6 +616,7 @@ def _listed(node: Node) -> list[tuple[str, dict[str, Any]]]:
 
 
 async def handle_models(ctx: Ctx, node: Node) -> None:
+    require_view(node)
     data = [
         {"id": pid, "object": "model", "created": rec.get("created", 0), "owned_by": "router"}
         for pid, rec in _listed(node)
@@ -557,10 +642,12 @@ def _ollama_entry(public_id: str, rec: dict[str, Any]) -> dict[str, Any]:
 
 
 async def handle_tags(ctx: Ctx, node: Node) -> None:
+    require_view(node)
     await ctx.json(200, {"models": [_ollama_entry(pid, rec) for pid, rec in _listed(node)]})
 
 
 async def handle_ps(ctx: Ctx, node: Node) -> None:
+    require_view(node)
     models = []
     for pid, replicas in sorted(node.cluster.by_public_id.items()):
         for r in replicas:
@@ -588,6 +675,7 @@ async def handle_ollama_version(ctx: Ctx, node: Node) -> None:
 
 
 async def handle_sd_models(ctx: Ctx, node: Node) -> None:
+    require_view(node)
     entries = [
         {
             "title": pid,

@@ -7,6 +7,7 @@ startup hook), and replaced by `reset_for_tests()`. The django-q2 workers never 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -27,16 +28,20 @@ from lending.owner import OwnerLending
 from lending.restore import Restorer
 from lending.runtime import Lending
 from proxy import metrics
+from proxy.inflight import Forwards, Requests
 from proxy.runtimes import RuntimeManager
 from registry.assets import AssetService
 from registry.catalog import LocalCatalog
 from registry.cluster import MINIMUM_PROTOCOL_VERSION, PROTOCOL_VERSION, ClusterState
 from registry.httpclient import CONNECT_TIMEOUT_SECS
 from registry.identity import Assignment, IdentityKey
+from registry.kcpps import Lane, ModelConfig
 from registry.nodeclient import AllowList, NodeClient
 from registry.recipes import Recipe, load_recipes
 from registry.sync import ClusterSync
 from routerproject.config import RouterConfig
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from analytics.ports import AnalyticsNode
@@ -79,6 +84,10 @@ class Node:
     """Registration (slave) and health polls (master), set by runrouter."""
     ready: bool = False
     """Startup is over (first registration or poll round, startup model): /readyz asks it."""
+    requests: Requests = field(default_factory=Requests)
+    """Requests being answered now, whatever they wait for: shutdown drains them."""
+    forwards: Forwards = field(default_factory=Forwards)
+    """Requests forwarded to other nodes, by node: cut when their node stops answering."""
 
     @property
     def node_id(self) -> str:
@@ -90,6 +99,25 @@ class Node:
 
     def source(self) -> str:
         return "master" if self.role == "master" else "local"
+
+    def lane_ready(self, cfg: ModelConfig, lane: Lane) -> bool:
+        return self.runtimes.runtime_for(cfg, lane).lane_ready(cfg)
+
+    def node_health(self, node_id: str, healthy: bool) -> None:
+        """A node stopped answering its polls: what waits on it in silence gets an error now."""
+        remote = self.cluster.nodes.get(node_id)
+        if healthy or remote is None or not remote.suspect:
+            return
+        deadline = self.cluster.health_timeout
+        reason = remote.error or "it missed its health poll"
+        cut = self.forwards.cut_silent(node_id, deadline, reason)
+        if cut:
+            logger.warning(
+                "node %s stopped answering: %d forwarded request(s) silent for %.1fs cut off",
+                node_id,
+                cut,
+                deadline,
+            )
 
     def local_records(self) -> list[dict[str, Any]]:
         return [
@@ -198,7 +226,9 @@ def build_node(
         local_configs=lambda: node.catalog.configs,
         assignments=assignments,
         on_assignments=on_assignments,
+        health_timeout=c.health_timeout,
     )
+    node.cluster.health_listeners.append(node.node_health)
     node.lending = Lending(node_id=c.node_id, file_values=config.lending_file_values())
     node.assets = AssetService(node)
     if c.role == "master":

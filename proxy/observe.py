@@ -153,7 +153,10 @@ async def readiness(node: Node) -> dict[str, str]:
         )
     except TimeoutError:
         checks["database"] = f"database did not answer within {READY_DB_TIMEOUT_SECS:g}s"
-    checks["registry"] = "" if node.ready else "startup is not over"
+    if not node.cluster.view_ready:
+        checks["registry"] = "cluster view not ready: the first round of health polls is not over"
+    else:
+        checks["registry"] = "" if node.ready else "startup is not over"
     if node.role == "slave":
         registered = node.sync is not None and node.sync.registered_at is not None
         checks["registered"] = "" if registered else "not registered with the master"

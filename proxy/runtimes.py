@@ -43,6 +43,9 @@ logger = logging.getLogger(__name__)
 
 READY_POLL_SECS = 0.02
 PROBE_TIMEOUT_SECS = 2.0
+BACKEND_EXIT_WAIT_SECS = 1.0
+LANE_PROBE_EVERY_SECS = 1.0
+"""How often a loaded backend's readiness probe is repeated, so routing can skip a hung one."""
 STOP_GRACE_SECS = 5.0
 LOG_TAIL_BYTES = 2000
 PR_SET_PDEATHSIG = 1
@@ -110,6 +113,9 @@ class Runtime:
         self._exit_task: asyncio.Task[None] | None = None
         self._closed = False
         self._idle_waiters: list[asyncio.Future[None]] = []
+        self.probe_ok = True
+        """The last readiness probe of the loaded backend succeeded (reference-cluster §3.3)."""
+        self._probe_task: asyncio.Task[None] | None = None
 
     # -- admission --------------------------------------------------------------------------
 
@@ -150,6 +156,48 @@ class Runtime:
             raise
         assert self.launch is not None
         return self.launch
+
+    def lane_ready(self, cfg: ModelConfig) -> bool:
+        """Whether a request for `cfg` may be routed here rather than to a remote replica.
+
+        Yes when it would queue behind a load anyway (nothing ready loaded, a switch under
+        way, waiters ahead, or another backend family); otherwise the loaded backend's last
+        readiness probe decides, so a hung backend stops drawing requests.
+        """
+        cur = self.current
+        if self.state != "ready" or cur is None or self.waiting():
+            return True
+        if cur.backend_mode != cfg.backend_mode:
+            return True
+        return self.probe_ok
+
+    async def died(self, launch: Launch) -> bool:
+        """Whether the process serving `launch` has exited (waiting briefly for its exit).
+
+        A backend killed under a request resets its connections a moment before the exit is
+        seen; a backend that merely closed one connection keeps running and is not "dead".
+        """
+        process = self.process
+        if launch is not self.launch or process is None:
+            return False
+        try:
+            await asyncio.wait_for(process.wait(), BACKEND_EXIT_WAIT_SECS)
+        except TimeoutError:
+            return False
+        return True
+
+    def backend_lost(self, launch: Launch, reason: str) -> None:
+        """A request found the backend gone (connection refused): reload it for the next one.
+
+        The process watcher may not have seen the exit yet; without this the runtime would
+        hand the dead backend to every request until it does.
+        """
+        if launch is self.launch and self.state == "ready":
+            self.state = "failed"
+            self.last_error = f"backend stopped accepting connections: {reason}"
+            self.last_error_at = time.time()
+            logger.warning("%s backend for %s is gone: %s", self.lane, self.current, reason)
+            self._stop_probing()
 
     def release(self) -> None:
         self.active -= 1
@@ -246,6 +294,8 @@ class Runtime:
             self.generation += 1
             self.state = "ready"
             self.last_error = ""
+            self.probe_ok = True
+            self._probe_task = asyncio.ensure_future(self._probe_loop(launch))
         except BackendError as exc:
             error = str(exc)
         except Exception as exc:  # the loop must survive any launch failure
@@ -371,7 +421,36 @@ class Runtime:
                 )
             await asyncio.sleep(READY_POLL_SECS)
 
+    async def _probe_loop(self, launch: Launch) -> None:
+        session = get_session()
+        url = launch.base_url + probe_path(launch.probe)
+        timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_SECS)
+        while launch is self.launch and self.state == "ready":
+            # A timer, not a wait for a condition: the probe repeats for as long as it is loaded.
+            await asyncio.sleep(LANE_PROBE_EVERY_SECS)
+            try:
+                async with session.get(url, timeout=timeout) as resp:
+                    ok = is_ready(launch.probe, resp.status, await resp.read(), flag=launch.flag)
+            except (TimeoutError, aiohttp.ClientError, OSError):
+                ok = False
+            if launch is not self.launch:
+                return
+            if ok != self.probe_ok:
+                logger.warning(
+                    "%s backend for %s %s its readiness probe",
+                    self.lane,
+                    self.current.local_id if self.current else "?",
+                    "passes" if ok else "fails",
+                )
+            self.probe_ok = ok
+
+    def _stop_probing(self) -> None:
+        task, self._probe_task = self._probe_task, None
+        if task is not None and not task.done() and task is not asyncio.current_task():
+            task.cancel()
+
     async def _stop_process(self) -> None:
+        self._stop_probing()
         process, self.process = self.process, None
         if process is None or process.returncode is not None:
             return
@@ -437,6 +516,7 @@ class Runtime:
             "pid": self.process.pid if self.process else None,
             "last_error": self.last_error,
             "last_error_at": self.last_error_at if self.last_error else None,
+            "probe_ok": self.probe_ok,
             **self._loading_status(),
         }
 

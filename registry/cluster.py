@@ -56,6 +56,10 @@ class RemoteNode:
     role: str = "slave"
     accepted_at: float = field(default_factory=time.monotonic)
     """When this snapshot was taken in (monotonic): a poll sent before it is older news."""
+    suspect: bool = False
+    """Unhealthy because it stopped answering (no poll answer in time, or a refused
+    connection), rather than because it answered wrongly: requests it holds that have heard
+    nothing from it for a poll deadline are cut off instead of waiting for the request timeout."""
 
 
 class Replica(NamedTuple):
@@ -144,8 +148,11 @@ class ClusterState:
         local_configs: Callable[[], Mapping[str, ModelConfig]],
         assignments: Mapping[IdentityKey, Assignment] | None = None,
         on_assignments: Callable[[dict[IdentityKey, Assignment]], None] | None = None,
+        health_timeout: float = 3.0,
     ) -> None:
         self.role = role
+        self.health_timeout = health_timeout
+        """The per-node poll deadline (`cluster.health_timeout`)."""
         self.node_id = node_id
         self.public_url = normalize_base_url(public_url) if public_url else ""
         self.slave_urls = [normalize_base_url(u) for u in slave_urls]
@@ -165,6 +172,11 @@ class ClusterState:
         """Told (node ID, healthy) after every poll or registration outcome of a node. Upper
         layers register here (lending returns work lent to a node that stopped answering):
         the registry must not import them."""
+        self.suspect_listeners: list[Callable[[str], None]] = []
+        """Told the URL of a node marked suspect between polls (the poll loop re-polls it)."""
+        self.view_ready = role != "master"
+        """False on a master until its first round of polls has finished or timed out: until
+        then a model missing from the view may just be on a slave not heard from yet."""
         self.rebuild()
 
     # -- snapshots ------------------------------------------------------------------------
@@ -233,17 +245,21 @@ class ClusterState:
         self._tell_health(node_id, True)
         return node
 
-    def mark_unhealthy(self, url: str, error: str) -> list[str]:
-        """A failed poll: every node registered from `url` turns unavailable."""
+    def mark_unhealthy(self, url: str, error: str, *, suspect: bool = False) -> list[str]:
+        """A failed poll: every node registered from `url` turns unavailable.
+
+        `suspect`: the node did not answer at all (see RemoteNode.suspect).
+        """
         changed = []
         failed = []
         for node in self.nodes.values():
             if node.node_url != url:
                 continue
             failed.append(node.node_id)
-            if node.healthy or node.error != error:
+            if node.healthy or node.error != error or node.suspect != suspect:
                 node.healthy = False
                 node.error = error
+                node.suspect = suspect
                 for rec in node.records:
                     rec["available"] = False
                 changed.append(node.node_id)
@@ -253,6 +269,17 @@ class ClusterState:
         # the node answers something else.
         for node_id in failed:
             self._tell_health(node_id, False)
+        return changed
+
+    def mark_suspect(self, url: str, error: str) -> list[str]:
+        """A request could not reach the node at `url`: skip it for routing until it answers a
+        poll again, and have it re-polled now rather than at the next round."""
+        changed = self.mark_unhealthy(url, error, suspect=True)
+        for listener in list(self.suspect_listeners):
+            try:
+                listener(url)
+            except Exception:
+                logger.exception("suspect listener failed for %s", url)
         return changed
 
     def _tell_health(self, node_id: str, healthy: bool) -> None:
@@ -319,6 +346,7 @@ class ClusterState:
                 "node_id": n.node_id,
                 "node_url": n.node_url,
                 "healthy": n.healthy,
+                "suspect": n.suspect,
                 "error": n.error,
                 "build_version": n.build_version,
                 "models": len(n.records),

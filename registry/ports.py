@@ -34,6 +34,10 @@ class RoutingNode(Protocol):
     @property
     def recipes(self) -> Mapping[str, Recipe]: ...
 
+    def lane_ready(self, cfg: ModelConfig, lane: Lane) -> bool:
+        """Whether a local replica's lane can take a request (reference-cluster §3.3)."""
+        ...
+
 
 class LaunchView(Protocol):
     @property

@@ -4,7 +4,8 @@ A request always goes to a holder of the public ID it names: lending links never
 Among replicas of one public ID (same name, identical hashes) the choice follows the
 reference's rotation, per lane:
 
-1. a local replica that is available and idle on that lane;
+1. a local replica that is idle on that lane and whose lane is ready (reference-cluster §3.3:
+   a loaded backend that fails its readiness probe is skipped);
 2. otherwise the available remote replicas, round-robin (one counter per public ID and lane);
 3. otherwise a busy local replica (the request queues on its runtime);
 4. otherwise nothing: 503 when replicas exist but every one is on an unhealthy node (fail fast,
@@ -13,6 +14,7 @@ reference's rotation, per lane:
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from registry.cluster import Replica
@@ -34,6 +36,24 @@ def not_found(model: str) -> RouterError:
     return RouterError(
         404, f'model "{echo(model)}" was not found', code="model_not_found", param="model"
     )
+
+
+def view_not_ready(node: RoutingNode) -> RouterError:
+    """A restarted master has not heard from every slave yet: an unknown model may be theirs."""
+    wait = max(1, math.ceil(node.cluster.health_timeout))
+    return RouterError(
+        503,
+        "cluster view not ready: the master has not finished its first round of health polls",
+        type="backend_error",
+        code="cluster_not_ready",
+        retry_after=wait,
+    )
+
+
+def require_view(node: RoutingNode) -> None:
+    """Answers that list the cluster's models wait for the first poll round (503 until then)."""
+    if not node.cluster.view_ready:
+        raise view_not_ready(node)
 
 
 def candidates(node: RoutingNode, public_id: str, kind: Kind) -> list[Replica]:
@@ -63,7 +83,8 @@ def lane_of(kind: Kind) -> Lane:
 
 def choose(node: RoutingNode, public_id: str, kind: Kind, replicas: list[Replica]) -> Replica:
     lane = lane_of(kind)
-    local = [r for r in replicas if r.is_local]
+    # A local replica whose lane is not ready (a hung backend failing its probe) is skipped.
+    local = [r for r in replicas if r.cfg is not None and node.lane_ready(r.cfg, lane)]
     for replica in local:
         if node.busy[(replica.node_id, replica.local_id, lane)] == 0:
             return replica
@@ -73,6 +94,13 @@ def choose(node: RoutingNode, public_id: str, kind: Kind, replicas: list[Replica
     if local:
         return local[0]
     label = "image model" if kind == "image" else "model"
+    if any(r.is_local for r in replicas):
+        raise RouterError(
+            503,
+            f'{label} "{public_id}" is unavailable: its backend on this node is not ready',
+            type="backend_error",
+            code="backend_not_ready",
+        )
     if replicas:
         down = sorted({r.node_id for r in replicas})
         raise RouterError(
@@ -132,5 +160,7 @@ def resolve(node: RoutingNode, public_id: str, kind: Kind, *, borrowed: bool = F
                 code="offload_returned",
             )
     if not replicas:
+        if not node.cluster.view_ready:
+            raise view_not_ready(node)
         raise not_found(public_id)
     return choose(node, public_id, kind, replicas)

@@ -255,6 +255,7 @@ def node_state(*, node: RegistryNode) -> dict[str, Any]:
                 "last_error_at": status["last_error_at"],
                 "pid": status["pid"],
                 "base_url": runtime.launch.base_url if runtime.launch else None,
+                "probe_ok": status["probe_ok"],
             }
         )
     return {
@@ -437,6 +438,7 @@ def cluster_state(*, node: RegistryNode) -> dict[str, Any]:
         "node_id": node.node_id,
         "role": node.role,
         "revision": node.cluster.revision,
+        "view_ready": node.cluster.view_ready,
         "nodes": node.cluster.node_summaries(),
     }
 

@@ -62,6 +62,7 @@ class ClusterSync:
         self.registered_at: float | None = None
         """When the master last took this slave's registration (time.time); None until then
         and after a registration fails: what /readyz asks of a slave."""
+        self._repolling: set[str] = set()
 
     # -- slave ------------------------------------------------------------------------------
 
@@ -99,46 +100,71 @@ class ClusterSync:
     # -- master -----------------------------------------------------------------------------
 
     async def poll_all(self) -> None:
-        """Poll every configured slave concurrently; apply results in `slave_urls` order."""
+        """Poll every configured slave concurrently; apply each answer as it arrives.
+
+        Each poll has its own deadline (`cluster.health_timeout`), so one frozen node delays
+        neither the other nodes' health nor the round by more than that deadline. A node that
+        misses it is suspect: skipped for routing until a poll of it succeeds again.
+        """
+        urls = self.node.cluster.slave_urls
+        if urls:
+            limit = asyncio.Semaphore(self.node.config.cluster.sync_concurrency)
+            await asyncio.gather(*(self._poll_one(url, limit) for url in urls))
+        self.node.cluster.view_ready = True
+
+    async def _poll_one(self, url: str, limit: asyncio.Semaphore | None = None) -> None:
         node = self.node
-        urls = node.cluster.slave_urls
-        if not urls:
-            return
-        limit = asyncio.Semaphore(node.config.cluster.sync_concurrency)
-
-        async def poll(url: str) -> tuple[str, Any, str, float]:
-            async with limit:
-                assert node.client is not None
-                sent_at = time.monotonic()
-                try:
-                    doc = await node.client.call_ok("GET", url, "/router/v1/node/models")
-                except NodeCallError as exc:
-                    return url, None, str(exc), sent_at
-                return url, doc, "", sent_at
-
-        results = await asyncio.gather(*(poll(u) for u in urls))
-        for url, doc, error, sent_at in results:
-            held = node.cluster.node_for_url(url)
-            if not error and held is not None and held.accepted_at > sent_at:
-                # A snapshot taken in while this poll was out (an enable or disable answered
-                # by the node, a push registration) may be newer: never roll it back.
-                self.last_poll_errors.pop(url, None)
-                continue
-            if error:
-                if self.last_poll_errors.get(url) != error:
-                    logger.warning("poll of %s failed: %s", url, error)
-                self.last_poll_errors[url] = error
-                node.cluster.mark_unhealthy(url, error)
-                continue
-            self.last_poll_errors.pop(url, None)
+        assert node.client is not None
+        deadline = node.config.cluster.health_timeout
+        async with limit or contextlib.nullcontext():
+            sent_at = time.monotonic()
             try:
-                remote = node.cluster.apply_poll(url, doc)
-            except SnapshotRejected as exc:
-                logger.warning("snapshot from %s refused: %s", url, exc.message)
-                continue
-            if isinstance(doc, dict):
-                for hook in self.on_snapshot:
-                    hook(remote.node_id, doc)
+                doc = await node.client.call_ok(
+                    "GET", url, "/router/v1/node/models", timeout=deadline
+                )
+            except NodeCallError as exc:
+                # No answer in time, or no connection at all: the node is not there to answer
+                # (frozen, killed, unreachable); any other failure is an answer, just a bad one.
+                self._failed(url, str(exc), suspect=exc.kind in ("timeout", "transport"))
+                return
+        self._apply(url, doc, sent_at)
+
+    def _failed(self, url: str, error: str, *, suspect: bool) -> None:
+        if self.last_poll_errors.get(url) != error:
+            logger.warning("poll of %s failed: %s", url, error)
+        self.last_poll_errors[url] = error
+        self.node.cluster.mark_unhealthy(url, error, suspect=suspect)
+
+    def _apply(self, url: str, doc: Any, sent_at: float) -> None:
+        node = self.node
+        self.last_poll_errors.pop(url, None)
+        held = node.cluster.node_for_url(url)
+        if held is not None and held.accepted_at > sent_at:
+            # A snapshot taken in while this poll was out (an enable or disable answered by
+            # the node, a push registration) may be newer: never roll it back.
+            return
+        try:
+            remote = node.cluster.apply_poll(url, doc)
+        except SnapshotRejected as exc:
+            logger.warning("snapshot from %s refused: %s", url, exc.message)
+            return
+        if isinstance(doc, dict):
+            for hook in self.on_snapshot:
+                hook(remote.node_id, doc)
+
+    def repoll_soon(self, url: str) -> None:
+        """Poll one node now (it was marked suspect between rounds), once at a time per node."""
+        if url in self._repolling or url not in self.node.cluster.slave_urls:
+            return
+        self._repolling.add(url)
+
+        async def run() -> None:
+            try:
+                await self._poll_one(url)
+            finally:
+                self._repolling.discard(url)
+
+        self._spawn(run())
 
     async def _master_loop(self) -> None:
         interval = self.node.config.cluster.health_interval
@@ -161,7 +187,12 @@ class ClusterSync:
                 logger.warning("first registration with the master failed: %s", exc)
             self._spawn(self._slave_loop())
         elif role == "master":
-            await self.poll_all()
+            self.node.cluster.suspect_listeners.append(self.repoll_soon)
+            try:
+                await self.poll_all()
+            finally:
+                # Even a round that failed as a whole is over: requests must not wait on it.
+                self.node.cluster.view_ready = True
             self._spawn(self._master_loop())
 
     def _spawn(self, coro: Any) -> None:
@@ -170,6 +201,8 @@ class ClusterSync:
         task.add_done_callback(self.tasks.discard)
 
     async def stop(self) -> None:
+        with contextlib.suppress(ValueError):
+            self.node.cluster.suspect_listeners.remove(self.repoll_soon)
         for task in list(self.tasks):
             task.cancel()
         for task in list(self.tasks):

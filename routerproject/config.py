@@ -573,6 +573,8 @@ class ClusterConfig(_Section):
     sync_interval: PositiveDuration = _yaml_default("60s")
     health_interval: PositiveDuration = _yaml_default("15s")
     control_timeout: PositiveDuration = _yaml_default("30s")
+    health_timeout: PositiveDuration = _yaml_default("3s")
+    """How long one health poll of one node may take: a node that misses it is suspect."""
     sync_concurrency: Annotated[StrictInt, Field(ge=1, le=SYNC_CONCURRENCY_MAX)] = 4
 
     # Lending settings (lending.keys.LENDING_KEYS): None when the file does not set them.

@@ -24,6 +24,7 @@ class RouterError(Exception):
         type: str = "invalid_request_error",
         code: str | None = None,
         param: str | None = None,
+        retry_after: int | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -31,6 +32,8 @@ class RouterError(Exception):
         self.type = type
         self.code = code
         self.param = param
+        self.retry_after = retry_after
+        """Seconds for a `Retry-After` header: the condition is expected to clear by then."""
 
     def envelope(self) -> dict[str, Any]:
         return error_envelope(self.message, type=self.type, code=self.code, param=self.param)

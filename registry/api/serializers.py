@@ -261,12 +261,20 @@ class BackendSerializer(serializers.Serializer):
     )
     pid = serializers.IntegerField(allow_null=True)
     base_url = serializers.CharField(allow_null=True)
+    probe_ok = serializers.BooleanField(
+        help_text="The loaded backend's last readiness probe (repeated every second) passed; "
+        "while it fails, requests go to another replica."
+    )
 
 
 class NodeSummarySerializer(serializers.Serializer):
     node_id = serializers.CharField()
     node_url = serializers.CharField()
     healthy = serializers.BooleanField()
+    suspect = serializers.BooleanField(
+        help_text="Unhealthy because it stopped answering (a missed poll deadline or a "
+        "refused connection): skipped for routing until it answers a poll again."
+    )
     error = serializers.CharField(help_text="The last poll's error; empty while healthy.")
     build_version = serializers.CharField()
     models = serializers.IntegerField(help_text="How many model records the node has.")
@@ -279,6 +287,9 @@ class ClusterStateSerializer(serializers.Serializer):
     node_id = serializers.CharField()
     role = serializers.ChoiceField(ROLES)
     revision = serializers.IntegerField(help_text="Counts changes of the cluster view.")
+    view_ready = serializers.BooleanField(
+        help_text="False on a master until its first round of polls has finished or timed out."
+    )
     nodes = NodeSummarySerializer(many=True, help_text="Every registered node (empty standalone).")
 
 

@@ -71,6 +71,7 @@ def test_an_empty_file_gives_every_default(tmp_path: Path) -> None:
     assert cfg.cluster.sync_interval == 60.0
     assert cfg.cluster.health_interval == 15.0
     assert cfg.cluster.control_timeout == 30.0
+    assert cfg.cluster.health_timeout == 3.0
     assert cfg.cluster.sync_concurrency == 4
     assert cfg.cluster.lending_file_values() == {}
     assert cfg.models.config_dir == (tmp_path / "kcpps").resolve()

@@ -26,6 +26,7 @@ from django.core.management.base import BaseCommand, CommandParser
 logger = logging.getLogger("router")
 
 WORKER_STOP_SECS = 5.0
+WORKER_RESTART_DELAY_SECS = 1.0
 
 
 def _reactor_loop() -> asyncio.AbstractEventLoop:
@@ -267,6 +268,38 @@ class NodeRunner:
         )
 
     async def _start_workers(self) -> None:
+        await self._spawn_workers()
+        task = asyncio.ensure_future(self._supervise_workers())
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _supervise_workers(self) -> None:
+        """Restart the django-q2 cluster whenever it exits while the node runs."""
+        while True:
+            workers = self.workers
+            if workers is None:
+                return
+            code = await workers.wait()
+            if self.stopping or self.workers is not workers:
+                return
+            # Its workers may outlive it: they are in its process group, which goes with it.
+            _kill_group(workers.pid, signal.SIGKILL)
+            print(
+                f"router: the django-q2 workers exited with code {code}; restarting them",
+                file=sys.stderr,
+                flush=True,
+            )
+            # A pause between restarts, so a cluster that dies at once does not spin the loop.
+            await asyncio.sleep(WORKER_RESTART_DELAY_SECS)
+            if self.stopping:
+                return
+            try:
+                await self._spawn_workers()
+            except OSError as exc:
+                logger.error("cannot restart the django-q2 workers: %s", exc)
+                return
+
+    async def _spawn_workers(self) -> None:
         from proxy.runtimes import _set_pdeathsig
 
         log_dir = Path(self.config.cluster.store_dir) / "logs"
@@ -304,9 +337,17 @@ class NodeRunner:
         if self.ticker is not None:
             await self.ticker.stop()
         # Requests in flight get their answers; past the grace period they are cut off and
-        # every waiter still queued is answered with an error by close().
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(node.runtimes.wait_idle(), self.config.server.shutdown_grace)
+        # every waiter still queued is answered with an error by close(). Requests forwarded
+        # to other nodes or relayed for them hold no runtime here: they are waited for too.
+        drained = asyncio.gather(node.runtimes.wait_idle(), node.requests.wait_idle())
+        try:
+            await asyncio.wait_for(drained, self.config.server.shutdown_grace)
+        except TimeoutError:
+            logger.warning(
+                "shutdown grace of %gs over: %d request(s) still in flight are cut off",
+                self.config.server.shutdown_grace,
+                node.requests.count,
+            )
         await node.runtimes.close()
         await node.recorder.stop()
         await node.decisions.stop()
@@ -321,13 +362,20 @@ class NodeRunner:
 
     async def _stop_workers(self) -> None:
         workers, self.workers = self.workers, None
-        if workers is None or workers.returncode is not None:
+        if workers is None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(workers.pid, signal.SIGTERM)
-        try:
-            await asyncio.wait_for(workers.wait(), WORKER_STOP_SECS)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(workers.pid, signal.SIGKILL)
-            await workers.wait()
+        if workers.returncode is None:
+            _kill_group(workers.pid, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(workers.wait(), WORKER_STOP_SECS)
+            except TimeoutError:
+                _kill_group(workers.pid, signal.SIGKILL)
+                await workers.wait()
+        # The cluster's own process can exit before the workers it forked: whatever is left
+        # of its process group must not outlive the node.
+        _kill_group(workers.pid, signal.SIGKILL)
+
+
+def _kill_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
