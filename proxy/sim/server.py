@@ -44,6 +44,7 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_TRANSCRIBE_MS_PER_AUDIO_SECOND = 50.0
 DEFAULT_EMBEDDING_DIM = 8
 STATS_HISTORY_LEN = 100
+COMPLETED_MARK = "sim: completed"
 # SIGTERM should end the process promptly; in-flight simulated work is worthless.
 SHUTDOWN_TIMEOUT_SECS = 0.25
 # Client uploads (audio, base64 images) can be large; llama-server has no small limit either.
@@ -315,8 +316,12 @@ class SimState:
         return f"{prefix}-sim{next(self._ids)}"
 
     @contextlib.asynccontextmanager
-    async def slot(self, path: str, duration_ms: float) -> AsyncIterator[None]:
-        """Hold the single slot; a disconnect (cancellation) at any point counts as cancelled."""
+    async def slot(self, path: str, duration_ms: float, user: Any = None) -> AsyncIterator[None]:
+        """Hold the single slot; a disconnect (cancellation) at any point counts as cancelled.
+
+        A request that names an OpenAI `user` leaves one log line when it completes, so a
+        soak can tell from the backend logs whether any request ran twice.
+        """
         self.waiting += 1
         try:
             await self.slot_lock.acquire()
@@ -334,6 +339,8 @@ class SimState:
         else:
             self.completed += 1
             self.history.append({"path": path, "duration_ms": duration_ms})
+            if isinstance(user, str) and user:
+                print(f"{COMPLETED_MARK} {path} user={user[:200]}", flush=True)
         finally:
             self.active -= 1
             self.slot_lock.release()
@@ -492,13 +499,14 @@ async def _stream_text(
     duration_ms: float,
     *,
     usage: bool,
+    user: Any = None,
 ) -> web.StreamResponse:
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
     per_token_secs = state.weights.output_ms_per_token / 1000.0
     try:
-        async with state.slot(request.path, duration_ms):
+        async with state.slot(request.path, duration_ms, user):
             await response.prepare(request)
             await asyncio.sleep(prefill_ms / 1000.0)
             for index in range(reply.count):
@@ -562,9 +570,15 @@ async def _handle_text(request: web.Request, chat: bool) -> web.StreamResponse:
     )
     if body.get("stream") is True:
         return await _stream_text(
-            request, state, reply, prefill_ms, duration_ms, usage=_wants_usage(body)
+            request,
+            state,
+            reply,
+            prefill_ms,
+            duration_ms,
+            usage=_wants_usage(body),
+            user=body.get("user"),
         )
-    async with state.slot(request.path, duration_ms):
+    async with state.slot(request.path, duration_ms, body.get("user")):
         await asyncio.sleep(duration_ms / 1000.0)
     return _json(reply.whole())
 
