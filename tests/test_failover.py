@@ -175,7 +175,7 @@ def test_a_restarted_master_answers_503_with_retry_after_until_its_first_poll_ro
         [],
         {"s1": [text_model("solo1")]},
         health_interval="1s",
-        master_sections={"cluster": {"health_timeout": "3s"}},
+        master_sections={"cluster": {"health_timeout": "5s"}},
     )
     clusters.append(c)
     freeze(c.slaves["s1"])
@@ -196,7 +196,11 @@ def test_a_restarted_master_answers_503_with_retry_after_until_its_first_poll_ro
     answer = wait_for(first_answer, timeout=60)
     assert answer.status_code == 503, answer.text
     assert answer.json()["error"]["code"] == "cluster_not_ready"
-    assert answer.headers["retry-after"] == "3"
+    assert answer.headers["retry-after"] == "5"
+    # The frozen slave holds the round for its 5 s deadline: /readyz says the same meanwhile.
+    ready = httpx.get(f"{c.master.base_url}/readyz", timeout=30)
+    assert ready.status_code == 503
+    assert "cluster view not ready" in ready.json()["checks"]["registry"]
     wait_for(lambda: READY_MARK in c.master.output(), timeout=60)
     with c.master.client(timeout=30) as client:
         # The round is over (timed out on the frozen slave): the view is what it heard, and a
