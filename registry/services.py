@@ -265,7 +265,19 @@ def node_state(*, node: RegistryNode) -> dict[str, Any]:
         "active_requests": active,
         "held_requests": node.lending.held_now(),
         "analytics_buffered": node.recorder.pending(),
+        "asset_transfers": _asset_transfers(node),
     }
+
+
+def _asset_transfers(node: RegistryNode) -> list[dict[str, Any]]:
+    """Peer and hub copies of model assets on this node: running ones, then the last few."""
+    service = getattr(node, "assets", None)  # proxy.node.Node.assets (registry/assets.py)
+    if service is None:
+        return []
+    transfers = list(service.transfers.values())
+    running = [t for t in transfers if t.state == "running"]
+    finished = [t for t in transfers if t.state != "running"][-5:]
+    return [t.to_wire() for t in running + finished]
 
 
 # -- generation-checked unload (the Nodes page's Unload) -----------------------------------

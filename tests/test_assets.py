@@ -207,6 +207,12 @@ def test_a_transfer_killed_half_way_resumes_from_the_partial_file_and_verifies(
         return bool(transfers) and 2 * MIB <= transfers[0]["bytes_done"] < size
 
     wait_for(halfway, timeout=30)
+    # The Nodes page shows it from the node's state.
+    with cluster.master.client() as client:
+        state = client.get("/router/v1/site/nodes/state", params={"node_id": "s1"}).json()
+    (shown,) = state["asset_transfers"]
+    assert shown["state"] == "running" and shown["sha256"] == digest
+    assert 0 < shown["bytes_done"] < shown["bytes_total"] == size
     cluster.slaves["s1"].kill()
     partial = shared_file(cluster, digest, "chat.sim.json.partial")
     kept = partial.stat().st_size

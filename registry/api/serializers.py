@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from registry.api.assets import TransferSerializer
 from registry.services import UNLOAD_TARGETS
 from routerproject.api import (
     BodySerializer,
@@ -317,6 +318,9 @@ class NodeStateSerializer(serializers.Serializer):
     )
     held_requests = HeldRequestSerializer(many=True)
     analytics_buffered = serializers.IntegerField(help_text="Analytics rows not yet written.")
+    asset_transfers = TransferSerializer(
+        many=True, help_text="Model asset copies into this node: running ones, then the last 5."
+    )
     cluster = ClusterStateSerializer(required=False)
 
 
