@@ -289,19 +289,25 @@ class TokenProfile:
     # tokens. 0 means "not known" (a node on an older build): the conservative values stand in.
     mean_bytes_per_token: float = 0.0
     mean_output: float = 0.0
+    # Bytes of every body that carry no prompt (the JSON around it), taken off before the
+    # ratio applies; 0 when the traffic shows none (or from a node on an older build).
+    overhead_bytes: float = 0.0
+
+    def _prompt_bytes(self, body_bytes: int) -> float:
+        return max(float(body_bytes) - self.overhead_bytes, 0.0)
 
     def prompt_tokens(self, body_bytes: int) -> int:
         """Estimated prompt tokens of a raw request body (rounded up, errs towards more)."""
         if body_bytes <= 0:
             return 0
-        return math.ceil(body_bytes / self.conservative_bytes_per_token)
+        return max(1, math.ceil(self._prompt_bytes(body_bytes) / self.conservative_bytes_per_token))
 
     def expected_prompt_tokens(self, body_bytes: int) -> int:
         """Prompt tokens a raw body most likely holds: what the backend will measure."""
         if body_bytes <= 0:
             return 0
         ratio = self.mean_bytes_per_token or self.conservative_bytes_per_token
-        return max(1, round(body_bytes / ratio))
+        return max(1, round(self._prompt_bytes(body_bytes) / ratio))
 
     @property
     def mean_output_tokens(self) -> float:
@@ -323,6 +329,28 @@ class TokenProfile:
         return self.prompt_tokens(body_bytes) + math.ceil(answer)
 
 
+def _overhead_bytes(body_bytes: np.ndarray, tokens: np.ndarray) -> float:
+    """Bytes every body carries whatever its prompt: the intercept of bytes against tokens.
+
+    A body is its prompt plus JSON that is no prompt (model, keys, max_tokens), and a backend
+    adds template tokens the body does not hold. On short prompts that fixed part dominates:
+    the plain ratio then ranges from 4 to 25 bytes per token, its spread pulls the
+    conservative ratio down to the floor, and a short prompt is estimated at many times its
+    tokens. A straight line through (tokens, bytes) measures the fixed part; it is capped so
+    that no sample is left with fewer than MIN_BYTES_PER_TOKEN bytes per token, and is 0 when
+    the token counts do not vary enough to tell a line from a point.
+    """
+    n = tokens.shape[0]
+    if n < MIN_FIT_SAMPLES_FLOOR or not _measurable(n, tokens):
+        return 0.0
+    design = np.column_stack([np.ones(n), tokens])
+    (intercept, slope), *_ = np.linalg.lstsq(design, body_bytes, rcond=None)
+    if not (math.isfinite(intercept) and math.isfinite(slope)) or slope <= 0 or intercept <= 0:
+        return 0.0
+    cap = float((body_bytes - MIN_BYTES_PER_TOKEN * tokens).min())
+    return max(0.0, min(float(intercept), cap))
+
+
 def token_profile(
     prompt_bytes: np.ndarray,
     input_tokens: np.ndarray,
@@ -340,7 +368,8 @@ def token_profile(
     n = int(keep.sum())
     if n < max(1, min_samples):
         return None
-    ratio = b[keep] / i[keep]
+    overhead = _overhead_bytes(b[keep], i[keep])
+    ratio = (b[keep] - overhead) / i[keep]
     mean_ratio = float(ratio.mean())
     if not (MIN_BYTES_PER_TOKEN <= mean_ratio <= MAX_BYTES_PER_TOKEN):
         return None
@@ -356,6 +385,7 @@ def token_profile(
         samples=n,
         mean_bytes_per_token=mean_ratio,
         mean_output=mean_out,
+        overhead_bytes=overhead,
     )
 
 
@@ -395,6 +425,7 @@ def fits_to_wire(
                 "samples": profile.samples,
                 "mean_bytes_per_token": profile.mean_bytes_per_token,
                 "mean_output_tokens": profile.mean_output,
+                "overhead_bytes": profile.overhead_bytes,
             }
             for model_id, profile in sorted(tokens.items())
         ],
@@ -537,4 +568,5 @@ def _token_profile_from_wire(row: Mapping[str, Any]) -> tuple[str, TokenProfile]
         samples=samples,
         mean_bytes_per_token=_positive_or_zero(row.get("mean_bytes_per_token")),
         mean_output=_positive_or_zero(row.get("mean_output_tokens")),
+        overhead_bytes=_positive_or_zero(row.get("overhead_bytes")),
     )

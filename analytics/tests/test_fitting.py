@@ -384,6 +384,60 @@ def test_the_conservative_ratio_never_drops_below_half_a_byte() -> None:
     assert profile.conservative_bytes_per_token == 0.5
 
 
+def _short_prompt_traffic() -> tuple[np.ndarray, np.ndarray]:
+    """Chat bodies (70 bytes of JSON, 9 template tokens) and completions (45 bytes, 1 token),
+    each with 4 bytes per prompt token: the plain ratio runs from 4.3 to 24.5."""
+    rows = [(70 + 4 * c, 9 + c) for c in (1, 2, 3, 5, 8, 20, 40, 100)]
+    rows += [(45 + 4 * c, 1 + c) for c in (1, 2, 4, 10, 30)]
+    return np.array([r[0] for r in rows]), np.array([r[1] for r in rows])
+
+
+def test_short_prompts_take_the_bodys_fixed_bytes_off_before_the_ratio() -> None:
+    body, tokens = _short_prompt_traffic()
+    plain = body / tokens
+    # The spec's formula on the plain ratio would hit the floor: 30x too many tokens.
+    assert plain.mean() - 2 * plain.std() < 0.5
+    profile = token_profile(body, tokens, np.full(body.shape, 10), min_samples=3)
+    assert profile is not None
+    assert 30 < profile.overhead_bytes < 50
+    assert 2.5 < profile.conservative_bytes_per_token < 4.0
+    assert 3.9 < profile.mean_bytes_per_token < 4.4
+    for b, t in zip(body.tolist(), tokens.tolist(), strict=True):
+        # Never fewer tokens than the body held, and never many times more.
+        assert t <= profile.prompt_tokens(b) <= 2 * t + 2
+        assert abs(profile.expected_prompt_tokens(b) - t) <= max(3, 0.25 * t)
+
+
+def test_no_overhead_is_taken_when_the_token_counts_do_not_vary() -> None:
+    profile = token_profile(
+        np.array([300, 500, 400]), np.array([100, 100, 100]), np.array([1, 1, 1]), min_samples=1
+    )
+    assert profile is not None and profile.overhead_bytes == 0.0
+
+
+def test_the_overhead_leaves_every_sample_at_least_the_floor_ratio() -> None:
+    # The line through these crosses at 310 bytes; taken whole, that would leave the first
+    # body (300 bytes, 10 tokens) with less than nothing.
+    body = np.array([300, 320, 340, 400])
+    tokens = np.array([10, 20, 30, 200])
+    profile = token_profile(body, tokens, np.ones(4), min_samples=1)
+    assert profile is not None
+    assert profile.overhead_bytes == pytest.approx(300 - 0.5 * 10)
+
+
+def test_a_body_no_longer_than_the_overhead_is_one_token() -> None:
+    profile = TokenProfile(
+        conservative_bytes_per_token=4.0,
+        reserved_output_tokens=10,
+        samples=5,
+        mean_bytes_per_token=4.0,
+        overhead_bytes=50.0,
+    )
+    assert profile.prompt_tokens(30) == 1 and profile.expected_prompt_tokens(30) == 1
+    assert profile.prompt_tokens(90) == 10 and profile.expected_prompt_tokens(90) == 10
+    assert profile.prompt_tokens(0) == 0
+
+
 def test_a_ratio_outside_half_to_sixty_four_bytes_gives_no_profile() -> None:
     many_bytes = token_profile(
         np.array([6500, 6500]), np.array([100, 100]), np.array([10, 10]), min_samples=1
@@ -454,6 +508,7 @@ def sample_tables() -> tuple[
             samples=25,
             mean_bytes_per_token=3.9,
             mean_output=300.0,
+            overhead_bytes=62.5,
         )
     }
     return models, loads, tokens
@@ -492,6 +547,7 @@ def test_the_wire_form_has_the_published_shape() -> None:
             "samples": 25,
             "mean_bytes_per_token": 3.9,
             "mean_output_tokens": 300.0,
+            "overhead_bytes": 62.5,
         }
     ]
 
