@@ -66,6 +66,8 @@ class MasterLending:
         self.node = node
         self.book: dict[tuple[str, str, str], tuple[Lease, float]] = {}
         self.last_costs: CostTable | None = None
+        self.last_statuses: dict[str, dict[str, Any]] = {}
+        """Every node's runtime status as the last plan saw it (queues per model and lane)."""
         """Every node's fits as the last plan saw them: the cluster view of /metrics."""
         """(lane, owner node, owner model) → (lease, expires_at on the master's clock)."""
         self._plan_lock = asyncio.Lock()
@@ -168,6 +170,7 @@ class MasterLending:
                     due.append(result.probe_due_ms)
             self.book = book
             self.last_costs = costs
+            self.last_statuses = statuses
             self._arm_probe(min(due) if due else None)
         self._deliver(results, asking)
 

@@ -219,6 +219,9 @@ class NodeCollector(Collector):
         yield from self._writers(node)
         yield from self._nodes(node)
         yield from self._fits(node)
+        if node.role != "slave":
+            # A standalone node is its own site: the families are there, empty.
+            yield from self._cluster(node)
 
     @staticmethod
     def _info(node: Node) -> Iterator[Metric]:
@@ -434,6 +437,53 @@ class NodeCollector(Collector):
         yield base
         yield slope
         yield samples
+
+    @staticmethod
+    def _cluster(node: Node) -> Iterator[Metric]:
+        """The master's view of lending across the cluster, as its last plan saw it."""
+        from lending.master import get_master
+
+        master = get_master(node)
+        pending = GaugeMetricFamily(
+            "router_cluster_queue_pending",
+            "Requests waiting in each node's router queue (queued or held), per linked model, "
+            "as the master's last plan saw them.",
+            labels=("node", "lane", "model"),
+        )
+        lent = GaugeMetricFamily(
+            "router_cluster_queue_lent",
+            "Requests each owner had out with helpers at the master's last plan.",
+            labels=("node", "lane", "model"),
+        )
+        for node_id, status in sorted(master.last_statuses.items()):
+            for lane in ("text", "image"):
+                for row in status.get(f"{lane}_queue") or []:
+                    if not isinstance(row, dict):
+                        continue
+                    labels = (node_id, lane, str(row.get("model_id", "")))
+                    pending.add_metric(labels, float(row.get("pending_count", 0) or 0))
+                    lent.add_metric(labels, float(row.get("lent_count", 0) or 0))
+        leases = GaugeMetricFamily(
+            "router_cluster_lease_slots",
+            "Live leases in the master's book: slots an owner may keep lent to a helper.",
+            labels=("lane", "owner_node", "owner_model", "helper_node", "helper_model", "probe"),
+        )
+        now = time.monotonic()
+        for (lane, _, _), (lease, expires) in sorted(master.book.items(), key=lambda i: i[0]):
+            if expires <= now:
+                continue
+            leases.add_metric(
+                (
+                    lane,
+                    lease.owner_node_id,
+                    lease.owner_model_id,
+                    lease.helper_node_id,
+                    lease.helper_model_id,
+                    "true" if lease.probe else "false",
+                ),
+                lease.helper_slots,
+            )
+        yield from (pending, lent, leases)
 
 
 def exposition(node: Node) -> bytes:

@@ -382,6 +382,8 @@ def test_queue_depth_shows_held_and_lent_requests_while_they_wait(
     depths: list[dict[str, float]] = []
     stop = threading.Event()
 
+    cluster_view: list[tuple[float, float]] = []
+
     def scraper() -> None:
         while not stop.is_set():
             text = scrape(owner)
@@ -390,6 +392,14 @@ def test_queue_depth_shows_held_and_lent_requests_while_they_wait(
                     state: value(text, "router_queue_depth", model="big", state=state)
                     for state in ("queued", "held", "lent")
                 }
+            )
+            master = scrape(c.master)
+            cluster_view.append(
+                (
+                    value(master, "router_cluster_queue_pending", node="o", model="big")
+                    + value(master, "router_cluster_queue_lent", node="o", model="big"),
+                    value(master, "router_cluster_lease_slots", owner_node="o", helper_node="h"),
+                )
             )
             stop.wait(0.02)
 
@@ -406,6 +416,9 @@ def test_queue_depth_shows_held_and_lent_requests_while_they_wait(
     assert max(d["queued"] + d["held"] + d["lent"] for d in depths) >= 1
     final = scrape(owner)
     assert value(final, "router_queue_depth", model="big") == 0
+    # The master's cluster view saw the owner's queue and the lease it granted.
+    assert max(waiting for waiting, _ in cluster_view) >= 1
+    assert max(slots for _, slots in cluster_view) >= 1
 
 
 def test_a_node_started_with_text_logs_writes_text_lines(tmp_path: Path) -> None:
