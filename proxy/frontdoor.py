@@ -79,8 +79,10 @@ class RefusalLog:
 class FrontDoor:
     """The limits of one node and the connections it holds, shared by its channels."""
 
-    def __init__(self, config: Any, *, log: RefusalLog | None = None) -> None:
+    def __init__(self, config: Any, *, log: RefusalLog | None = None, clock: Any = None) -> None:
+        """`clock` (Twisted's `IReactorTime`) times the deadlines; the reactor by default."""
         server = config.server
+        self._clock = clock
         self.gate = Gate(config)
         self.header_timeout: float = server.header_timeout
         self.body_timeout: float = server.body_timeout
@@ -100,6 +102,14 @@ class FrontDoor:
             return False
         self.open[key] = held + 1
         return key
+
+    @property
+    def clock(self) -> Any:
+        if self._clock is None:
+            from twisted.internet import reactor
+
+            self._clock = reactor
+        return self._clock
 
     def release(self, key: str | None) -> None:
         if key is None:
@@ -121,12 +131,6 @@ class FrontDoor:
         return self.body_timeout + extra
 
 
-def _reactor() -> Any:
-    from twisted.internet import reactor
-
-    return reactor
-
-
 def _response(refusal: Refusal, path: str, request_id: bytes | None) -> bytes:
     body = refusal.body(path)
     reason = http.RESPONSES.get(refusal.status, b"Error")
@@ -141,14 +145,14 @@ def _response(refusal: Refusal, path: str, request_id: bytes | None) -> bytes:
     return b"\r\n".join(lines) + b"\r\n\r\n" + body
 
 
-def _answer_and_close(transport: Any, data: bytes) -> Any:
+def _answer_and_close(clock: Any, transport: Any, data: bytes) -> Any:
     """Write the answer, stop writing, and drop the connection after the linger."""
     transport.write(data)
     if hasattr(transport, "loseWriteConnection"):
         transport.loseWriteConnection()
     else:
         transport.loseConnection()
-    return _reactor().callLater(LINGER_SECS, transport.abortConnection)
+    return clock.callLater(LINGER_SECS, transport.abortConnection)
 
 
 _CONNECTION_DONE = Failure(ConnectionDone())
@@ -205,7 +209,9 @@ class FrontDoorChannel(http.HTTPChannel):
         self.closing = True
         self._cancel()
         self._phase = "closing"
-        self._linger = _answer_and_close(self.transport, _response(refusal, path, request_id))
+        self._linger = _answer_and_close(
+            self.door.clock, self.transport, _response(refusal, path, request_id)
+        )
 
     def connectionLost(self, reason: Failure = _CONNECTION_DONE) -> None:
         self._cancel()
@@ -218,8 +224,8 @@ class FrontDoorChannel(http.HTTPChannel):
     def _start(self, phase: str, after: float) -> None:
         self._cancel()
         self._phase = phase
-        self._phase_start = time.monotonic()
-        self._timer = _reactor().callLater(after, self._expired)
+        self._phase_start = self.door.clock.seconds()
+        self._timer = self.door.clock.callLater(after, self._expired)
 
     def _cancel(self) -> None:
         timer, self._timer = self._timer, None
@@ -230,10 +236,10 @@ class FrontDoorChannel(http.HTTPChannel):
         self._timer = None
         if self._phase == "body":
             allowance = self.door.body_allowance(self.body_bytes)
-            left = allowance - (time.monotonic() - self._phase_start)
+            left = allowance - (self.door.clock.seconds() - self._phase_start)
             if left > 0:
                 # The body kept the minimum rate: its deadline moved on.
-                self._timer = _reactor().callLater(left, self._expired)
+                self._timer = self.door.clock.callLater(left, self._expired)
                 return
             what, limit = "body", self.door.body_timeout
             message = f"request body not received within {allowance:.0f}s"
@@ -270,9 +276,15 @@ class FrontDoorRequest(WebRequest):
             return values[0] if values else None
 
         method = channel._command.decode("latin-1").upper()
-        self.path_text, refusal = door.gate.head_refusal(
-            method, channel._path, header, channel.peer
-        )
+        try:
+            self.path_text, refusal = door.gate.head_refusal(
+                method, channel._path, header, channel.peer
+            )
+        except Exception:
+            # A rule that cannot decide lets nothing through, and the request still gets an
+            # answer rather than a dropped connection.
+            logger.exception("front-door check failed on %r", channel._path[:200])
+            refusal = Refusal(500, "internal router error", type="server_error")
         if refusal is None and length is not None and length > door.gate.limit:
             refusal = door.gate.too_large()
         if refusal is not None:
@@ -333,7 +345,9 @@ class _TooManyConnections(twisted_protocol.Protocol):
             code="too_many_connections",
             headers=((b"retry-after", b"1"),),
         )
-        self.timer = _answer_and_close(self.transport, _response(refusal, "/", None))
+        self.timer = _answer_and_close(
+            self.door.clock, self.transport, _response(refusal, "/", None)
+        )
 
     def connectionLost(self, reason: Any = None) -> None:
         if self.timer is not None and self.timer.active():

@@ -1,0 +1,237 @@
+"""The front door's channel and request, in process: bytes in through Twisted's test transport,
+time from a Twisted `Clock`, so each deadline is checked exactly rather than by waiting.
+
+The real-socket tests of the same behaviour are in tests/test_frontdoor.py.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from twisted.internet.address import IPv4Address
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+
+from proxy import frontdoor
+from proxy.frontdoor import LINGER_MAX_BYTES, LINGER_SECS, FrontDoor, FrontDoorFactory
+from routerproject.config import load_config
+
+LIMIT = 1000
+
+
+class Messages(list[Any]):
+    def put_nowait(self, message: Any) -> None:
+        self.append(message)
+
+
+class FakeServer:
+    """Daphne's server as a request sees it, counting the requests that reach the app."""
+
+    proxy_forwarded_address_header = None
+    root_path = ""
+    server_name = ""
+    request_buffer_size = 8192
+
+    def __init__(self) -> None:
+        self.created = 0
+
+    def protocol_connected(self, protocol: Any) -> None:
+        return None
+
+    def protocol_disconnected(self, protocol: Any) -> None:
+        return None
+
+    def create_application(self, protocol: Any, scope: Any) -> Messages:
+        self.created += 1
+        return Messages()
+
+
+class Door:
+    def __init__(self, tmp_path: Path, **server: Any) -> None:
+        (tmp_path / "kcpps").mkdir(exist_ok=True)
+        settings = {
+            "max_body_bytes": LIMIT,
+            "header_timeout": "10s",
+            "body_timeout": "30s",
+            "body_min_rate": 100,
+            "max_connections_per_client": 2,
+            **server,
+        }
+        path = tmp_path / "config.yaml"
+        path.write_text(
+            textwrap.dedent(
+                f"""
+                server: {orjson.dumps(settings).decode()}
+                auth: {{inference_keys: [front-door-key-1]}}
+                """
+            )
+        )
+        self.clock = Clock()
+        self.server = FakeServer()
+        self.door = FrontDoor(load_config(path, environ={}), clock=self.clock)
+        self.factory = FrontDoorFactory(self.server, self.door)
+
+    def connect(self, host: str = "127.0.0.1") -> tuple[Any, StringTransport]:
+        protocol = self.factory.buildProtocol(IPv4Address("TCP", host, 40000))
+        transport = StringTransport()
+        protocol.makeConnection(transport)
+        return protocol, transport
+
+
+@pytest.fixture
+def door(tmp_path: Path) -> Door:
+    return Door(tmp_path)
+
+
+def _status(transport: StringTransport) -> int:
+    value = transport.value()
+    return int(value[9:12]) if value.startswith(b"HTTP/1.1 ") else 0
+
+
+def _body(transport: StringTransport) -> Any:
+    return orjson.loads(transport.value().partition(b"\r\n\r\n")[2])
+
+
+KEYED = b"Authorization: Bearer front-door-key-1\r\n"
+
+
+def test_a_declared_body_over_the_limit_is_answered_before_it_arrives(door: Door) -> None:
+    protocol, transport = door.connect()
+    protocol.dataReceived(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+        + KEYED
+        + b"Content-Length: %d\r\n\r\n" % (LIMIT + 1)
+    )
+    assert _status(transport) == 413
+    assert _body(transport)["error"]["code"] == "body_too_large"
+    assert transport.disconnecting
+    protocol.dataReceived(b"x" * (LIMIT + 1))
+    assert door.server.created == 0
+
+
+def test_a_body_at_the_limit_reaches_the_app(door: Door) -> None:
+    protocol, transport = door.connect()
+    protocol.dataReceived(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+        + KEYED
+        + b"Content-Length: %d\r\n\r\n" % LIMIT
+        + b"x" * LIMIT
+    )
+    assert transport.value() == b""
+    assert door.server.created == 1
+
+
+def test_a_chunked_body_is_refused_once_past_the_limit(door: Door) -> None:
+    protocol, transport = door.connect()
+    protocol.dataReceived(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+        + KEYED
+        + b"Transfer-Encoding: chunked\r\n\r\n"
+    )
+    protocol.dataReceived(b"%x\r\n" % LIMIT + b"x" * LIMIT + b"\r\n")
+    assert transport.value() == b""
+    protocol.dataReceived(b"1\r\nx\r\n")
+    assert _status(transport) == 413
+    assert door.server.created == 0
+
+
+def test_a_refused_connection_is_dropped_after_the_linger(door: Door) -> None:
+    protocol, transport = door.connect()
+    protocol.dataReceived(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert _status(transport) == 401
+    door.clock.advance(LINGER_SECS - 0.01)
+    assert not getattr(transport, "disconnected", False)
+    door.clock.advance(0.02)
+    assert transport.disconnected
+
+
+def test_a_refused_connection_is_dropped_once_it_sent_too_much(door: Door) -> None:
+    protocol, transport = door.connect()
+    protocol.dataReceived(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n\r\n")
+    protocol.dataReceived(b"x" * LINGER_MAX_BYTES)
+    assert not getattr(transport, "disconnected", False)
+    protocol.dataReceived(b"x")
+    assert transport.disconnected
+
+
+def test_a_head_must_arrive_within_the_header_timeout(door: Door) -> None:
+    protocol, transport = door.connect()
+    for _ in range(9):
+        protocol.dataReceived(b"G")  # a byte a second does not move the deadline
+        door.clock.advance(1.0)
+    assert transport.value() == b""
+    door.clock.advance(1.0)
+    assert _status(transport) == 408
+    assert door.server.created == 0
+
+
+def test_a_body_gets_its_timeout_plus_a_second_per_min_rate_bytes(door: Door) -> None:
+    protocol, transport = door.connect()
+    protocol.dataReceived(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+        + KEYED
+        + b"Content-Length: 900\r\n\r\n"
+    )
+    protocol.dataReceived(b"x" * 200)  # 200 bytes at 100 B/s: two more seconds
+    door.clock.advance(31.9)
+    assert transport.value() == b""
+    door.clock.advance(0.2)
+    assert _status(transport) == 408
+    assert b"request body not received" in transport.value()
+
+
+def test_a_kept_alive_connection_times_each_head_from_its_first_byte(door: Door) -> None:
+    protocol, transport = door.connect()
+    protocol.dataReceived(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert door.server.created == 1
+    request = protocol._channel.requests[0]
+    protocol._channel.requestDone(request)
+    # Idle between requests is the idle timeout's business, not the head's.
+    door.clock.advance(60.0)
+    assert transport.value() == b""
+    protocol.dataReceived(b"GET /pi")
+    door.clock.advance(10.0)
+    assert _status(transport) == 408
+
+
+def test_the_connection_cap_answers_429_and_frees_places(door: Door) -> None:
+    first, _ = door.connect()
+    door.connect()
+    _, transport = door.connect()
+    assert _status(transport) == 429
+    assert _body(transport)["error"]["code"] == "too_many_connections"
+    assert door.connect("127.0.0.9")[1].value() == b""
+    first.connectionLost(None)
+    assert door.connect()[1].value() == b""
+
+
+def test_a_rule_that_fails_answers_500_and_lets_nothing_through(
+    door: Door, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: Any) -> Any:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(door.door.gate, "head_refusal", broken)
+    protocol, transport = door.connect()
+    protocol.dataReceived(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert _status(transport) == 500
+    assert door.server.created == 0
+
+
+def test_expect_100_continue_is_not_sent_after_a_refusal(door: Door) -> None:
+    protocol, transport = door.connect()
+    protocol.dataReceived(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+        b"Content-Length: 10\r\n\r\n"
+    )
+    assert _status(transport) == 401
+    assert b"100 Continue" not in transport.value()
+
+
+def test_the_linger_constants() -> None:
+    assert frontdoor.LINGER_SECS == 2.0
+    assert frontdoor.LINGER_MAX_BYTES == 4 << 20
