@@ -3,8 +3,10 @@
 Arrivals of the owner's model are its own analytics rows (each client request it ran, by
 `started_at`) plus the requests a helper answered for it: those are not in the owner's
 analytics (the helper records them), so each comes from the owner's `lent` decision row
-(arrival = `recorded_at` - `wait_ms`), less one for every `returned` row (that request came
-back and the owner's own row has it), with its work from the helper's borrowed rows in order.
+(arrival = `recorded_at` - `wait_ms`). Rows that carry request IDs are matched by them: a lent
+request the owner has a row for came back and ran there, and its work is the helper's row with
+the same ID. Without IDs (rows of an older build), one lent row goes per `returned` row and the
+helper's borrowed rows give the work in order.
 Arrivals closer than `gap` seconds form one burst.
 """
 
@@ -106,6 +108,11 @@ def _arrivals(
         & (decisions["lane"] == pick.lane)
     ]
     lent = dispatch[dispatch["outcome"] == "lent"]
+    helper = _model_rows(requests, pick.helper_node, pick.helper_model)
+    borrowed = helper[_bools(helper["borrowed"])].sort_values("started_at")
+    by_id = _lent_by_request_id(owner, lent, borrowed, pick.lane)
+    if by_id is not None:
+        return sorted(own + by_id)
     lent_at = sorted(
         float(r) - float(w) / MS for r, w in zip(lent["recorded_at"], lent["wait_ms"], strict=True)
     )
@@ -114,8 +121,6 @@ def _arrivals(
         earlier = [i for i, at in enumerate(lent_at) if at <= float(returned_at)]
         if earlier:
             lent_at.pop(earlier[-1])
-    helper = _model_rows(requests, pick.helper_node, pick.helper_model)
-    borrowed = helper[_bools(helper["borrowed"])].sort_values("started_at")
     works = [tuple(float(w) for w in work) for work in work_of(borrowed, pick.lane)]
     mean = (
         tuple(float(v) for v in work_of(owner, pick.lane).mean(axis=0))
@@ -124,6 +129,34 @@ def _arrivals(
     )
     lent_arrivals = [(at, works[i] if i < len(works) else mean) for i, at in enumerate(lent_at)]
     return sorted(own + lent_arrivals)
+
+
+def _lent_by_request_id(
+    owner: pd.DataFrame, lent: pd.DataFrame, borrowed: pd.DataFrame, lane: str
+) -> list[tuple[float, tuple[float, ...]]] | None:
+    """The requests a helper answered, matched by request ID: lent, and never run by the
+    owner (one that came back ran there), with the work the helper measured for that very
+    request. None when the rows carry no request IDs (an older build): then order decides."""
+    if "request_id" not in lent.columns or "request_id" not in owner.columns or lent.empty:
+        return None
+    ids = lent["request_id"].fillna("").astype(str)
+    if (ids == "").any():
+        return None
+    ran_here = set(owner["request_id"].fillna("").astype(str))
+    work: dict[str, tuple[float, ...]] = {}
+    if "request_id" in borrowed.columns:
+        for rid, row in zip(
+            borrowed["request_id"].astype(str), work_of(borrowed, lane), strict=True
+        ):
+            work.setdefault(rid, tuple(float(w) for w in row))
+    mean = tuple(float(v) for v in work_of(owner, lane).mean(axis=0)) if len(owner) else (0.0, 0.0)
+    arrivals: dict[str, float] = {}
+    for rid, recorded, waited in zip(ids, lent["recorded_at"], lent["wait_ms"], strict=True):
+        if rid in ran_here:
+            continue
+        at = float(recorded) - float(waited) / MS
+        arrivals[rid] = min(at, arrivals.get(rid, at))
+    return [(at, work.get(rid, mean)) for rid, at in arrivals.items()]
 
 
 def _loads_table(loads: pd.DataFrame, before: float) -> dict[tuple[str, str], float]:

@@ -326,3 +326,68 @@ def test_export_refuses_two_tables_in_one_csv() -> None:
         call_command(
             "analytics_export", "--format", "csv", "--table", "requests", "--table", "loads"
         )
+
+
+def test_lent_requests_are_matched_by_request_id() -> None:
+    import pandas as pd
+
+    from lending.whatif import Selection, _arrivals
+
+    pick = Selection("text", "o", "big", "h", "fast")
+
+    def req(
+        node: str, model: str, rid: str, start: float, tokens: int, borrowed: bool
+    ) -> dict[str, Any]:
+        return {
+            "node_id": node,
+            "model_id": model,
+            "request_id": rid,
+            "borrowed": borrowed,
+            "started_at": start,
+            "prompt_tokens": PROMPT,
+            "output_tokens": tokens,
+        }
+
+    requests = pd.DataFrame(
+        [
+            # b was lent, came back and ran on the owner.
+            req("o", "big", "b", 100.0, 7, False),
+            # The helper's rows, in the opposite order of lending.
+            req("h", "fast", "c", 100.5, 30, True),
+            req("h", "fast", "a", 100.6, 20, True),
+        ]
+    )
+    lent = [("a", 100.2, 150), ("b", 100.3, 250), ("c", 100.4, 350)]
+    decisions = pd.DataFrame(
+        [
+            {
+                "kind": "dispatch",
+                "outcome": "lent",
+                "node_id": "o",
+                "owner_model_id": "big",
+                "lane": "text",
+                "request_id": rid,
+                "recorded_at": at,
+                "wait_ms": wait,
+            }
+            for rid, at, wait in lent
+        ]
+        + [
+            {
+                "kind": "dispatch",
+                "outcome": "returned",
+                "node_id": "o",
+                "owner_model_id": "big",
+                "lane": "text",
+                "request_id": "b",
+                "recorded_at": 100.35,
+                "wait_ms": 0,
+            }
+        ]
+    )
+    arrivals = sorted(_arrivals(requests, decisions, pick))
+    assert arrivals == [
+        (pytest.approx(100.0), (PROMPT, 7.0)),  # b: its own row on the owner
+        (pytest.approx(100.05), (PROMPT, 20.0)),  # a: arrived 150 ms before it was lent
+        (pytest.approx(100.05), (PROMPT, 30.0)),  # c: 350 ms before
+    ]
