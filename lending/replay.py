@@ -14,7 +14,8 @@ which runs it.
 
 The hold for a faster helper follows lending/hold.py: a slot behind a running job stays empty
 while a priced lease's lent slots are all busy and the helper is predicted to finish the next
-request sooner. Not modelled: network time between nodes, restores.
+request sooner; the request held goes first when a lent slot frees (lending/queue.py).
+Not modelled: network time between nodes, restores.
 """
 
 from __future__ import annotations
@@ -152,6 +153,7 @@ class _Sim:
         self.leases: dict[int, int] = {}
         self.timeline: list[tuple[float, int, int]] = []
         self.hold_deadline: dict[int, float] = {}
+        self.holding: _Job | None = None
         self.current_burst = 0
         for request in requests:
             self._push(request.at_ms, "arrive", request)
@@ -218,6 +220,8 @@ class _Sim:
             job = min(self.held, key=lambda j: (not j.returned, j.request.at_ms, j.seq))
             if self.admitted and self._hold(job):
                 break
+            if self.holding is job:
+                self.holding = None
             self.held.remove(job)
             job.admitted_at = self.now
             self.admitted.append(job)
@@ -263,6 +267,7 @@ class _Sim:
         deadline = self.hold_deadline.setdefault(job.seq, helper + service)
         if self.now > deadline or helper >= owner:
             return False
+        self.holding = job
         self._push(deadline + 1.0, "release", None)
         return True
 
@@ -414,8 +419,13 @@ class _Sim:
             lendable = [j for j in self.held if not j.returned]
             if not lendable:
                 break
-            # Largest first by the owner's price; newest first among equals.
-            job = max(lendable, key=lambda j: (j.price, j.request.at_ms, j.seq))
+            # The request held for the helper goes first (it was kept for exactly this), then
+            # the largest by the owner's price, newest first among equals.
+            if self.holding is not None and self.holding in lendable:
+                job = self.holding
+                self.holding = None
+            else:
+                job = max(lendable, key=lambda j: (j.price, j.request.at_ms, j.seq))
             self.held.remove(job)
             job.lent = True
             job.lent_at = self.now

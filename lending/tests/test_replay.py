@@ -391,3 +391,23 @@ def test_lent_requests_are_matched_by_request_id() -> None:
         (pytest.approx(100.05), (PROMPT, 20.0)),  # a: arrived 150 ms before it was lent
         (pytest.approx(100.05), (PROMPT, 30.0)),  # c: 350 ms before
     ]
+
+
+def test_the_request_held_for_the_helper_is_the_next_one_lent() -> None:
+    # Recorded on a real cluster: the helper runs a little slower than its fit says, so a
+    # request held for it would reach its release time just before a lent slot frees. The
+    # owner lends the held request first when a slot frees, so the helper still takes all ten.
+    slow_truth = Pair(**{**pair().__dict__, "helper_truth": fit(HELPER_BASE, 2.85)})
+    known = CostTable(
+        fits={
+            ("o", "big", "llm"): fit(OWNER_BASE, OWNER_PER_TOKEN),
+            ("h", "fast", "llm"): fit(HELPER_BASE, 2.6),
+        },
+        loads={},
+    )
+    recorded = Pair(**{**slow_truth.__dict__, "known": known})
+    work = (float(PROMPT), float(TOKENS))
+    arrivals = [Request(0.0, work), Request(241.0, work)] + [Request(290.0, work)] * 10
+    (result,) = replay(recorded, DEFAULTS, arrivals)
+    assert result.lent == 10
+    assert result.makespan_ms == pytest.approx(2 * owner_ms(TOKENS))
