@@ -191,13 +191,18 @@ def test_filters_are_applied_by_the_server(tab: Any) -> None:
     assert "req-lent-1" in tab.locator("#decisions tr.detail").inner_text()
     tab.fill("#f-request", "")
     tab.locator("#f-request").dispatch_event("change")
+    tab.wait_for_function("document.querySelector('#log-status').innerText.includes('of 62')")
     # A custom range around the repeated decision only.
     now_ms = tab.evaluate("Date.now()")
     tab.select_option("#f-window", "custom")
     tab.fill("#f-from", _local(tab, now_ms - 90_000))
     tab.fill("#f-to", _local(tab, now_ms + 60_000))
     tab.locator("#f-to").dispatch_event("change")
-    tab.wait_for_function("document.querySelector('#log-status').innerText.includes('of 1 ')")
+    tab.wait_for_function(
+        "document.querySelector('#log-status').innerText.includes('of 1 ')"
+        " && document.querySelector('#decisions tr.group').innerText.includes('twin')"
+        " && document.querySelector('#decisions tr.group').innerText.includes('skipped')"
+    )
     assert "\u00d710" in tab.locator("#decisions tr.group").first.inner_text()
 
 
