@@ -1,6 +1,6 @@
 """The router's ASGI front: client inference paths and the node protocol, ahead of Django.
 
-`ProxyApp` claims the client paths of `proxy.handlers.ROUTES` and everything under
+`ProxyApp` claims the client paths of `proxy.handlers.route_for` and everything under
 `/router/v1/node/`; every other request (management API, admin, WebUI) falls through to Django,
 a management request only once its admin key is checked, before Django reads its body.
 
@@ -24,7 +24,7 @@ from django.conf import settings
 from proxy import observe
 from proxy.forwarding import JSON, ASGIApp, Ctx, Receive, Scope, Send
 from proxy.gate import Gate, Refusal, parse_address
-from proxy.handlers import ROUTES, Handler
+from proxy.handlers import Handler, route_for
 from proxy.node import Node, get_node
 from proxy.nodeapi import NODE_PREFIX, node_route
 from routerproject import request_ids
@@ -83,7 +83,7 @@ class ProxyApp:
             await ctx.start(refusal.status, [(b"content-type", JSON), *refusal.headers])
             await ctx.end(refusal.body(path))
             return
-        route = ROUTES.get(path)
+        route = route_for(path)
         cluster_call = False
         if route is None:
             if not path.startswith(NODE_PREFIX):

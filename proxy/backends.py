@@ -43,6 +43,12 @@ class Launch:
         return self.paths.get(path, path)
 
 
+def auth_headers(cfg: ModelConfig) -> dict[str, str]:
+    """The Bearer key the config's backend wants on every call, probes included."""
+    key = cfg.upstream_api_key
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 def runtime_lane(cfg: ModelConfig, lane: Lane) -> Lane:
     """Which node runtime serves this lane of this config.
 
@@ -91,7 +97,7 @@ def build_launch(cfg: ModelConfig, lane: Lane, *, config: RouterConfig, port: in
     if mode == "sim":
         weights = _weights_for(cfg, lane)
         argv = [sys.executable, "-m", "proxy.sim", "-m", weights, "--host", host]
-        argv += ["--port", str(port), "-a", cfg.local_id]
+        argv += ["--port", str(port), "-a", cfg.served_model]
         if cfg.context_size:
             argv += ["-c", str(cfg.context_size)]
         if cfg.parallel:
@@ -123,7 +129,7 @@ def _llama(cfg: ModelConfig, config: RouterConfig, host: str, port: int, base: s
     if external:
         return external
     argv = [_binary(config, "llama"), "-m", _weights_for(cfg, "text"), "--host", host]
-    argv += ["--port", str(port), "--alias", cfg.local_id]
+    argv += ["--port", str(port), "--alias", cfg.served_model]
     if cfg.context_size:
         argv += ["-c", str(cfg.context_size)]
     if cfg.parallel:
@@ -163,7 +169,7 @@ def _vllm(cfg: ModelConfig, config: RouterConfig, host: str, port: int, base: st
     if external:
         return external
     argv = [_binary(config, "vllm"), "serve", _weights_for(cfg, "text"), "--host", host]
-    argv += ["--port", str(port), "--served-model-name", cfg.local_id]
+    argv += ["--port", str(port), "--served-model-name", cfg.served_model]
     if cfg.context_size:
         argv += ["--max-model-len", str(cfg.context_size)]
     if cfg.parallel:

@@ -159,7 +159,21 @@ def _client_schemas() -> dict[str, Schema]:
         "OllamaChatRequest": _obj(
             {
                 "model": model,
-                "messages": _array(_map({})),
+                "messages": _array(
+                    _map({}),
+                    "Empty or absent: only load the model (unload it with keep_alive 0). "
+                    "Assistant messages may carry tool_calls, and a tool message names its "
+                    "tool by tool_name.",
+                ),
+                "tools": _array(_map({}), "Functions the model may call (OpenAI's schema)."),
+                "think": {
+                    "anyOf": [_bool(), _str(enum=["low", "medium", "high"])],
+                    "description": "Ask a thinking model to think (or not).",
+                },
+                "keep_alive": {
+                    "type": ["string", "number"],
+                    "description": "0 unloads the model once answered.",
+                },
                 "stream": _bool("Answer as NDJSON (the default).", default=True),
                 "options": _map({}),
                 "format": {"type": ["string", "object"]},
@@ -169,9 +183,14 @@ def _client_schemas() -> dict[str, Schema]:
         "OllamaGenerateRequest": _obj(
             {
                 "model": model,
-                "prompt": _str(),
+                "prompt": _str("Empty or absent: only load the model."),
                 "system": _str(),
                 "images": _array(_str(contentEncoding="base64")),
+                "think": {"anyOf": [_bool(), _str(enum=["low", "medium", "high"])]},
+                "keep_alive": {
+                    "type": ["string", "number"],
+                    "description": "0 unloads the model once answered.",
+                },
                 "stream": _bool("Answer as NDJSON (the default).", default=True),
                 "options": _map({}),
                 "format": {"type": ["string", "object"]},
@@ -217,6 +236,34 @@ def _client_schemas() -> dict[str, Schema]:
             required=("details", "model_info", "capabilities"),
         ),
         "OllamaVersion": _obj({"version": _str()}, required=("version",)),
+        "OpenAIModel": _obj(
+            {
+                "id": _str(),
+                "object": _str(const="model"),
+                "created": _int(),
+                "owned_by": _str(),
+            },
+            required=("id", "object", "created", "owned_by"),
+        ),
+        "KoboldModel": _obj(
+            {"result": _str("`koboldcpp/<model>`, or `ReadOnly` when no one model is meant.")},
+            required=("result",),
+        ),
+        "KoboldVersion": _obj(
+            {
+                "result": _str(const="KoboldCpp"),
+                "version": _str(),
+                "protected": _bool("Whether an inference key is needed."),
+                "txt2img": _bool(),
+                "vision": _bool(),
+                "transcribe": _bool(),
+                "embeddings": _bool(),
+                "multiplayer": _bool(),
+                "websearch": _bool(),
+                "tts": _bool(),
+            },
+            required=("result", "version"),
+        ),
         "SdModel": _obj(
             {
                 "title": _str(),
@@ -445,6 +492,29 @@ def client_paths() -> dict[str, Schema]:
                 _json_response("The models.", _ref("OpenAIModelList")),
             )
         },
+        "/v1/models/{model}": {
+            "get": {
+                **_client_op(
+                    "openaiModel",
+                    "One model (the OpenAI SDK's models.retrieve)",
+                    "Client: OpenAI",
+                    _json_response("The model.", _ref("OpenAIModel")),
+                ),
+                "parameters": [
+                    {
+                        "name": "model",
+                        "in": "path",
+                        "required": True,
+                        "schema": _str("Public model ID."),
+                    }
+                ],
+                "responses": {
+                    "200": _json_response("The model.", _ref("OpenAIModel")),
+                    **_client_errors(),
+                    "404": _error("No such model (code model_not_found)."),
+                },
+            }
+        },
         "/v1/chat/completions": {
             "post": _client_op(
                 "openaiChat",
@@ -584,6 +654,22 @@ def client_paths() -> dict[str, Schema]:
                 "Client: images",
                 _json_response("The images.", _ref("BackendAnswer")),
                 body=_json_body(_ref("Txt2ImgRequest")),
+            )
+        },
+        "/api/v1/model": {
+            "get": _client_op(
+                "koboldModel",
+                "The model a Kobold generate without a model runs",
+                "Client: Kobold",
+                _json_response("The model.", _ref("KoboldModel")),
+            )
+        },
+        "/api/extra/version": {
+            "get": _client_op(
+                "koboldVersion",
+                "What KoboldCpp clients check on connect: name, version, features",
+                "Client: Kobold",
+                _json_response("The server.", _ref("KoboldVersion")),
             )
         },
         "/api/v1/generate": {

@@ -20,8 +20,8 @@ import orjson
 
 from guardians.routing import REFUSAL_STATUSES, ImageRefused, is_image_refusal
 from lending.flow import Turn
-from proxy import metrics, translate, work
-from proxy.backends import Launch
+from proxy import metrics, stt, translate, work
+from proxy.backends import Launch, auth_headers
 from proxy.inflight import Forward
 from proxy.node import Node
 from proxy.rewrite import (
@@ -34,6 +34,7 @@ from proxy.rewrite import (
 )
 from proxy.runtimes import Runtime
 from proxy.streamusage import TEXT_STREAM_PATHS, UsageStripper, ask_for_usage
+from registry.bodies import InvalidRequestJSON, set_body_model
 from registry.cluster import Replica
 from registry.httpclient import get_session
 from registry.kcpps import Lane, ModelConfig
@@ -220,6 +221,11 @@ class Job:
     taken out of what the client sees."""
     not_sent: bool = False
     """Never reached the backend (it is retried): no analytics row of its own."""
+    foreign_name: bool = False
+    """The backend may answer under a name of its own (an upstream server, KoboldCpp, a
+    served name): the answer's model is rewritten to the public ID whatever it says."""
+    model_header: str | None = None
+    """The client's `X-Tensors-Model`, already set to the ID the backend serves."""
 
 
 async def _acquire(runtime: Runtime, job: Job, *, borrowed: bool = False) -> Launch:
@@ -231,7 +237,10 @@ async def _acquire(runtime: Runtime, job: Job, *, borrowed: bool = False) -> Lau
 
 
 def _backend_headers(job: Job) -> dict[str, str]:
-    return {"Content-Type": job.content_type.decode("latin-1")}
+    headers = {"Content-Type": job.content_type.decode("latin-1"), **auth_headers(job.cfg)}
+    if job.model_header is not None:
+        headers["X-Tensors-Model"] = job.model_header
+    return headers
 
 
 def _outcome(ctx: Ctx, failure: RouterError | None) -> int:
@@ -323,6 +332,11 @@ async def forward(ctx: Ctx, node: Node, job: Job, shape: Shaper) -> None:
             ctx.backend = f"{job.lane}/lent"
             return
         ctx.backend = f"{job.lane}/{launch.family}"
+        # A server the router did not start (or started under a served name) may answer
+        # under any name; a backend it started answers under the ID it was given.
+        job.foreign_name = (
+            launch.argv is None or launch.family == "kobold" or job.cfg.upstream_model is not None
+        )
         try:
             url = launch.base_url + launch.backend_path(job.backend_path)
             session = get_session()
@@ -366,16 +380,34 @@ async def forward(ctx: Ctx, node: Node, job: Job, shape: Shaper) -> None:
 
 
 def _backend_body(job: Job) -> bytes:
-    """The body for the backend: a text stream always asks for its usage (streamusage.py)."""
+    """The body for the backend: under the model name it serves, and a text stream always
+    asks for its usage (streamusage.py)."""
+    body = job.body
+    served = job.cfg.upstream_model
+    if served is not None and job.lane != "image" and served != job.model_id:
+        # Set here, at the last step, so that everything before (pricing, lending, a body
+        # lent to a helper) sees the router's own model IDs.
+        body = _served_body(job, served)
     if not (
         job.stream and job.backend_path in TEXT_STREAM_PATHS and job.content_type.startswith(JSON)
     ):
-        return job.body
-    asked = ask_for_usage(job.body)
+        return body
+    asked = ask_for_usage(body)
     if asked is None:
-        return job.body
+        return body
     job.hide_usage = True
     return asked
+
+
+def _served_body(job: Job, served: str) -> bytes:
+    if job.content_type.startswith(JSON):
+        try:
+            return set_body_model(job.body, served)
+        except InvalidRequestJSON:
+            return job.body
+    if job.content_type.startswith(b"multipart/"):
+        return stt.replace_multipart_model(job.body, job.model_id, served)
+    return job.body
 
 
 async def _check_refusal(ctx: Ctx, resp: aiohttp.ClientResponse) -> None:
@@ -415,7 +447,7 @@ def _content_type(resp: aiohttp.ClientResponse) -> bytes:
 async def shape_openai(ctx: Ctx, job: Job, resp: aiohttp.ClientResponse) -> None:
     """Pass an OpenAI answer through, rewriting the model to the public ID when they differ."""
     ctype = _content_type(resp)
-    rewrite = job.public_id != job.model_id and job.lane != "whisper"
+    rewrite = (job.public_id != job.model_id or job.foreign_name) and job.lane != "whisper"
     if ctype.startswith(SSE):
         await ctx.start(
             resp.status,
@@ -591,6 +623,7 @@ async def forward_remote(
     content_type: bytes = JSON,
     guardian_fallback: bool = False,
     guardian_restore: bool = False,
+    model_header: str | None = None,
 ) -> None:
     """Send the request to the node holding `replica` and stream its answer back.
 
@@ -614,6 +647,8 @@ async def forward_remote(
     }
     if guardian_restore:
         headers["X-Tensors-Guardian-Restore"] = "1"
+    if model_header is not None:
+        headers["X-Tensors-Model"] = model_header
     ctx.served_node = replica.node_id
     ctx.backend = "node"
     waited = time.monotonic()

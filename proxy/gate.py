@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from proxy.handlers import ROUTES
+from proxy.handlers import route_for
 from proxy.nodeapi import NODE_PREFIX
 from routerproject.api import (
     MANAGEMENT_PREFIX,
@@ -173,7 +173,11 @@ class Gate:
 
     def host_refusal(self, path: str, header: HeaderLookup) -> Refusal | None:
         """`server.allowed_hosts`, for what a browser reaches (not inference or node routes)."""
-        if self.browser_hosts is None or path in ROUTES or path.startswith(NODE_PREFIX):
+        if (
+            self.browser_hosts is None
+            or route_for(path) is not None
+            or path.startswith(NODE_PREFIX)
+        ):
             return None
         host_header = header(b"host")
         if host_header is None:
@@ -244,7 +248,7 @@ class Gate:
 
     def key_refusal(self, method: str, path: str, header: HeaderLookup) -> Refusal | None:
         """The key rules of `proxy.app.ProxyApp`, in its order (node token, method, key)."""
-        route = ROUTES.get(path)
+        route = route_for(path)
         if route is None:
             if path.startswith(NODE_PREFIX):
                 return self._node_refusal(header)

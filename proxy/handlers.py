@@ -6,6 +6,7 @@ a local runtime (`forward`) or to the node that holds the model (`forward_remote
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import time
@@ -34,9 +35,10 @@ from proxy.forwarding import (
     shape_openai,
 )
 from proxy.node import Node
-from registry.bodies import set_body_model
+from registry import services as registry_services
+from registry.bodies import set_body_model, set_image_body_model
 from registry.cluster import Replica
-from registry.routing import Kind, candidates, choose, lane_of, require_view, resolve
+from registry.routing import Kind, candidates, choose, lane_of, not_found, require_view, resolve
 from routerproject.errors import RouterError, echo, is_ollama_path
 
 Handler = Callable[[Ctx, Node], Awaitable[None]]
@@ -45,6 +47,8 @@ logger = logging.getLogger(__name__)
 
 RunOn = Callable[[Replica, bool], Awaitable[None]]
 Serve = Callable[[Replica], Awaitable[None]]
+
+MODEL_HEADER = b"x-tensors-model"
 
 
 def _dispatch(
@@ -185,7 +189,15 @@ async def _serve(
     served_id = replica.local_id
     if kind == "image":
         served_id = str(replica.record.get("image_id") or replica.local_id)
-    if content_type.startswith(b"application/json"):
+    model_header: str | None = None
+    if kind == "image":
+        header = ctx.header(MODEL_HEADER)
+        if header is not None:
+            given = header.decode("latin-1")
+            model_header = served_id if given.strip() == public_id else given
+        if content_type.startswith(b"application/json"):
+            body = set_image_body_model(body, public_id, served_id)
+    elif content_type.startswith(b"application/json"):
         body = _with_model(body, public_id, served_id)
     # Only a request that could still go elsewhere watches for the backend refusing its image:
     # a guardian must be set, and this must not already be that guardian.
@@ -210,6 +222,7 @@ async def _serve(
             content_type=content_type,
             guardian_fallback=fallback,
             guardian_restore=guardian_restore,
+            model_header=model_header,
         )
         return
     job = Job(
@@ -227,6 +240,7 @@ async def _serve(
         has_image=has_image,
         guardian_fallback=fallback,
         guardian_restore=guardian_restore,
+        model_header=model_header,
     )
     await forward(ctx, node, job, shape)
 
@@ -315,6 +329,9 @@ def _default_embeddings(node: Node) -> str:
 async def handle_images(ctx: Ctx, node: Node) -> None:
     doc = parse_json_body(ctx)
     model = doc.get("model")
+    if model in (None, "") and ctx.header(MODEL_HEADER):
+        # The reference's last selector: sd-server clients may name the model in a header.
+        model = (ctx.header(MODEL_HEADER) or b"").decode("latin-1").strip()
     if model in (None, "") and ctx.path.startswith("/sdapi/"):
         override = doc.get("override_settings")
         if isinstance(override, dict):
@@ -408,9 +425,13 @@ async def handle_ollama(ctx: Ctx, node: Node) -> None:
             path, body_doc, stream = translate.ollama_chat_request(doc)
         else:
             path, body_doc, stream = translate.ollama_generate_request(doc)
+        keep_alive = translate.keep_alive_seconds(doc)
     except translate.TranslationError as exc:
         raise RouterError(400, str(exc), param=exc.param) from exc
     has_image = body_has_image(body_doc)
+    if translate.is_load_request(kind, doc) and replica.cfg is not None:
+        await _ollama_load(ctx, node, replica, kind, unload=keep_alive == 0)
+        return
 
     def run(target: Replica, restore: bool) -> Awaitable[None]:
         if target.cfg is None:
@@ -442,7 +463,50 @@ async def handle_ollama(ctx: Ctx, node: Node) -> None:
             guardian_restore=restore,
         )
 
-    await _dispatch(ctx, node, model, replica, has_image, run)
+    try:
+        await _dispatch(ctx, node, model, replica, has_image, run)
+    finally:
+        if keep_alive == 0 and replica.cfg is not None:
+            # As Ollama: `keep_alive: 0` unloads the model once the answer is out. The unload
+            # waits for requests still running on it, so it runs apart from this request.
+            _unload_later(node, replica.local_id)
+
+
+_background: set[asyncio.Task[Any]] = set()
+"""Unloads asked by `keep_alive: 0`, kept referenced until they finish."""
+
+
+def _unload_later(node: Node, local_id: str) -> None:
+    task = asyncio.ensure_future(_unload(node, local_id))
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+
+
+async def _unload(node: Node, local_id: str) -> None:
+    try:
+        await registry_services.model_unload_local(node=node, model_id=local_id, target=None)
+    except Exception:
+        logger.exception("unloading %s after keep_alive 0 failed", local_id)
+
+
+async def _ollama_load(ctx: Ctx, node: Node, replica: Replica, kind: str, *, unload: bool) -> None:
+    """Ollama's load request (no messages, no prompt): load the model, or unload it with
+    `keep_alive: 0`, and answer with an empty `done` record saying which."""
+    if unload:
+        await registry_services.model_unload_local(
+            node=node, model_id=replica.local_id, target=None
+        )
+    else:
+        await registry_services.model_load_local(node=node, model_id=replica.local_id)
+    now_ns = time.time_ns()
+    record: dict[str, Any] = {"model": ctx.model, "created_at": translate.rfc3339_utc(now_ns)}
+    if kind == "chat":
+        record["message"] = {"role": "assistant", "content": ""}
+    else:
+        record["response"] = ""
+    record["done"] = True
+    record["done_reason"] = "unload" if unload else "load"
+    await ctx.json(200, record)
 
 
 async def handle_ollama_embed(ctx: Ctx, node: Node) -> None:
@@ -501,7 +565,8 @@ async def handle_ollama_show(ctx: Ctx, node: Node) -> None:
     family = str(rec.get("backend_mode") or "llama")
     capabilities = []
     if rec.get("has_llm"):
-        capabilities.append("completion")
+        # Tool calls go through the chat template of any OpenAI-compatible backend.
+        capabilities += ["completion", "tools"]
     if rec.get("has_multimodal"):
         capabilities.append("vision")
     if rec.get("has_embeddings"):
@@ -615,13 +680,84 @@ def _listed(node: Node) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
+def _openai_model(public_id: str, rec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": public_id,
+        "object": "model",
+        "created": rec.get("created", 0),
+        "owned_by": "router",
+    }
+
+
 async def handle_models(ctx: Ctx, node: Node) -> None:
     require_view(node)
-    data = [
-        {"id": pid, "object": "model", "created": rec.get("created", 0), "owned_by": "router"}
-        for pid, rec in _listed(node)
-    ]
+    data = [_openai_model(pid, rec) for pid, rec in _listed(node)]
     await ctx.json(200, {"object": "list", "data": data})
+
+
+MODEL_PATH_PREFIX = "/v1/models/"
+
+
+async def handle_model(ctx: Ctx, node: Node) -> None:
+    """`GET /v1/models/{id}` (the OpenAI SDK's `models.retrieve`): one entry of the list."""
+    wanted = ctx.path[len(MODEL_PATH_PREFIX) :]
+    for public_id, rec in _listed(node):
+        if public_id == wanted:
+            await ctx.json(200, _openai_model(public_id, rec))
+            return
+    raise not_found(wanted)
+
+
+# What KoboldCpp says of itself; clients (KoboldAI Lite, SillyTavern) read the name and the
+# version to tell KoboldCpp from other servers and to know which of its APIs exist.
+KOBOLD_NAME = "KoboldCpp"
+KOBOLD_API_VERSION = "1.98"
+
+
+async def handle_kobold_model(ctx: Ctx, node: Node) -> None:
+    """`GET /api/v1/model`: the model a Kobold client's generate would run."""
+    try:
+        model = _loaded_text_model(node)
+    except RouterError:
+        # No single text model to name: KoboldCpp says so with its read-only marker, and the
+        # client then names a model itself (or asks the user to).
+        await ctx.json(200, {"result": "ReadOnly"})
+        return
+    await ctx.json(200, {"result": f"koboldcpp/{model}"})
+
+
+async def handle_kobold_version(ctx: Ctx, node: Node) -> None:
+    """`GET /api/extra/version`: the name, version and features a Kobold client checks."""
+    records = [
+        r.record
+        for replicas in node.cluster.by_public_id.values()
+        for r in replicas
+        if not r.record.get("disabled")
+    ]
+
+    def any_has(key: str) -> bool:
+        return any(bool(rec.get(key)) for rec in records)
+
+    await ctx.json(
+        200,
+        {
+            "result": KOBOLD_NAME,
+            "version": KOBOLD_API_VERSION,
+            "protected": bool(node.config.auth.inference_keys),
+            "txt2img": bool(_enabled_image_ids(node)),
+            "vision": any_has("has_multimodal"),
+            "transcribe": any_has("has_voice"),
+            "embeddings": any_has("has_embeddings"),
+            "multiplayer": False,
+            "websearch": False,
+            "tts": False,
+        },
+    )
+
+
+async def handle_unknown_ollama(ctx: Ctx, node: Node) -> None:
+    # Ollama clients read `{"error": …}`; the OpenAI envelope would reach them as gibberish.
+    raise RouterError(404, f"endpoint not found: {ctx.method} {ctx.path}", type="not_found")
 
 
 def _ollama_entry(public_id: str, rec: dict[str, Any]) -> dict[str, Any]:
@@ -700,6 +836,7 @@ ROUTES: dict[str, tuple[frozenset[str], Handler, bool]] = {
     # path: (methods, handler, whether an inference key is required)
     "/ping": (GET, handle_ping, False),
     "/v1/models": (GET, handle_models, True),
+    "/v1/models/{model}": (GET, handle_model, True),
     "/v1/chat/completions": (POST, handle_openai_text, True),
     "/v1/completions": (POST, handle_openai_text, True),
     "/v1/embeddings": (POST, handle_embeddings, True),
@@ -716,8 +853,28 @@ ROUTES: dict[str, tuple[frozenset[str], Handler, bool]] = {
     "/api/embeddings": (POST, handle_ollama_embed, True),
     "/api/show": (POST, handle_ollama_show, True),
     "/api/v1/generate": (POST, handle_kobold, True),
+    "/api/v1/model": (GET, handle_kobold_model, True),
+    "/api/extra/version": (GET, handle_kobold_version, True),
     # Operations: orchestrators' probes need no key; /metrics checks the admin key itself.
     "/healthz": (GET, observe.handle_healthz, False),
     "/readyz": (GET, observe.handle_readyz, False),
     "/metrics": (GET, observe.handle_metrics, False),
 }
+
+
+ALL_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+# Kobold's own paths share Ollama's `/api/` prefix; an unknown one is not Ollama's.
+KOBOLD_PREFIXES = ("/api/v1/", "/api/extra/")
+_UNKNOWN_OLLAMA = (ALL_METHODS, handle_unknown_ollama, False)
+
+
+def route_for(path: str) -> tuple[frozenset[str], Handler, bool] | None:
+    """The route of a client path: exact, a model under `/v1/models/`, or Ollama's 404."""
+    route = ROUTES.get(path)
+    if route is not None:
+        return route
+    if path.startswith(MODEL_PATH_PREFIX) and len(path) > len(MODEL_PATH_PREFIX):
+        return ROUTES["/v1/models/{model}"]
+    if path.startswith("/api/") and not path.startswith(KOBOLD_PREFIXES):
+        return _UNKNOWN_OLLAMA
+    return None

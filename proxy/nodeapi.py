@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 
 from proxy.forwarding import Ctx, parse_json_body
-from proxy.handlers import GET, POST, ROUTES, Handler
+from proxy.handlers import GET, POST, Handler, route_for
 from proxy.node import Node, catch_up_if_stale
 from registry import services
 from registry.api.serializers import NodeModelStateSerializer, RuntimeUnloadSerializer
@@ -239,7 +239,7 @@ async def handle_offload_request(ctx: Ctx, node: Node) -> None:
     model = (ctx.header(b"x-tensors-offload-owner-model") or b"").decode()
     path = (ctx.header(b"x-tensors-offload-path") or b"").decode()
     lane = "text" if ctx.header(b"x-tensors-offload-lane") == b"text" else "image"
-    route = ROUTES.get(path)
+    route = route_for(path)
     if not owner or not model or route is None or not path.startswith("/") or path.startswith("//"):
         raise RouterError(400, "lent request needs owner, model and a valid inference path")
     master = get_master(node)
@@ -466,7 +466,7 @@ def node_route(path: str) -> Route:
         inner = path[len(INFERENCE_PREFIX) :]
         if inner.startswith("//") or inner.startswith("/\\"):
             return (ANY, handle_not_found, False)
-        client_route = ROUTES.get(inner)
+        client_route = route_for(inner)
         if client_route is not None:
             methods, handler, _ = client_route
             return (methods, _inner(handler, inner), False)

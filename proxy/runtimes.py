@@ -31,7 +31,7 @@ from typing import Any
 import aiohttp
 
 from analytics.recorder import LoadEvent
-from proxy.backends import Launch, LaunchError, build_launch, runtime_lane
+from proxy.backends import Launch, LaunchError, auth_headers, build_launch, runtime_lane
 from proxy.logfiles import rotate_if_large
 from proxy.readiness import is_ready, probe_path
 from registry.httpclient import get_session
@@ -400,6 +400,7 @@ class Runtime:
         session = get_session()
         url = launch.base_url + probe_path(launch.probe)
         timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_SECS)
+        headers = auth_headers(cfg)
         while True:
             if self.process is not None and self.process.returncode is not None:
                 tail = self._log_tail()
@@ -408,7 +409,7 @@ class Runtime:
                     + (f": {tail}" if tail else "")
                 )
             try:
-                async with session.get(url, timeout=timeout) as resp:
+                async with session.get(url, timeout=timeout, headers=headers) as resp:
                     body = await resp.read()
                     if is_ready(launch.probe, resp.status, body, flag=launch.flag):
                         return

@@ -13,6 +13,7 @@ from typing import Any, Literal
 import orjson
 
 from proxy.rewrite import LineBuffer, split_lines
+from routerproject.durations import parse_duration_ns
 
 CHAT_COMPLETIONS_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
@@ -191,6 +192,67 @@ def _content_with_images(text: str, images: list[str]) -> str | list[JSONDict]:
     return parts
 
 
+def _call_arguments(value: Any, param: str) -> str:
+    # Ollama holds a call's arguments as an object; OpenAI as that object's JSON text.
+    if value is None:
+        return "{}"
+    if isinstance(value, dict):
+        return orjson.dumps(value).decode()
+    if isinstance(value, str):
+        return value
+    raise TranslationError(f"{param} must be an object", param)
+
+
+def _history_tool_calls(value: Any, param: str, index: int) -> list[JSONDict]:
+    """An assistant message's Ollama tool calls as OpenAI's, each with an ID of its own."""
+    if not isinstance(value, list):
+        raise TranslationError(f"{param} must be a list", param)
+    calls: list[JSONDict] = []
+    for number, call in enumerate(value):
+        where = f"{param}[{number}]"
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict):
+            raise TranslationError(f"{where}.function must be an object", f"{where}.function")
+        name = function.get("name")
+        if not isinstance(name, str) or not name:
+            raise TranslationError(
+                f"{where}.function.name must be a string", f"{where}.function.name"
+            )
+        # Ollama clients rarely keep the ID they were given; one made from the position is
+        # stable for the whole conversation, so the tool's answer can name the call it answers.
+        call_id = call.get("id") if isinstance(call.get("id"), str) and call.get("id") else None
+        calls.append(
+            {
+                "id": call_id or f"call_{index}_{number}",
+                "type": "function",
+                "function": {
+                    "name": name,
+                    "arguments": _call_arguments(
+                        function.get("arguments"), f"{where}.function.arguments"
+                    ),
+                },
+            }
+        )
+    return calls
+
+
+def _answered_call(pending: list[tuple[str, str]], message: JSONDict, param: str) -> str:
+    """The ID of the call a tool result answers: named by ID, else by tool name, else the
+    oldest call not answered yet."""
+    given = message.get("tool_call_id")
+    chosen: tuple[str, str] | None
+    if isinstance(given, str) and given:
+        chosen = next((c for c in pending if c[0] == given), (given, ""))
+    else:
+        name = _optional_str(message, "tool_name", f"{param}.tool_name")
+        chosen = next((c for c in pending if c[1] == name), pending[0] if pending else None)
+    if chosen is None:
+        raise TranslationError(f"{param} is a tool result but no tool call comes before it", param)
+    if chosen in pending:
+        pending.remove(chosen)
+    return chosen[0]
+
+
 def _ollama_messages(value: Any) -> list[JSONDict]:
     # An absent list is Ollama's "just load the model" request; the router decides
     # what to do with it, so it is translated rather than refused here.
@@ -199,6 +261,7 @@ def _ollama_messages(value: Any) -> list[JSONDict]:
     if not isinstance(value, list):
         raise TranslationError("messages must be a list", "messages")
     messages: list[JSONDict] = []
+    pending: list[tuple[str, str]] = []  # (call ID, tool name) of calls not yet answered
     for index, message in enumerate(value):
         param = f"messages[{index}]"
         if not isinstance(message, dict):
@@ -208,8 +271,51 @@ def _ollama_messages(value: Any) -> list[JSONDict]:
             raise TranslationError(f"{param}.role must be a string", f"{param}.role")
         content = _optional_str(message, "content", f"{param}.content") or ""
         images = _images(message.get("images"), f"{param}.images")
-        messages.append({"role": role, "content": _content_with_images(content, images)})
+        out: JSONDict = {"role": role, "content": _content_with_images(content, images)}
+        if message.get("tool_calls") is not None:
+            calls = _history_tool_calls(message["tool_calls"], f"{param}.tool_calls", index)
+            out["tool_calls"] = calls
+            pending.extend((c["id"], c["function"]["name"]) for c in calls)
+        if role == "tool":
+            out["tool_call_id"] = _answered_call(pending, message, param)
+        messages.append(out)
     return messages
+
+
+def _ollama_tools(body: JSONDict, out: JSONDict) -> None:
+    # Ollama's tool schema is OpenAI's ({"type": "function", "function": {...}}).
+    tools = body.get("tools")
+    if tools is None:
+        return
+    if not isinstance(tools, list):
+        raise TranslationError("tools must be a list", "tools")
+    for index, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise TranslationError(
+                f"tools[{index}] must be an object with function.name", f"tools[{index}]"
+            )
+    if tools:
+        out["tools"] = [{"type": "function", **tool} for tool in tools]
+
+
+# Ollama's `think` levels, which OpenAI-compatible servers take as `reasoning_effort`.
+THINK_LEVELS = frozenset({"low", "medium", "high"})
+
+
+def _ollama_think(body: JSONDict, out: JSONDict) -> None:
+    """`think` as the backends take it: a chat-template switch (llama-server and vLLM read
+    `enable_thinking`), and a level as `reasoning_effort`."""
+    think = body.get("think")
+    if think is None:
+        return
+    if isinstance(think, bool):
+        out["chat_template_kwargs"] = {"enable_thinking": think}
+    elif isinstance(think, str) and think in THINK_LEVELS:
+        out["chat_template_kwargs"] = {"enable_thinking": True}
+        out["reasoning_effort"] = think
+    else:
+        raise TranslationError('think must be true, false, "low", "medium" or "high"', "think")
 
 
 def _ollama_common(body: JSONDict) -> tuple[JSONDict, bool]:
@@ -228,6 +334,8 @@ def _finish_ollama_body(body: JSONDict, out: JSONDict, stream: bool) -> None:
         out["stream_options"] = {"include_usage": True}
     _apply_ollama_options(body, out)
     _apply_ollama_format(body, out)
+    _ollama_think(body, out)
+    keep_alive_seconds(body)  # checked here, acted on by the handler
 
 
 def ollama_chat_request(body: dict[str, Any]) -> tuple[str, dict[str, Any], bool]:
@@ -235,8 +343,39 @@ def ollama_chat_request(body: dict[str, Any]) -> tuple[str, dict[str, Any], bool
     body = _require_object(body)
     out, stream = _ollama_common(body)
     out["messages"] = _ollama_messages(body.get("messages"))
+    _ollama_tools(body, out)
     _finish_ollama_body(body, out, stream)
     return CHAT_COMPLETIONS_PATH, out, stream
+
+
+def keep_alive_seconds(body: JSONDict) -> float | None:
+    """Ollama's `keep_alive` in seconds (a number of seconds or a Go duration like `"5m"`);
+    None when absent. Negative means "keep loaded"; 0 means "unload once answered"."""
+    value = body.get("keep_alive")
+    if value is None:
+        return None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        text = value.strip()
+        sign = -1.0 if text.startswith("-") else 1.0
+        try:
+            return sign * parse_duration_ns(text.lstrip("-")) / NS_PER_SEC
+        except ValueError:
+            try:
+                return float(text)
+            except ValueError:
+                pass
+    raise TranslationError(
+        'keep_alive must be a number of seconds or a duration like "5m"', "keep_alive"
+    )
+
+
+def is_load_request(kind: str, body: JSONDict) -> bool:
+    """Ollama's load/unload request: a chat without messages or a generate without a prompt."""
+    if kind == "chat":
+        return not body.get("messages")
+    return not body.get("prompt") and not body.get("images") and not body.get("suffix")
 
 
 def ollama_generate_request(body: dict[str, Any]) -> tuple[str, dict[str, Any], bool]:
@@ -329,6 +468,47 @@ def _choice_thinking(choice: JSONDict) -> str:
     return ""
 
 
+def _parsed_arguments(text: Any) -> JSONDict:
+    """A call's JSON-text arguments as the object Ollama clients expect."""
+    if isinstance(text, dict):
+        return text
+    if isinstance(text, str) and text.strip():
+        try:
+            parsed = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            parsed = None
+        if isinstance(parsed, dict):
+            return parsed
+        # Arguments the model did not write as an object stay readable rather than vanish.
+        return {"arguments": text}
+    return {}
+
+
+def _ollama_call(index: int, call_id: Any, name: Any, arguments: Any) -> JSONDict:
+    function: JSONDict = {"index": index, "name": name if isinstance(name, str) else ""}
+    function["arguments"] = _parsed_arguments(arguments)
+    out: JSONDict = {"function": function}
+    if isinstance(call_id, str) and call_id:
+        out["id"] = call_id
+    return out
+
+
+def _message_tool_calls(choice: JSONDict) -> list[JSONDict]:
+    """An OpenAI answer's tool calls in Ollama's shape."""
+    message = choice.get("message")
+    calls = message.get("tool_calls") if isinstance(message, dict) else None
+    if not isinstance(calls, list):
+        return []
+    out = []
+    for index, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict):
+            out.append(
+                _ollama_call(index, call.get("id"), function.get("name"), function.get("arguments"))
+            )
+    return out
+
+
 def _done_reason(finish_reason: Any) -> str:
     return "length" if finish_reason == "length" else "stop"
 
@@ -376,6 +556,9 @@ def openai_to_ollama_chat(
     thinking = _choice_thinking(choice)
     if thinking:
         message["thinking"] = thinking
+    calls = _message_tool_calls(choice)
+    if calls:
+        message["tool_calls"] = calls
     usage, timings = _response_fields(resp)
     return {
         "model": model,
@@ -489,6 +672,10 @@ class OllamaStreamTranslator:
         self._usage: Any = None
         self._timings: Any = None
         self._finish_reason: Any = None
+        # Tool calls arrive in pieces (a name, then argument fragments) keyed by index;
+        # Ollama sends each call whole, once the backend has finished it.
+        self._calls: dict[int, JSONDict] = {}
+        self._calls_sent = False
         self.errored = False
 
     def feed(self, sse_chunk: bytes, now_ns: int) -> bytes:
@@ -513,6 +700,7 @@ class OllamaStreamTranslator:
         out = b"" if self._skipping or not rest else self._translate_line(rest, now_ns)
         if self.errored:
             return out
+        out += self._flush_calls(now_ns)
         record = self._record(now_ns, "", "")
         record.update(
             _ollama_done_fields(
@@ -561,13 +749,48 @@ class OllamaStreamTranslator:
         if isinstance(obj.get("timings"), dict):
             self._timings = obj["timings"]
         choice = _first_choice(obj)
-        if choice.get("finish_reason") is not None:
-            self._finish_reason = choice["finish_reason"]
+        self._gather_calls(choice)
         text = _choice_text(choice)
         thinking = _choice_thinking(choice)
-        if not text and not thinking:
+        out = b""
+        if text or thinking:
+            record = self._record(now_ns, text, thinking)
+            record["done"] = False
+            out = orjson.dumps(record) + b"\n"
+        if choice.get("finish_reason") is not None:
+            self._finish_reason = choice["finish_reason"]
+            out += self._flush_calls(now_ns)
+        return out
+
+    def _gather_calls(self, choice: JSONDict) -> None:
+        delta = choice.get("delta")
+        pieces = delta.get("tool_calls") if isinstance(delta, dict) else None
+        if not isinstance(pieces, list):
+            return
+        for piece in pieces:
+            if not isinstance(piece, dict):
+                continue
+            index = piece.get("index")
+            key = index if isinstance(index, int) else len(self._calls)
+            call = self._calls.setdefault(key, {"id": None, "name": "", "arguments": ""})
+            if isinstance(piece.get("id"), str):
+                call["id"] = piece["id"]
+            function = piece.get("function")
+            if isinstance(function, dict):
+                if isinstance(function.get("name"), str):
+                    call["name"] += function["name"]
+                if isinstance(function.get("arguments"), str):
+                    call["arguments"] += function["arguments"]
+
+    def _flush_calls(self, now_ns: int) -> bytes:
+        if not self._calls or self._calls_sent or self._kind != "chat":
             return b""
-        record = self._record(now_ns, text, thinking)
+        self._calls_sent = True
+        record = self._record(now_ns, "", "")
+        record["message"]["tool_calls"] = [
+            _ollama_call(number, call["id"], call["name"], call["arguments"])
+            for number, (_, call) in enumerate(sorted(self._calls.items()))
+        ]
         record["done"] = False
         return orjson.dumps(record) + b"\n"
 

@@ -49,3 +49,27 @@ def set_body_model(body: bytes, model: str) -> bytes:
                 if orjson.loads(spliced) == obj:
                     return spliced
     return orjson.dumps(obj)
+
+
+def set_image_body_model(body: bytes, public_id: str, served_id: str) -> bytes:
+    """An image request body for the node or backend that serves `public_id` as `served_id`.
+
+    sd-server and AUTOMATIC1111 (Forge) clients name the checkpoint in three places: the
+    top-level `model`, a top-level `sd_model_checkpoint`, and
+    `override_settings.sd_model_checkpoint`. `model` is set as for any request; each
+    checkpoint field only where it names the public ID (surrounding spaces ignored), so a
+    client's other settings pass through untouched.
+    """
+    body = set_body_model(body, served_id)
+    if public_id == served_id or b"sd_model_checkpoint" not in body:
+        return body
+    obj = orjson.loads(body)
+    changed = False
+    for holder in (obj, obj.get("override_settings")):
+        if not isinstance(holder, dict):
+            continue
+        value = holder.get("sd_model_checkpoint")
+        if isinstance(value, str) and value.strip() == public_id:
+            holder["sd_model_checkpoint"] = served_id
+            changed = True
+    return orjson.dumps(obj) if changed else body

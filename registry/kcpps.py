@@ -129,6 +129,17 @@ class ModelConfig:
     launch_config: Path | None = None
     # The config's own backend arguments (`"extra_args"`), after the family's.
     extra_args: tuple[str, ...] = ()
+    # The model ID the backend serves it under (`"upstream_model"`): a vLLM's
+    # `Qwen/Qwen2.5-7B-Instruct` or an Ollama's `llama3:8b`, which no file stem can spell.
+    upstream_model: str | None = None
+    # The Bearer key the backend wants (`"upstream_api_key_file"` or `"upstream_api_key_env"`),
+    # read when the config is; kept out of repr so that no log line of the config shows it.
+    upstream_api_key: str | None = field(default=None, repr=False)
+
+    @property
+    def served_model(self) -> str:
+        """The model ID sent to the backend (and the name a started backend serves it under)."""
+        return self.upstream_model or self.local_id
 
     @property
     def has_llm(self) -> bool:
@@ -148,7 +159,15 @@ class ModelConfig:
 
     @property
     def has_multimodal(self) -> bool:
-        return self.has_llm and (self.mmproj is not None or "mmproj" in self.unresolved_fields)
+        # A projector makes a llama-server multimodal; a vLLM or upstream server reads images
+        # by itself, which its config states with `"vision": true`.
+        if not self.has_llm:
+            return False
+        return (
+            self.mmproj is not None
+            or "mmproj" in self.unresolved_fields
+            or self.raw.get("vision") is True
+        )
 
     @property
     def has_embeddings(self) -> bool:
@@ -206,6 +225,8 @@ class ModelConfig:
             caps["embeddings"] = {"model": model, "separate": separate}
         if self.has_multimodal:
             caps["multimodal"] = {"projector": _field_file_name(self.raw, "mmproj")}
+        if self.upstream_model is not None:
+            caps["served_model"] = self.upstream_model
         if self.has_voice:
             voice: dict[str, Any] = {"whisper_model": _field_file_name(self.raw, "whispermodel")}
             tts = _field_file_name(self.raw, "ttsmodel")
@@ -481,6 +502,63 @@ def _extra_args(path: Path, raw: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(args)
 
 
+def _upstream_model(path: Path, raw: Mapping[str, Any]) -> str | None:
+    value = raw.get("upstream_model")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise ModelConfigError(path, "upstream_model", "must be a non-empty string")
+    if value != value.strip() or any(ord(ch) < 32 for ch in value):
+        raise ModelConfigError(
+            path, "upstream_model", "must not have surrounding spaces or control characters"
+        )
+    return value
+
+
+def _vision(path: Path, raw: Mapping[str, Any]) -> None:
+    value = raw.get("vision")
+    if value is not None and not isinstance(value, bool):
+        raise ModelConfigError(path, "vision", f"must be true or false, got {value!r}")
+
+
+def _upstream_api_key(path: Path, raw: Mapping[str, Any], environ: Mapping[str, str]) -> str | None:
+    """The Bearer key from the file or environment variable the config names (never both)."""
+    file_value = raw.get("upstream_api_key_file")
+    env_value = raw.get("upstream_api_key_env")
+    if file_value is not None and env_value is not None:
+        raise ModelConfigError(
+            path, "upstream_api_key_file", "give upstream_api_key_file or upstream_api_key_env"
+        )
+    if file_value is not None:
+        if not isinstance(file_value, str) or not file_value:
+            raise ModelConfigError(path, "upstream_api_key_file", "must be a file path")
+        key_path = resolve_model_path(file_value, base_dir=path.parent)
+        try:
+            key = key_path.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+            raise ModelConfigError(
+                path, "upstream_api_key_file", f"cannot be read: {reason or exc}"
+            ) from None
+        where = "upstream_api_key_file"
+    elif env_value is not None:
+        if not isinstance(env_value, str) or not env_value:
+            raise ModelConfigError(
+                path, "upstream_api_key_env", "must name an environment variable"
+            )
+        key = environ.get(env_value, "").strip()
+        where = "upstream_api_key_env"
+        if not key:
+            raise ModelConfigError(path, where, f"environment variable {env_value} is not set")
+    else:
+        return None
+    if not key:
+        raise ModelConfigError(path, where, "the key is empty")
+    if any(ord(ch) < 33 or ord(ch) == 127 for ch in key):
+        raise ModelConfigError(path, where, "the key must be one line without spaces")
+    return key
+
+
 def _vllm_settings(path: Path, raw: Mapping[str, Any]) -> Mapping[str, Any]:
     vllm = raw.get("vllm")
     if vllm is None:
@@ -603,6 +681,9 @@ def build_model_config(
     backend_mode, upstream_url = _backend_mode(path, raw, default_backend_mode)
     context_size, parallel = _window_and_parallel(path, raw, backend_mode)
     extra_args = _extra_args(path, raw)
+    upstream_model = _upstream_model(path, raw)
+    upstream_api_key = _upstream_api_key(path, raw, os.environ)
+    _vision(path, raw)
     _validate_path_fields(path, raw)
     if backend_mode != "upstream" and not any(
         _references_model(raw, name) for name in PRIMARY_MODEL_FIELDS
@@ -635,6 +716,8 @@ def build_model_config(
         missing_files=missing,
         unresolved_fields=unresolved,
         extra_args=extra_args,
+        upstream_model=upstream_model,
+        upstream_api_key=upstream_api_key,
     )
 
 

@@ -162,5 +162,33 @@ def resolve(node: RoutingNode, public_id: str, kind: Kind, *, borrowed: bool = F
     if not replicas:
         if not node.cluster.view_ready:
             raise view_not_ready(node)
-        raise not_found(public_id)
+        raise _not_found_for(node, public_id, kind)
     return choose(node, public_id, kind, replicas)
+
+
+# What a model that exists but lacks the capability asked for is told it cannot do.
+_MISSING_CAPABILITY = {
+    "image": "makes no images",
+    "llm": "does not generate text",
+    "embeddings": "makes no embeddings",
+    "voice": "does not transcribe audio",
+}
+
+
+def _not_found_for(node: RoutingNode, public_id: str, kind: Kind) -> RouterError:
+    """The reference's 404; when the model exists but cannot do this, the message says so."""
+    exists = [
+        r
+        for table in (node.cluster.by_public_id, node.cluster.by_public_image_id)
+        for r in table.get(public_id, [])
+        if not r.record.get("disabled")
+    ]
+    if not exists:
+        return not_found(public_id)
+    return RouterError(
+        404,
+        f'model "{echo(public_id)}" was not found for this request: it exists but '
+        f"{_MISSING_CAPABILITY[kind]}",
+        code="model_not_found",
+        param="model",
+    )

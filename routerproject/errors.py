@@ -10,8 +10,6 @@ import orjson
 # client that sent a megabyte of name does not get it back (nor does the log).
 ECHO_MAX_CHARS = 200
 
-OLLAMA_PREFIXES = ("/api/chat", "/api/generate", "/api/tags", "/api/ps", "/api/embed", "/api/show")
-
 
 class RouterError(Exception):
     """An error with the status and envelope fields a client should see."""
@@ -58,7 +56,9 @@ def error_envelope(
 
 
 def is_ollama_path(path: str) -> bool:
-    return path.startswith(OLLAMA_PREFIXES)
+    # Every `/api/` path is Ollama's but Kobold's own (`/api/v1/…`, `/api/extra/…`): an
+    # unknown Ollama path must answer in Ollama's error shape too.
+    return path.startswith("/api/") and not path.startswith(("/api/v1/", "/api/extra/"))
 
 
 def error_body(path: str, err: RouterError) -> bytes:

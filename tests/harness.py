@@ -361,3 +361,54 @@ def start_cluster(
         cluster.cleanup()
         raise
     return cluster
+
+
+@dataclass
+class UpstreamServer:
+    """A simulated backend started on its own, for configs that point at a running server."""
+
+    proc: subprocess.Popen[bytes]
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stats(self) -> dict[str, Any]:
+        stats: dict[str, Any] = httpx.get(self.url + "/sim/stats", timeout=10).json()
+        return stats
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+def start_upstream(root: Path, name: str, *args: str, **costs: Any) -> UpstreamServer:
+    """`python -m proxy.sim` on a free port with `args` (an alias, an API key…), once ready."""
+    root.mkdir(parents=True, exist_ok=True)
+    weights = root / f"{name}.sim.json"
+    weights.write_text(json.dumps(sim_weights(load_ms=0, **costs)))
+    port = free_port()
+    argv = [sys.executable, "-m", "proxy.sim", "-m", str(weights), "--port", str(port), *args]
+    proc = subprocess.Popen(argv, cwd=str(REPO), stdout=subprocess.DEVNULL)
+    server = UpstreamServer(proc, port)
+
+    def healthy() -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError(f"upstream {name} exited with code {proc.returncode}")
+        try:
+            return httpx.get(server.url + "/health", timeout=2).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    try:
+        wait_for(healthy, timeout=START_TIMEOUT_SECS, interval=0.05)
+    except BaseException:
+        server.stop()
+        raise
+    return server

@@ -39,6 +39,13 @@ def shared(name: str, *, load_ms: int = 50) -> ModelSpec:
     return text_model(name, load_ms=load_ms, base_ms=5, output_ms_per_token=1)
 
 
+def painter(ms_per_step: int) -> ModelSpec:
+    # Different weights on each node: one image ID, two models, the second one suffixed.
+    return ModelSpec(
+        "paint", {}, {"sdmodel": sim_weights(base_ms=5, image_ms_per_megapixel_step=ms_per_step)}
+    )
+
+
 def voice(name: str) -> ModelSpec:
     return ModelSpec(name, {}, {"whispermodel": sim_weights(base_ms=5)})
 
@@ -48,9 +55,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     root = tmp_path_factory.mktemp("cluster")
     c = start_cluster(
         root,
-        [shared("twin"), text_model("clash", output_ms_per_token=1)],
+        [shared("twin"), text_model("clash", output_ms_per_token=1), painter(1)],
         {
-            "s1": [shared("twin"), text_model("solo1"), text_model("clash", output_ms_per_token=2)],
+            "s1": [
+                shared("twin"),
+                text_model("solo1"),
+                text_model("clash", output_ms_per_token=2),
+                painter(2),
+            ],
             "s2": [
                 shared("twin"),
                 text_model("slow2", output_ms_per_token=100),
@@ -406,3 +418,31 @@ def test_a_split_recipe_routes_each_kind_to_its_components_node(tmp_path: Path) 
             )
     finally:
         c.cleanup()
+
+
+def test_an_image_request_names_the_serving_nodes_model_wherever_the_client_put_it(
+    cluster: Cluster,
+) -> None:
+    recs = [r for r in records(cluster) if r["local_id"] == "paint"]
+    by_node = {r["node_id"]: (r["public_image_id"], r["image_id"]) for r in recs}
+    public, local = by_node["s1"]
+    assert public != local and by_node["master"][0] == local
+    body = {
+        "prompt": "a cat",
+        "width": 64,
+        "height": 64,
+        "steps": 1,
+        "sd_model_checkpoint": f" {public} ",
+        "override_settings": {"sd_model_checkpoint": public, "CLIP_stop_at_last_layers": 2},
+    }
+    with cluster.master.client() as client:
+        # Forge clients name the checkpoint, not `model`; sd-server clients may use the header.
+        resp = client.post("/sdapi/v1/txt2img", json=body, headers={"X-Tensors-Model": public})
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["images"]
+        state = client.get("/router/v1/site/nodes/state", params={"node_id": "s1"}).json()
+    backend = next(b for b in state["backends"] if b["id"] == "image-runtime")
+    seen = httpx.get(backend["base_url"] + "/sim/stats").json()["requests"][-1]
+    assert seen["model"] == local
+    assert seen["checkpoint"] == local
+    assert seen["header_model"] == local

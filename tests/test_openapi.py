@@ -49,6 +49,7 @@ OPENAPI_METHODS = frozenset(m.lower() for m in PROBE_METHODS) | {"trace"}
 # Contract §4: the client paths the document must describe.
 CLIENT_PATHS = (
     "/v1/models",
+    "/v1/models/{model}",
     "/v1/chat/completions",
     "/v1/completions",
     "/v1/embeddings",
@@ -59,6 +60,8 @@ CLIENT_PATHS = (
     "/api/tags",
     "/api/ps",
     "/api/v1/generate",
+    "/api/v1/model",
+    "/api/extra/version",
     "/ping",
 )
 # Served without any key: the health check and orchestrators' probes.
@@ -667,8 +670,18 @@ async def test_client_answers_match(node: Node) -> None:
     assert status == 200
     assert_matches("/ping", "GET", 200, body)
     status, body = await client_call(node, "POST", "/api/show", {"model": "seer"})
-    assert (status, body["capabilities"][:2]) == (200, ["completion", "vision"])
+    assert (status, body["capabilities"][:3]) == (200, ["completion", "tools", "vision"])
     assert_matches("/api/show", "POST", 200, body)
+    status, body = await client_call(node, "GET", "/v1/models/seer")
+    assert (status, body["id"]) == (200, "seer")
+    assert_matches("/v1/models/{model}", "GET", 200, body)
+    status, body = await client_call(node, "GET", "/v1/models/nope")
+    assert status == 404
+    assert_matches("/v1/models/{model}", "GET", 404, body)
+    for path in ("/api/v1/model", "/api/extra/version"):
+        status, body = await client_call(node, "GET", path)
+        assert status == 200
+        assert_matches(path, "GET", 200, body)
     status, body = await client_call(node, "GET", "/api/version")
     assert status == 200
     assert_matches("/api/version", "GET", 200, body)

@@ -97,8 +97,13 @@ _VALUE_OPTIONS: dict[str, str] = {
     "--parallel": "parallel",
     "-a": "alias",
     "--alias": "alias",
+    "--api-key": "api_key",
 }
 _FLAG_OPTIONS = ("--embeddings", "--embedding")
+# Behaviours of servers the router fronts as upstreams, which tests switch on: a vLLM or an
+# Ollama answers 404 to a model name it does not serve, and some servers answer under their own
+# name whatever the request said. Not llama-server options; the router never passes them.
+_SIM_FLAGS = {"--sim-strict-model": "strict_model", "--sim-answer-as-alias": "answer_as_alias"}
 
 
 class WeightsError(Exception):
@@ -127,6 +132,9 @@ class SimConfig:
     ctx_size: int | None = None
     parallel: int | None = None
     embeddings: bool = False
+    api_key: str | None = None
+    strict_model: bool = False
+    answer_as_alias: bool = False
 
 
 def load_weights(path: str) -> SimWeights:
@@ -178,7 +186,11 @@ def _known_args(argv: Sequence[str]) -> list[str]:
             kept.extend(argv[index : index + 2])
             index += 2
             continue
-        if (eq and name.startswith("--") and name in _VALUE_OPTIONS) or token in _FLAG_OPTIONS:
+        if (
+            (eq and name.startswith("--") and name in _VALUE_OPTIONS)
+            or token in _FLAG_OPTIONS
+            or token in _SIM_FLAGS
+        ):
             kept.append(token)
         index += 1
     return kept
@@ -216,6 +228,8 @@ def parse_args(argv: Sequence[str]) -> SimConfig:
         parser.add_argument(option, dest=dest, type=kind)
     parser.add_argument("-m", "--model", "--diffusion-model", dest="model", required=True)
     parser.add_argument(*_FLAG_OPTIONS, dest="embeddings", action="store_true")
+    for flag, dest in _SIM_FLAGS.items():
+        parser.add_argument(flag, dest=dest, action="store_true")
     args = parser.parse_args(_known_args(argv))
     if args.port is None:
         parser.error("--port is required")
@@ -233,6 +247,9 @@ def parse_args(argv: Sequence[str]) -> SimConfig:
         ctx_size=args.ctx_size,
         parallel=args.parallel,
         embeddings=args.embeddings,
+        api_key=args.api_key,
+        strict_model=args.strict_model,
+        answer_as_alias=args.answer_as_alias,
     )
 
 
@@ -316,11 +333,18 @@ class SimState:
         return f"{prefix}-sim{next(self._ids)}"
 
     @contextlib.asynccontextmanager
-    async def slot(self, path: str, duration_ms: float, user: Any = None) -> AsyncIterator[None]:
+    async def slot(
+        self,
+        path: str,
+        duration_ms: float,
+        user: Any = None,
+        seen: dict[str, Any] | None = None,
+    ) -> AsyncIterator[None]:
         """Hold the single slot; a disconnect (cancellation) at any point counts as cancelled.
 
         A request that names an OpenAI `user` leaves one log line when it completes, so a
-        soak can tell from the backend logs whether any request ran twice.
+        soak can tell from the backend logs whether any request ran twice. `seen` is what the
+        request named its model by (body, header, checkpoint), which tests read in the stats.
         """
         self.waiting += 1
         try:
@@ -338,7 +362,7 @@ class SimState:
             raise
         else:
             self.completed += 1
-            self.history.append({"path": path, "duration_ms": duration_ms})
+            self.history.append({"path": path, "duration_ms": duration_ms, **(seen or {})})
             if isinstance(user, str) and user:
                 print(f"{COMPLETED_MARK} {path} user={user[:200]}", flush=True)
         finally:
@@ -378,7 +402,27 @@ async def _read_json(request: web.Request) -> tuple[bytes, dict[str, Any] | web.
 
 def _model_name(state: SimState, body: dict[str, Any]) -> str:
     model = body.get("model")
+    if state.config.answer_as_alias:
+        return state.config.alias
     return model if isinstance(model, str) and model else state.config.alias
+
+
+def _wrong_model(state: SimState, body: dict[str, Any]) -> web.Response | None:
+    """With --sim-strict-model, a 404 for a model name this server does not serve (as vLLM)."""
+    model = body.get("model")
+    if not state.config.strict_model or model == state.config.alias:
+        return None
+    return _error(404, f"The model `{model}` does not exist.", "NotFoundError")
+
+
+def _seen(request: web.Request, body: dict[str, Any]) -> dict[str, Any]:
+    seen: dict[str, Any] = {"model": body.get("model")}
+    override = body.get("override_settings")
+    if isinstance(override, dict) and "sd_model_checkpoint" in override:
+        seen["checkpoint"] = override["sd_model_checkpoint"]
+    if "X-Tensors-Model" in request.headers:
+        seen["header_model"] = request.headers["X-Tensors-Model"]
+    return seen
 
 
 # Readiness ---------------------------------------------------------------------------
@@ -429,6 +473,8 @@ class _TextReply:
     count: int
     finish_reason: str
     usage: dict[str, int]
+    tool_call: tuple[str, str, str] | None = None
+    """(id, function name, JSON arguments) when the reply calls a tool instead of talking."""
 
     def _envelope(self, kind: str, choice: dict[str, Any]) -> dict[str, Any]:
         return {
@@ -439,10 +485,34 @@ class _TextReply:
             "choices": [choice],
         }
 
+    def _call(self, arguments: str, *, first: bool) -> dict[str, Any]:
+        assert self.tool_call is not None
+        call_id, name, _ = self.tool_call
+        if not first:
+            return {"index": 0, "function": {"arguments": arguments}}
+        function = {"name": name, "arguments": arguments}
+        return {"index": 0, "id": call_id, "type": "function", "function": function}
+
+    def tool_chunks(self) -> list[bytes]:
+        """The streamed tool call as OpenAI sends it: name first, arguments in pieces."""
+        assert self.tool_call is not None
+        arguments = self.tool_call[2]
+        half = len(arguments) // 2
+        deltas = [
+            {"role": "assistant", "content": None, "tool_calls": [self._call("", first=True)]},
+            {"tool_calls": [self._call(arguments[:half], first=False)]},
+            {"tool_calls": [self._call(arguments[half:], first=False)]},
+        ]
+        return [self._event({"index": 0, "finish_reason": None, "delta": d}) for d in deltas]
+
     def whole(self) -> dict[str, Any]:
         text = " ".join(_word(i) for i in range(self.count))
         choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": self.finish_reason}
-        if self.chat:
+        if self.tool_call is not None:
+            call = self._call(self.tool_call[2], first=True)
+            del call["index"]
+            choice["message"] = {"role": "assistant", "content": None, "tool_calls": [call]}
+        elif self.chat:
             choice["message"] = {"role": "assistant", "content": text}
         else:
             choice["text"] = text
@@ -500,18 +570,23 @@ async def _stream_text(
     *,
     usage: bool,
     user: Any = None,
+    seen: dict[str, Any] | None = None,
 ) -> web.StreamResponse:
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
     per_token_secs = state.weights.output_ms_per_token / 1000.0
     try:
-        async with state.slot(request.path, duration_ms, user):
+        async with state.slot(request.path, duration_ms, user, seen):
             await response.prepare(request)
             await asyncio.sleep(prefill_ms / 1000.0)
-            for index in range(reply.count):
-                await asyncio.sleep(per_token_secs)
-                await response.write(reply.chunk(index))
+            if reply.tool_call is not None:
+                for chunk in reply.tool_chunks():
+                    await response.write(chunk)
+            else:
+                for index in range(reply.count):
+                    await asyncio.sleep(per_token_secs)
+                    await response.write(reply.chunk(index))
             await response.write(reply.final_chunk())
             if usage:
                 await response.write(reply.usage_chunk())
@@ -531,8 +606,17 @@ async def _handle_text(request: web.Request, chat: bool) -> web.StreamResponse:
     if isinstance(parsed, web.Response):
         return parsed
     body = parsed
+    wrong = _wrong_model(state, body)
+    if wrong is not None:
+        return wrong
     if not state.vision and body_has_image(body):
         return _bad_request("image input is not supported by this model")
+    tool_call: tuple[str, str, str] | None = None
+    if chat:
+        refused = _check_tool_history(body.get("messages"))
+        if refused is not None:
+            return _bad_request(refused)
+        tool_call = _tool_call_for(state, body)
     weights = state.weights
     n_prompt = prompt_tokens_for_bytes(len(raw))
     n_output = output_tokens(body)
@@ -561,12 +645,17 @@ async def _handle_text(request: web.Request, chat: bool) -> web.StreamResponse:
         model=_model_name(state, body),
         count=n_output,
         # Every reply runs to its token budget, so it ends by length whenever one was set.
-        finish_reason="length" if capped or requested_output_tokens(body) is not None else "stop",
+        finish_reason="tool_calls"
+        if tool_call is not None
+        else "length"
+        if capped or requested_output_tokens(body) is not None
+        else "stop",
         usage={
             "prompt_tokens": n_prompt,
             "completion_tokens": n_output,
             "total_tokens": n_prompt + n_output,
         },
+        tool_call=tool_call,
     )
     if body.get("stream") is True:
         return await _stream_text(
@@ -577,10 +666,83 @@ async def _handle_text(request: web.Request, chat: bool) -> web.StreamResponse:
             duration_ms,
             usage=_wants_usage(body),
             user=body.get("user"),
+            seen=_seen(request, body),
         )
-    async with state.slot(request.path, duration_ms, body.get("user")):
+    async with state.slot(request.path, duration_ms, body.get("user"), _seen(request, body)):
         await asyncio.sleep(duration_ms / 1000.0)
     return _json(reply.whole())
+
+
+# A value of each JSON Schema type, for the arguments of a simulated tool call.
+_SAMPLE_ARGUMENTS: dict[str, Any] = {
+    "string": "sim",
+    "integer": 1,
+    "number": 1.5,
+    "boolean": True,
+    "array": [],
+    "object": {},
+}
+
+
+def _tool_call_for(state: SimState, body: dict[str, Any]) -> tuple[str, str, str] | None:
+    """A call of the first tool offered, unless the model was just given a tool's result.
+
+    What a tool-calling model does with a question it needs a tool for: it calls the tool, then
+    answers in words once the result is in the conversation. Its arguments fill every required
+    parameter with a value of the declared type.
+    """
+    tools = body.get("tools")
+    if not isinstance(tools, list) or not tools or body.get("tool_choice") == "none":
+        return None
+    messages = body.get("messages")
+    if (
+        isinstance(messages, list)
+        and messages
+        and isinstance(messages[-1], dict)
+        and messages[-1].get("role") == "tool"
+    ):
+        return None
+    function = _dict(_dict(tools[0]).get("function"))
+    name = function.get("name")
+    if not isinstance(name, str) or not name:
+        return None
+    params = _dict(function.get("parameters"))
+    props = _dict(params.get("properties"))
+    required = params.get("required")
+    arguments = {
+        key: _SAMPLE_ARGUMENTS.get(str(_dict(props.get(key)).get("type")), "sim")
+        for key in (required if isinstance(required, list) else [])
+        if isinstance(key, str)
+    }
+    return state.next_id("call"), name, orjson.dumps(arguments).decode()
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _check_tool_history(messages: Any) -> str | None:
+    """Why a chat history is refused, as strict OpenAI servers refuse it; None when it is fine.
+
+    An assistant's tool call carries its arguments as a JSON string and an ID, and every tool
+    result names the call it answers by that ID.
+    """
+    if not isinstance(messages, list):
+        return None
+    call_ids: set[str] = set()
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict):
+            continue
+        for call in message.get("tool_calls") or []:
+            function = call.get("function") if isinstance(call, dict) else None
+            if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
+                return f"messages[{index}].tool_calls: arguments must be a JSON string"
+            if not isinstance(call.get("id"), str):
+                return f"messages[{index}].tool_calls: each call needs an id"
+            call_ids.add(call["id"])
+        if message.get("role") == "tool" and message.get("tool_call_id") not in call_ids:
+            return f"messages[{index}]: tool_call_id does not name an earlier tool call"
+    return None
 
 
 async def handle_chat(request: web.Request) -> web.StreamResponse:
@@ -626,13 +788,16 @@ async def handle_embeddings(request: web.Request) -> web.Response:
     raw, parsed = await _read_json(request)
     if isinstance(parsed, web.Response):
         return parsed
+    wrong = _wrong_model(state, parsed)
+    if wrong is not None:
+        return wrong
     texts = _embedding_inputs(parsed.get("input", parsed.get("content")))
     if texts is None:
         return _bad_request("input must be a string, a list of strings or token lists")
     weights = state.weights
     n_prompt = prompt_tokens_for_bytes(len(raw))
     duration_ms = weights.base_ms + weights.prompt_ms_per_token * n_prompt
-    async with state.slot(request.path, duration_ms):
+    async with state.slot(request.path, duration_ms, seen=_seen(request, parsed)):
         await asyncio.sleep(duration_ms / 1000.0)
     data = [
         {"object": "embedding", "index": i, "embedding": embedding_vector(t, weights.embedding_dim)}
@@ -666,7 +831,7 @@ async def _generate_images(request: web.Request) -> tuple[int, web.Response | No
     weights = state.weights
     megapixel_steps = work.width * work.height / 1e6 * work.steps * work.n
     duration_ms = weights.base_ms + weights.image_ms_per_megapixel_step * megapixel_steps
-    async with state.slot(request.path, duration_ms):
+    async with state.slot(request.path, duration_ms, seen=_seen(request, parsed)):
         await asyncio.sleep(duration_ms / 1000.0)
     return work.n, None
 
@@ -715,6 +880,20 @@ async def handle_transcription(request: web.Request) -> web.Response:
 # Application -------------------------------------------------------------------------
 
 
+KEYLESS_PATHS = frozenset({"/health", "/sim/stats"})
+
+
+@web.middleware
+async def api_key(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """With --api-key, as llama-server: every endpoint but /health needs the Bearer key (and
+    the sim's own /sim/stats, which tests read)."""
+    key = request.app[STATE_KEY].config.api_key
+    given = request.headers.get("Authorization", "")
+    if key and request.path not in KEYLESS_PATHS and given != f"Bearer {key}":
+        return _error(401, "Invalid API Key", "authentication_error")
+    return await handler(request)
+
+
 @web.middleware
 async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Routing failures answer in the same JSON envelope as everything else."""
@@ -729,7 +908,7 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
 
 
 def build_app(config: SimConfig, weights: SimWeights, started_at: float) -> web.Application:
-    app = web.Application(middlewares=[json_errors], client_max_size=MAX_REQUEST_BYTES)
+    app = web.Application(middlewares=[json_errors, api_key], client_max_size=MAX_REQUEST_BYTES)
     app[STATE_KEY] = SimState(config=config, weights=weights, started_at=started_at)
     app.router.add_get("/v1/models", handle_models)
     app.router.add_get("/health", handle_health)

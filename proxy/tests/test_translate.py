@@ -634,3 +634,234 @@ def test_openai_embeddings_answers_become_ollama_ones_in_index_order() -> None:
         translate.openai_to_ollama_embed(
             {"data": [{"embedding": "x"}]}, model="p", legacy=False, started_ns=0, now_ns=0
         )
+
+
+# ------------------------------------------------------------ Ollama tools, think, keep_alive
+
+WEATHER = {
+    "type": "function",
+    "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}},
+}
+
+
+def test_ollama_tools_and_a_tool_call_history_become_openais() -> None:
+    body = {
+        "model": "m",
+        "stream": False,
+        "tools": [WEATHER],
+        "messages": [
+            {"role": "user", "content": "weather in Paris and Rome?"},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {"function": {"name": "get_weather", "arguments": {"city": "Paris"}}},
+                    {"function": {"name": "get_time", "arguments": {}}},
+                ],
+            },
+            {"role": "tool", "content": "12:00", "tool_name": "get_time"},
+            {"role": "tool", "content": "sunny", "tool_name": "get_weather"},
+        ],
+    }
+    _, out, _ = ollama_chat_request(body)
+    assert out["tools"] == [WEATHER]
+    calls = out["messages"][1]["tool_calls"]
+    assert calls == [
+        {
+            "id": "call_1_0",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'},
+        },
+        {"id": "call_1_1", "type": "function", "function": {"name": "get_time", "arguments": "{}"}},
+    ]
+    # Each result answers the call of its tool, whatever order the results come in.
+    assert [m.get("tool_call_id") for m in out["messages"][2:]] == ["call_1_1", "call_1_0"]
+
+
+def test_a_tool_result_without_a_name_answers_the_oldest_open_call_and_ids_are_kept() -> None:
+    messages = [
+        {
+            "role": "assistant",
+            "tool_calls": [{"id": "abc", "function": {"name": "f", "arguments": {}}}],
+        },
+        {"role": "tool", "content": "1"},
+        {"role": "tool", "content": "2", "tool_call_id": "given"},
+    ]
+    _, out, _ = ollama_chat_request({"model": "m", "messages": messages})
+    assert [m.get("tool_call_id") for m in out["messages"][1:]] == ["abc", "given"]
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"tools": {"a": 1}}, "tools"),
+        ({"tools": [{"function": {}}]}, "tools[0]"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0]"),
+        (
+            {"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": 3}}]}]},
+            "messages[0].tool_calls[0].function.name",
+        ),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "assistant",
+                        "tool_calls": [{"function": {"name": "f", "arguments": [1]}}],
+                    }
+                ]
+            },
+            "messages[0].tool_calls[0].function.arguments",
+        ),
+        ({"think": "very"}, "think"),
+        ({"think": 1}, "think"),
+        ({"keep_alive": "soon"}, "keep_alive"),
+        ({"keep_alive": True}, "keep_alive"),
+    ],
+)
+def test_a_bad_tool_think_or_keep_alive_field_is_named(body: dict[str, Any], param: str) -> None:
+    with pytest.raises(TranslationError) as refused:
+        ollama_chat_request({"model": "m", **body})
+    assert refused.value.param == param
+
+
+def test_think_becomes_the_chat_template_switch_and_a_level_the_reasoning_effort() -> None:
+    _, on, _ = ollama_chat_request({"model": "m", "messages": [], "think": True})
+    assert on["chat_template_kwargs"] == {"enable_thinking": True}
+    assert "reasoning_effort" not in on
+    _, off, _ = ollama_chat_request({"model": "m", "messages": [], "think": False})
+    assert off["chat_template_kwargs"] == {"enable_thinking": False}
+    _, high, _ = ollama_generate_request({"model": "m", "prompt": "x", "think": "high"})
+    assert (high["chat_template_kwargs"], high["reasoning_effort"]) == (
+        {"enable_thinking": True},
+        "high",
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        (0, 0.0),
+        ("0", 0.0),
+        ("0s", 0.0),
+        ("5m", 300.0),
+        ("1h30m", 5400.0),
+        (-1, -1.0),
+        ("-1m", -60.0),
+        (2.5, 2.5),
+    ],
+)
+def test_keep_alive_reads_seconds_and_go_durations(value: Any, seconds: float) -> None:
+    assert translate.keep_alive_seconds({"keep_alive": value}) == seconds
+    assert translate.keep_alive_seconds({}) is None
+
+
+def test_a_request_without_messages_or_prompt_is_a_load_request() -> None:
+    assert translate.is_load_request("chat", {"model": "m"})
+    assert translate.is_load_request("chat", {"model": "m", "messages": []})
+    assert not translate.is_load_request("chat", {"messages": [{"role": "user"}]})
+    assert translate.is_load_request("generate", {"model": "m", "prompt": ""})
+    assert not translate.is_load_request("generate", {"prompt": "hi"})
+    assert not translate.is_load_request("generate", {"images": ["aGk="]})
+
+
+def test_an_openai_tool_call_answer_becomes_ollamas() -> None:
+    resp = {
+        "choices": [
+            {
+                "finish_reason": "tool_calls",
+                "message": {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "call-1",
+                            "type": "function",
+                            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                        },
+                        {"id": "call-2", "function": {"name": "f", "arguments": "not json"}},
+                    ],
+                },
+            }
+        ]
+    }
+    out = openai_to_ollama_chat(resp, model="pub", started_ns=STARTED_NS, now_ns=NOW_NS)
+    assert out["message"]["tool_calls"] == [
+        {
+            "id": "call-1",
+            "function": {"index": 0, "name": "get_weather", "arguments": {"city": "Paris"}},
+        },
+        {
+            "id": "call-2",
+            "function": {"index": 1, "name": "f", "arguments": {"arguments": "not json"}},
+        },
+    ]
+    assert out["message"]["content"] == ""
+    assert (out["done"], out["done_reason"]) == (True, "stop")
+
+
+def _sse_stream(*chunks: dict[str, Any]) -> bytes:
+    return b"".join(b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+
+
+def test_streamed_tool_call_pieces_reach_the_ollama_client_as_one_whole_call() -> None:
+    def delta(piece: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {"choices": [{"index": 0, "delta": piece, "finish_reason": finish}]}
+
+    stream = _sse_stream(
+        delta(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "index": 0,
+                        "id": "c1",
+                        "type": "function",
+                        "function": {"name": "get_", "arguments": ""},
+                    }
+                ],
+            }
+        ),
+        delta({"tool_calls": [{"index": 0, "function": {"name": "weather", "arguments": '{"ci'}}]}),
+        delta({"tool_calls": [{"index": 0, "function": {"arguments": 'ty": "Rome"}'}}]}),
+        delta({}, "tool_calls"),
+        {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 7}},
+    )
+    translator = OllamaStreamTranslator(kind="chat", model="pub", started_ns=STARTED_NS)
+    # Fed in small pieces, as a network delivers it.
+    out = b"".join(translator.feed(stream[i : i + 7], NOW_NS) for i in range(0, len(stream), 7))
+    out += translator.finish(NOW_NS)
+    records = [orjson.loads(line) for line in out.splitlines()]
+    with_calls = [r for r in records if r["message"].get("tool_calls")]
+    assert [r["message"]["tool_calls"] for r in with_calls] == [
+        [
+            {
+                "id": "c1",
+                "function": {"index": 0, "name": "get_weather", "arguments": {"city": "Rome"}},
+            }
+        ]
+    ]
+    assert records[-1]["done"] is True and records[-1]["eval_count"] == 7
+    assert all(r["done"] is False for r in records[:-1])
+
+
+def test_a_stream_that_ends_without_a_finish_reason_still_delivers_its_tool_call() -> None:
+    stream = _sse_stream(
+        {
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {
+                        "tool_calls": [
+                            {"index": 0, "id": "c1", "function": {"name": "f", "arguments": "{}"}}
+                        ]
+                    },
+                }
+            ]
+        }
+    )
+    translator = OllamaStreamTranslator(kind="chat", model="pub", started_ns=STARTED_NS)
+    out = translator.feed(stream, NOW_NS) + translator.finish(NOW_NS)
+    records = [orjson.loads(line) for line in out.splitlines()]
+    assert records[0]["message"]["tool_calls"][0]["function"]["name"] == "f"
+    assert records[-1]["done"] is True

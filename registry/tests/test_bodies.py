@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from registry.bodies import InvalidRequestJSON, set_body_model
+from registry.bodies import InvalidRequestJSON, set_body_model, set_image_body_model
 
 
 def test_set_body_model_replaces_an_existing_model():
@@ -49,3 +49,30 @@ def test_set_body_model_re_serialises_when_the_id_is_written_with_escapes():
     out = set_body_model(body, "B")
 
     assert orjson.loads(out) == {"model": "B", "prompt": "x"}
+
+
+def test_an_image_body_names_the_served_model_in_each_checkpoint_field_that_named_the_public() -> (
+    None
+):
+    body = orjson.dumps(
+        {
+            "prompt": "cat",
+            "sd_model_checkpoint": " pub ",
+            "override_settings": {"sd_model_checkpoint": "pub", "sampler": "Euler"},
+        }
+    )
+    out = orjson.loads(set_image_body_model(body, "pub", "local"))
+    assert out == {
+        "prompt": "cat",
+        "sd_model_checkpoint": "local",
+        "override_settings": {"sd_model_checkpoint": "local", "sampler": "Euler"},
+        "model": "local",
+    }
+
+
+def test_a_checkpoint_naming_another_model_is_left_alone() -> None:
+    body = orjson.dumps({"model": "pub", "override_settings": {"sd_model_checkpoint": "other"}})
+    out = orjson.loads(set_image_body_model(body, "pub", "local"))
+    assert out == {"model": "local", "override_settings": {"sd_model_checkpoint": "other"}}
+    same = orjson.dumps({"model": "pub", "sd_model_checkpoint": "pub"})
+    assert set_image_body_model(same, "pub", "pub") == same

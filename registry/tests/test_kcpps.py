@@ -585,3 +585,81 @@ def test_the_created_time_follows_the_file_mtime(layout: Path) -> None:
     os.utime(path, (1_700_000_000, 1_700_000_000))
     config = load_model_config(path, default_backend_mode="kobold", hasher=FileHasher(None))
     assert config.created == 1_700_000_000
+
+
+# --- upstream_model, the upstream key and declared vision -----------------------------------
+
+UPSTREAM = {"backend_mode": "upstream", "upstream_url": "http://127.0.0.1:8000"}
+
+
+def test_an_upstream_model_names_what_the_backend_serves_and_defaults_to_the_stem(
+    layout: Path,
+) -> None:
+    named = _load(layout, "qwen", UPSTREAM | {"upstream_model": "Qwen/Qwen2.5-7B-Instruct"})
+    assert (named.local_id, named.served_model) == ("qwen", "Qwen/Qwen2.5-7B-Instruct")
+    assert named.capabilities()["served_model"] == "Qwen/Qwen2.5-7B-Instruct"
+    plain = _load(layout, "llama3", UPSTREAM)
+    assert (plain.upstream_model, plain.served_model) == (None, "llama3")
+
+
+@pytest.mark.parametrize("value", ["", "  ", " padded", 7, ["a"], "tab\there"])
+def test_a_bad_upstream_model_is_refused_naming_it(layout: Path, value: Any) -> None:
+    with pytest.raises(ModelConfigError) as refused:
+        _load(layout, "qwen", UPSTREAM | {"upstream_model": value})
+    assert refused.value.key == "upstream_model"
+
+
+def test_the_upstream_key_comes_from_a_file_or_an_environment_variable(
+    layout: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (layout / "key.txt").write_text("sk-from-file\n")
+    from_file = _load(layout, "a", UPSTREAM | {"upstream_api_key_file": "key.txt"})
+    assert from_file.upstream_api_key == "sk-from-file"
+    monkeypatch.setenv("ROUTER_TEST_KEY", "sk-from-env")
+    from_env = _load(layout, "b", UPSTREAM | {"upstream_api_key_env": "ROUTER_TEST_KEY"})
+    assert from_env.upstream_api_key == "sk-from-env"
+    # The key is in no printed form of the config, nor in what travels to other nodes.
+    assert "sk-from-env" not in repr(from_env)
+    record = from_env.to_record(
+        node_id="n", node_url="http://n", source="local", available=True, loaded=False
+    )
+    assert "sk-from-env" not in json.dumps(record)
+    assert _load(layout, "c", UPSTREAM).upstream_api_key is None
+
+
+@pytest.mark.parametrize(
+    ("extra", "key"),
+    [
+        ({"upstream_api_key_file": "missing.txt"}, "upstream_api_key_file"),
+        ({"upstream_api_key_file": "empty.txt"}, "upstream_api_key_file"),
+        ({"upstream_api_key_file": 3}, "upstream_api_key_file"),
+        ({"upstream_api_key_env": "ROUTER_TEST_UNSET_KEY"}, "upstream_api_key_env"),
+        ({"upstream_api_key_env": ""}, "upstream_api_key_env"),
+        (
+            {"upstream_api_key_file": "key.txt", "upstream_api_key_env": "ROUTER_TEST_KEY"},
+            "upstream_api_key_file",
+        ),
+    ],
+)
+def test_an_unusable_upstream_key_source_is_refused_naming_it(
+    layout: Path, monkeypatch: pytest.MonkeyPatch, extra: dict[str, Any], key: str
+) -> None:
+    (layout / "key.txt").write_text("sk-1")
+    (layout / "empty.txt").write_text("\n")
+    monkeypatch.setenv("ROUTER_TEST_KEY", "sk-2")
+    monkeypatch.delenv("ROUTER_TEST_UNSET_KEY", raising=False)
+    with pytest.raises(ModelConfigError) as refused:
+        _load(layout, "qwen", UPSTREAM | extra)
+    assert refused.value.key == key
+    assert "sk-" not in str(refused.value)
+
+
+def test_a_config_that_declares_vision_is_multimodal_without_a_projector(layout: Path) -> None:
+    seeing = _load(layout, "eye", UPSTREAM | {"vision": True})
+    assert seeing.has_multimodal
+    assert not _load(layout, "blind", UPSTREAM | {"vision": False}).has_multimodal
+    # Vision is a property of a text model: an image-only config does not read images.
+    assert not _load(layout, "pic", IMAGE_SD | {"vision": True}).has_multimodal
+    with pytest.raises(ModelConfigError) as refused:
+        _load(layout, "odd", UPSTREAM | {"vision": "yes"})
+    assert refused.value.key == "vision"

@@ -1,0 +1,344 @@
+"""The client libraries users already have, unchanged, against a real node.
+
+The OpenAI SDK, the ollama client and plain HTTP for Kobold talk to a standalone node whose
+models are simulated backends the router starts, and upstream servers it does not start: one
+that serves a model only under its own name (`Qwen/Qwen2.5-7B-Instruct`) and wants a key, one
+that answers under a name of its own whatever it is asked, and one that reads images.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import ollama
+import openai
+import pytest
+
+from tests.harness import (
+    ModelSpec,
+    RouterNode,
+    UpstreamServer,
+    sim_weights,
+    start_node,
+    start_upstream,
+    text_model,
+    wait_for,
+)
+
+pytestmark = pytest.mark.integration
+
+SERVED_NAME = "Qwen/Qwen2.5-7B-Instruct"
+UPSTREAM_KEY = "sk-upstream-7c1e"
+KEY_ENV = "ROUTER_TEST_UPSTREAM_KEY"
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+            "required": ["city", "days"],
+        },
+    },
+}
+PNG_1X1 = base64.b64encode(
+    bytes.fromhex(
+        "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+        "1f15c4890000000d49444154789c6360000002000001e221bc330000000049454e44ae426082"
+    )
+).decode()
+
+
+@pytest.fixture(scope="module")
+def upstreams(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, UpstreamServer]]:
+    root = tmp_path_factory.mktemp("upstreams")
+    started: dict[str, UpstreamServer] = {}
+    try:
+        started["qwen"] = start_upstream(
+            root, "qwen", "-a", SERVED_NAME, "--sim-strict-model", "--api-key", UPSTREAM_KEY
+        )
+        started["own"] = start_upstream(root, "own", "-a", "its-own-name", "--sim-answer-as-alias")
+        started["eye"] = start_upstream(root, "eye", "-a", "eye-served", vision=True)
+        yield started
+    finally:
+        for server in started.values():
+            server.stop()
+
+
+@pytest.fixture(scope="module")
+def node(
+    tmp_path_factory: pytest.TempPathFactory, upstreams: dict[str, UpstreamServer]
+) -> Iterator[RouterNode]:
+    root = tmp_path_factory.mktemp("clients")
+    key_file = root / "upstream.key"
+    key_file.write_text(UPSTREAM_KEY + "\n")
+    qwen = {"backend_mode": "upstream", "upstream_url": upstreams["qwen"].url}
+    models = [
+        text_model("chat"),
+        ModelSpec("qwen", {**qwen, "upstream_model": SERVED_NAME, "upstream_api_key_env": KEY_ENV}),
+        ModelSpec(
+            "qwen-file",
+            {**qwen, "upstream_model": SERVED_NAME, "upstream_api_key_file": str(key_file)},
+        ),
+        ModelSpec("own", {"backend_mode": "upstream", "upstream_url": upstreams["own"].url}),
+        ModelSpec(
+            "eye",
+            {"backend_mode": "upstream", "upstream_url": upstreams["eye"].url, "vision": True},
+        ),
+        ModelSpec("painter", {}, {"sdmodel": sim_weights(image_ms_per_megapixel_step=1)}),
+    ]
+    n = start_node(root, models, extra_env={KEY_ENV: UPSTREAM_KEY})
+    try:
+        yield n
+    finally:
+        n.cleanup()
+
+
+@pytest.fixture
+def oai(node: RouterNode) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=node.base_url + "/v1", api_key="unused", max_retries=0) as c:
+        yield c
+
+
+@pytest.fixture
+def olla(node: RouterNode) -> ollama.Client:
+    return ollama.Client(host=node.base_url, timeout=60)
+
+
+# -- discovery -------------------------------------------------------------------------------
+
+
+def test_the_openai_sdk_retrieves_a_model_and_gets_a_404_for_an_unknown_one(
+    oai: openai.OpenAI,
+) -> None:
+    model = oai.models.retrieve("chat")
+    assert (model.id, model.object, model.owned_by) == ("chat", "model", "router")
+    listed = {m.id for m in oai.models.list()}
+    assert {"chat", "qwen", "own", "eye"} <= listed
+    with pytest.raises(openai.NotFoundError) as missing:
+        oai.models.retrieve("nope")
+    assert missing.value.status_code == 404
+    error = missing.value.body
+    assert isinstance(error, dict) and error["code"] == "model_not_found"
+    assert error["message"] == 'model "nope" was not found'
+
+
+def test_kobold_clients_discover_the_server_and_its_model(node: RouterNode) -> None:
+    with node.client() as client:
+        version = client.get("/api/extra/version").json()
+        assert version["result"] == "KoboldCpp" and version["version"]
+        # The node has an image model and a vision model, no transcription.
+        assert (version["txt2img"], version["vision"], version["transcribe"]) == (
+            True,
+            True,
+            False,
+        )
+        body = {"prompt": "Once", "max_length": 3}
+        assert client.post("/api/v1/generate", json={**body, "model": "chat"}).status_code == 200
+        # Kobold clients send no model: the one they see is the one generate then runs.
+        assert client.get("/api/v1/model").json() == {"result": "koboldcpp/chat"}
+        generated = client.post("/api/v1/generate", json=body)
+        assert generated.status_code == 200
+        assert generated.json()["results"][0]["text"]
+
+
+# -- upstream_model, keys and the answer's model ---------------------------------------------
+
+
+def test_an_upstream_gets_the_name_it_serves_and_the_client_sees_the_id_it_asked_for(
+    oai: openai.OpenAI, upstreams: dict[str, UpstreamServer]
+) -> None:
+    before = len(upstreams["qwen"].stats()["requests"])
+    for model in ("qwen", "qwen-file"):
+        answer = oai.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=3
+        )
+        assert answer.model == model and answer.choices[0].message.content
+        chunks = list(
+            oai.chat.completions.create(
+                model=model,
+                messages=[{"role": "user", "content": "hi"}],
+                max_tokens=3,
+                stream=True,
+            )
+        )
+        assert chunks and {c.model for c in chunks} == {model}
+    seen = upstreams["qwen"].stats()["requests"][before:]
+    # The upstream refuses any other name (404) and any request without its key (401): each
+    # of the four reached it under its served name, with the key from the env or the file.
+    assert [r["model"] for r in seen] == [SERVED_NAME] * 4
+
+
+def test_the_upstream_key_is_never_shown(node: RouterNode) -> None:
+    with node.client() as client:
+        records = client.get("/router/v1/models").text
+    assert UPSTREAM_KEY not in records
+    assert UPSTREAM_KEY not in node.output()
+
+
+def test_an_upstream_answering_under_its_own_name_is_rewritten_everywhere(
+    oai: openai.OpenAI, olla: ollama.Client, node: RouterNode
+) -> None:
+    answer = oai.chat.completions.create(
+        model="own", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+    )
+    assert answer.model == "own"
+    chunks = list(oai.completions.create(model="own", prompt="Once", max_tokens=3, stream=True))
+    assert len(chunks) >= 3 and {c.model for c in chunks} == {"own"}
+    vector = oai.embeddings.create(model="own", input="hello")
+    assert vector.model == "own"
+    assert olla.chat(model="own", messages=[{"role": "user", "content": "hi"}]).model == "own"
+    with node.client() as client:
+        raw = client.post(
+            "/v1/chat/completions",
+            json={"model": "own", "messages": [{"role": "user", "content": "hi"}], "stream": True},
+        ).text
+    assert "its-own-name" not in raw
+
+
+# -- Ollama tool calling ---------------------------------------------------------------------
+
+
+def test_the_ollama_client_round_trips_a_tool_call(olla: ollama.Client) -> None:
+    messages: list[Any] = [{"role": "user", "content": "What is the weather in Paris?"}]
+    first = olla.chat(model="chat", messages=messages, tools=[WEATHER_TOOL], stream=False)
+    calls = first.message.tool_calls or []
+    assert [(c.function.name, dict(c.function.arguments)) for c in calls] == [
+        ("get_weather", {"city": "sim", "days": 1})
+    ]
+    assert first.done and first.done_reason == "stop"
+    # The client sends the call back in the history and the tool's answer after it; the
+    # backend refuses a tool result that names no earlier call, so an answer proves both
+    # were translated.
+    messages += [first.message, {"role": "tool", "content": "sunny", "tool_name": "get_weather"}]
+    second = olla.chat(model="chat", messages=messages, tools=[WEATHER_TOOL], stream=False)
+    assert second.message.content and not second.message.tool_calls
+
+
+def test_the_ollama_client_gets_streamed_tool_calls_whole(olla: ollama.Client) -> None:
+    parts = list(
+        olla.chat(
+            model="chat",
+            messages=[{"role": "user", "content": "Weather?"}],
+            tools=[WEATHER_TOOL],
+            stream=True,
+        )
+    )
+    with_calls = [p for p in parts if p.message.tool_calls]
+    assert len(with_calls) == 1
+    (call,) = with_calls[0].message.tool_calls or []
+    assert call.function.name == "get_weather"
+    assert dict(call.function.arguments) == {"city": "sim", "days": 1}
+    assert parts[-1].done and not any(p.done for p in parts[:-1])
+
+
+def test_ollama_show_lists_tools_and_vision(olla: ollama.Client) -> None:
+    assert "tools" in (olla.show("chat").capabilities or [])
+    eye = olla.show("eye").capabilities or []
+    assert "vision" in eye and "tools" in eye
+
+
+def test_keep_alive_zero_unloads_and_an_empty_request_loads(
+    olla: ollama.Client, node: RouterNode
+) -> None:
+    def loaded() -> set[str]:
+        return {m.model for m in olla.ps().models if m.model}
+
+    load = olla.generate(model="chat")
+    assert (load.done, load.done_reason) == (True, "load")
+    assert "chat" in loaded()
+    answer = olla.chat(model="chat", messages=[{"role": "user", "content": "hi"}], keep_alive=0)
+    assert answer.message.content
+    wait_for(lambda: "chat" not in loaded(), timeout=20)
+    olla.generate(model="chat")
+    unload = olla.chat(model="chat", messages=[], keep_alive="0s")
+    assert (unload.done, unload.done_reason) == (True, "unload")
+    assert "chat" not in loaded()
+
+
+def test_unknown_ollama_paths_answer_in_ollamas_error_shape(node: RouterNode) -> None:
+    with node.client() as client:
+        for method, path in (
+            ("POST", "/api/pull"),
+            ("GET", "/api/nothing"),
+            ("DELETE", "/api/delete"),
+        ):
+            resp = client.request(method, path, json={"model": "chat"})
+            assert resp.status_code == 404, path
+            assert set(resp.json()) == {"error"} and path in resp.json()["error"]
+
+
+def test_a_bad_tool_history_is_refused_naming_the_field(node: RouterNode) -> None:
+    body = {
+        "model": "chat",
+        "stream": False,
+        "messages": [{"role": "tool", "content": "sunny", "tool_name": "get_weather"}],
+    }
+    with node.client() as client:
+        resp = client.post("/api/chat", json=body)
+        assert resp.status_code == 400
+        assert "messages[0]" in resp.json()["error"]
+        bad_think = client.post("/api/chat", json={**body, "messages": [], "think": "lots"})
+        assert bad_think.status_code == 400 and "think" in bad_think.json()["error"]
+
+
+# -- vision and images -----------------------------------------------------------------------
+
+
+def test_a_config_that_declares_vision_gets_the_image(
+    olla: ollama.Client, oai: openai.OpenAI
+) -> None:
+    answer = olla.chat(
+        model="eye", messages=[{"role": "user", "content": "What is this?", "images": [PNG_1X1]}]
+    )
+    assert answer.message.content and answer.model == "eye"
+    url = f"data:image/png;base64,{PNG_1X1}"
+    chat = oai.chat.completions.create(
+        model="eye",
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "What is this?"},
+                    {"type": "image_url", "image_url": {"url": url}},
+                ],
+            }
+        ],
+        max_tokens=2,
+    )
+    assert chat.model == "eye"
+
+
+def test_asking_a_chat_model_for_an_image_says_it_makes_none(oai: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as refused:
+        oai.images.generate(model="chat", prompt="a cat")
+    assert refused.value.status_code == 404
+    message = refused.value.body["message"]  # type: ignore[index]
+    assert message.startswith('model "chat" was not found') and "makes no images" in message
+    with pytest.raises(openai.NotFoundError) as unknown:
+        oai.images.generate(model="nope", prompt="a cat")
+    assert unknown.value.body["message"] == 'model "nope" was not found'  # type: ignore[index]
+
+
+def test_kobold_discovery_needs_the_inference_key_like_every_client_path(
+    tmp_path: Path,
+) -> None:
+    key = "sk-inference-1"
+    with_key = start_node(tmp_path, [text_model("solo")], auth={"inference_keys": [key]})
+    try:
+        with with_key.client() as client:
+            assert client.get("/api/extra/version").status_code == 401
+            headers = {"Authorization": f"Bearer {key}"}
+            version = client.get("/api/extra/version", headers=headers).json()
+            assert version["protected"] is True
+            # One text model: it is the one a Kobold client's generate runs, loaded or not.
+            model = client.get("/api/v1/model", headers=headers).json()
+            assert model == {"result": "koboldcpp/solo"}
+            assert json.loads(client.get("/v1/models/solo", headers=headers).text)["id"] == "solo"
+    finally:
+        with_key.cleanup()
