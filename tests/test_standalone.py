@@ -326,7 +326,7 @@ def test_ollama_show_answers_from_the_records(client: httpx.Client) -> None:
     resp = client.post("/api/show", json={"model": "seer"})
     assert resp.status_code == 200, resp.text
     doc = resp.json()
-    assert doc["capabilities"][:2] == ["completion", "vision"]
+    assert doc["capabilities"][:3] == ["completion", "tools", "vision"]
     assert doc["model_info"]["sim.context_length"] == 4096
     assert client.post("/api/show", json={"name": "alpha"}).json()["capabilities"][0] == (
         "completion"

@@ -306,9 +306,11 @@ async def test_chat_completion_has_the_openai_shape_and_exact_usage(shared_sim: 
         "total_tokens": prompt_tokens + 4,
     }
     last = shared_sim.stats()["requests"][-1]
+    # The stats also say what the request named its model (tests of the router read it).
     assert last == {
         "path": "/v1/chat/completions",
         "duration_ms": pytest.approx(text_ms(SHARED_WEIGHTS, raw, 4)),
+        "model": body["model"],
     }
 
 
@@ -600,7 +602,11 @@ async def test_image_generation_returns_n_pngs_and_times_by_pixel_steps(shared_s
         256 * 256 / 1e6 * 4 * 2
     )
     last = shared_sim.stats()["requests"][-1]
-    assert last == {"path": "/v1/images/generations", "duration_ms": pytest.approx(expected_ms)}
+    assert last == {
+        "path": "/v1/images/generations",
+        "duration_ms": pytest.approx(expected_ms),
+        "model": None,
+    }
 
 
 async def test_sdapi_txt2img_returns_batch_size_images(shared_sim: Sim) -> None:
@@ -765,3 +771,66 @@ async def test_each_of_n_slots_gets_an_equal_share_of_the_context(
         )
         assert resp.status_code == 400
         assert resp.json()["error"]["type"] == "exceed_context_size_error"
+
+
+# Upstream behaviours the router's tests switch on ------------------------------------------
+
+
+def test_a_strict_keyed_upstream_refuses_other_names_and_missing_keys(
+    start_sim: Callable[..., Sim],
+) -> None:
+    sim = start_sim(
+        "strict", {"load_ms": 0}, "-a", "org/served", "--sim-strict-model", "--api-key", "k1"
+    )
+    chat = {"model": "org/served", "messages": [{"role": "user", "content": "hi"}]}
+    url = f"{sim.url}/v1/chat/completions"
+    assert httpx.post(url, json=chat).status_code == 401
+    assert httpx.post(url, json=chat, headers={"Authorization": "Bearer k2"}).status_code == 401
+    auth = {"Authorization": "Bearer k1"}
+    wrong = httpx.post(url, json={**chat, "model": "served"}, headers=auth)
+    assert wrong.status_code == 404 and "served" in wrong.json()["error"]["message"]
+    right = httpx.post(url, json=chat, headers=auth)
+    assert right.status_code == 200 and right.json()["model"] == "org/served"
+    # Its health stays open, as llama-server's does.
+    assert httpx.get(f"{sim.url}/health").status_code == 200
+
+
+def test_an_own_name_upstream_answers_under_its_alias(start_sim: Callable[..., Sim]) -> None:
+    sim = start_sim("own", {"load_ms": 0}, "-a", "mine", "--sim-answer-as-alias")
+    chat = {"model": "asked", "messages": [{"role": "user", "content": "hi"}]}
+    assert httpx.post(f"{sim.url}/v1/chat/completions", json=chat).json()["model"] == "mine"
+
+
+def test_offered_tools_are_called_and_a_tool_result_is_answered_in_words(
+    shared_sim: Sim,
+) -> None:
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "parameters": {
+                "type": "object",
+                "properties": {"q": {"type": "string"}, "n": {"type": "number"}},
+                "required": ["q", "n"],
+            },
+        },
+    }
+    url = f"{shared_sim.url}/v1/chat/completions"
+    ask = [{"role": "user", "content": "find it"}]
+    called = httpx.post(url, json={"messages": ask, "tools": [tool]}).json()
+    choice = called["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"] == {"name": "lookup", "arguments": '{"q":"sim","n":1.5}'}
+    history = [
+        *ask,
+        choice["message"],
+        {"role": "tool", "tool_call_id": call["id"], "content": "x"},
+    ]
+    answered = httpx.post(url, json={"messages": history, "tools": [tool]}).json()
+    assert answered["choices"][0]["message"]["content"]
+    orphan = [*ask, {"role": "tool", "tool_call_id": "nope", "content": "x"}]
+    refused = httpx.post(url, json={"messages": orphan, "tools": [tool]})
+    assert refused.status_code == 400 and "messages[1]" in refused.json()["error"]["message"]
+    none = httpx.post(url, json={"messages": ask, "tools": [tool], "tool_choice": "none"}).json()
+    assert none["choices"][0]["finish_reason"] != "tool_calls"
