@@ -121,13 +121,15 @@ class Node:
 
     def local_records(self) -> list[dict[str, Any]]:
         return [
-            cfg.to_record(
-                node_id=self.node_id,
-                node_url=self.config.cluster.public_url,
-                source=self.source(),
-                available=True,
-                loaded=self.runtimes.is_loaded(cfg),
-                disabled=cfg.local_id in self.disabled,
+            self.assets.annotate(
+                cfg.to_record(
+                    node_id=self.node_id,
+                    node_url=self.config.cluster.public_url,
+                    source=self.source(),
+                    available=True,
+                    loaded=self.runtimes.is_loaded(cfg),
+                    disabled=cfg.local_id in self.disabled,
+                )
             )
             for cfg in sorted(self.catalog.configs.values(), key=lambda c: c.local_id)
         ]
@@ -216,6 +218,7 @@ def build_node(
         ),
         disabled=frozenset(disabled),
     )
+    node.assets = AssetService(node)
     c = config.cluster
     node.cluster = ClusterState(
         role=c.role,
@@ -230,7 +233,6 @@ def build_node(
     )
     node.cluster.health_listeners.append(node.node_health)
     node.lending = Lending(node_id=c.node_id, file_values=config.lending_file_values())
-    node.assets = AssetService(node)
     if c.role == "master":
         node.recipes = load_recipes(Path(c.store_dir))
     node.owner = OwnerLending(node)

@@ -807,6 +807,18 @@ class AssetService:
             catalog.image_ids[cfg.image_id] = cfg
         self.node.cluster.rebuild()
 
+    def annotate(self, record: dict[str, Any]) -> dict[str, Any]:
+        """An unresolved config's record says whether a resolution runs or why it failed."""
+        if "asset_state" not in record:
+            return record
+        job = self._config_jobs.get(str(record.get("local_id")))
+        if job is not None and job.state == "running":
+            record["asset_state"] = "resolving"
+        elif job is not None and job.state == "failed":
+            record["asset_state"] = "failed"
+            record["asset_error"] = job.error
+        return record
+
     async def ready(self, cfg: ModelConfig) -> ModelConfig:
         """`cfg` with every portable reference resolved, waiting for that; RouterError if not."""
         if not cfg.unresolved_fields:

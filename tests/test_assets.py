@@ -262,6 +262,8 @@ def test_a_corrupted_source_is_refused_and_nothing_is_left_behind(
     assert answer.json()["error"]["code"] == "model_assets_unresolved"
     directory = shared_file(cluster, digest, "x").parent
     assert list(directory.iterdir()) == []
+    failed = wait_for(lambda: (r := record(cluster, "chat-copy"))["asset_state"] == "failed" and r)
+    assert "not " + digest in failed["asset_error"]
 
 
 def test_a_symlink_in_the_shared_dir_and_bad_targets_are_refused(

@@ -164,6 +164,14 @@ class ModelRecordSerializer(serializers.Serializer):
         required=False,
         help_text="Path fields that wait for their files to be resolved.",
     )
+    asset_state = serializers.ChoiceField(
+        ["unresolved", "resolving", "failed"],
+        required=False,
+        help_text="Only on a portable config whose weights are not resolved yet.",
+    )
+    asset_error = serializers.CharField(
+        required=False, help_text="Why the last resolution failed (asset_state failed)."
+    )
 
 
 class ModelListSerializer(serializers.Serializer):
