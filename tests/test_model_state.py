@@ -138,7 +138,10 @@ def test_bad_requests_are_refused_naming_the_field_and_change_nothing(tmp_path: 
             assert resp.json()["error"]["param"] == param, body
         resp = set_state(client, "node-a", "ghost", False)
         assert '"ghost"' in resp.json()["error"]["message"]
-        assert client.post(STATE, content=b"[1]").status_code == 400
+        json_body = {"Content-Type": "application/json"}
+        assert client.post(STATE, content=b"[1]", headers=json_body).status_code == 400
+        # A management write's body must say it is JSON (the front door's rule).
+        assert client.post(STATE, content=b"[1]").status_code == 415
         assert client.get(STATE).status_code == 404
         assert flags(client) == before
 

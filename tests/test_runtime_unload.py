@@ -15,6 +15,7 @@ from tests.harness import CLUSTER_TOKEN, Cluster, start_cluster, text_model, wai
 pytestmark = pytest.mark.integration
 
 UNLOAD = "/router/v1/site/nodes/unload"
+JSON_BODY = {"Content-Type": "application/json"}
 AUTH = {"Authorization": f"Bearer {CLUSTER_TOKEN}"}
 
 
@@ -217,7 +218,9 @@ def test_bad_bodies_are_refused_naming_the_field_and_change_nothing(
         assert resp.json()["error"].get("param") == param, (body, resp.text)
     unknown = master.post(UNLOAD, json=unload_body("master", generation, backend_id="gpu-runtime"))
     assert "text-runtime" in unknown.json()["error"]["message"]  # says what there is
-    assert master.post(UNLOAD, content=b"{").status_code == 400
+    assert master.post(UNLOAD, content=b"{", headers=JSON_BODY).status_code == 400
+    # A management write's body must say it is JSON (the front door's rule).
+    assert master.post(UNLOAD, content=b"{").status_code == 415
     assert master.post(UNLOAD, json=[1]).status_code == 400
     assert master.get(UNLOAD).status_code == 404
     assert text_row(state(master)) == row
