@@ -156,6 +156,18 @@ def test_a_copied_portable_config_waits_for_the_peer_transfer_then_answers(
     assert result["resolved"] and result["source"] == "peer_sha256"
     assert result["transfer"]["bytes_done"] == result["transfer"]["bytes_total"] == 3 * MIB + 17
     assert served_streams(cluster) == 1
+    with cluster.master.client() as client:
+        both = {cluster.master.base_url, cluster.slaves["s1"].base_url}
+
+        def holders() -> bool:
+            # The master's answer for this hash is cached for 5 s from the slave's lookup.
+            found = client.get(f"{SITE}/{digest}").json()["assets"]
+            return {h["node_url"] for h in found} == both
+
+        wait_for(holders, timeout=15, interval=0.25)
+        only = client.get(f"{SITE}/{digest}", params={"node_id": "s1"}).json()["assets"]
+        assert [h["node_url"] for h in only] == [cluster.slaves["s1"].base_url]
+        assert client.get(f"{SITE}/{digest.upper()}").status_code == 400
     after = wait_for(lambda: (r := record(cluster, "chat-copy")) and "asset_state" not in r and r)
     assert "unresolved_fields" not in after
 

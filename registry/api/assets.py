@@ -343,3 +343,38 @@ class SubstituteView(SiteAPIView):
                 await remote_call(running_node(), url, "POST", NODE_SITE + "/substitute", doc)
             )
         return Response(await local_substitute(_service(), doc))
+
+
+class AssetLookupResultSerializer(serializers.Serializer):
+    sha256 = serializers.CharField()
+    assets = serializers.ListField(
+        child=serializers.DictField(),
+        help_text="{sha256, filename, size, node_url} per node that holds a verified copy.",
+    )
+
+
+class AssetLookupView(SiteAPIView):
+    @extend_schema(
+        operation_id="modelAssetsLookup",
+        summary="Which nodes hold a verified copy of a hash",
+        description="Without node_id a master asks every healthy node (one deadline, "
+        "models.asset_lookup_timeout); with it, only that node.",
+        parameters=NODE_PARAMETERS,
+        responses={
+            200: OpenApiResponse(AssetLookupResultSerializer, "The holders."),
+            **TARGET_ERRORS,
+        },
+    )
+    async def get(self, request: Request, sha256: str) -> Response:
+        from registry.assets import LOOKUP_PATH, check_sha256
+
+        check_sha256(sha256, "sha256")
+        query = dict(request.query_params.items())
+        url = _target(query)
+        if url is not None:
+            doc = await remote_call(running_node(), url, "POST", LOOKUP_PATH, {"hashes": [sha256]})
+            return Response({"sha256": sha256, "assets": doc.get("assets", [])})
+        service = _service()
+        if running_node().role == "master" and not query.get("node_id"):
+            return Response({"sha256": sha256, "assets": await service.lookup_cluster([sha256])})
+        return Response({"sha256": sha256, "assets": await service.lookup_local([sha256])})

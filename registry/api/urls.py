@@ -33,4 +33,10 @@ urlpatterns = [
     ),
     path("site/model-assets/jobs", assets.JobsView.as_view(), name="site-assets-jobs"),
     path("site/model-assets/jobs/<str:job_id>", assets.JobView.as_view(), name="site-assets-job"),
+    # After every fixed name above: a hash is the only other single segment served here.
+    path(
+        "site/model-assets/<str:sha256>",
+        assets.AssetLookupView.as_view(),
+        name="site-assets-lookup",
+    ),
 ]
