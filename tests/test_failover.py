@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -317,3 +318,42 @@ def test_a_killed_worker_cluster_is_restarted_and_none_of_its_workers_outlive_th
         wait_for(lambda: not any(g in groups for _p, g, _c in _processes().values()))
     finally:
         node.cleanup()
+
+
+def test_a_request_that_reached_its_node_is_not_retried_when_the_node_dies(
+    tmp_path: Path, clusters: list[Cluster]
+) -> None:
+    slow = text_model("twin", load_ms=50, base_ms=5, output_ms_per_token=100)
+    c = start_cluster(tmp_path, [], {"s1": [slow], "s2": [slow]}, health_interval="1h")
+    clusters.append(c)
+    with c.master.client(timeout=30) as client:
+        for _ in range(2):
+            assert client.post("/v1/chat/completions", json=chat("twin", max_tokens=1)).is_success
+    answers: list[httpx.Response] = []
+
+    def send() -> None:
+        with c.master.client(timeout=60) as client:
+            # 50 tokens at 100 ms: it is running on its node when that node is killed.
+            answers.append(client.post("/v1/chat/completions", json=chat("twin", max_tokens=50)))
+
+    sender = threading.Thread(target=send)
+    sender.start()
+
+    def running_on() -> str | None:
+        for name in ("s1", "s2"):
+            with c.slaves[name].client() as client:
+                state = client.get("/router/v1/node/state", headers=AUTH).json()
+            if state["active_requests"]:
+                return name
+        return None
+
+    name = wait_for(running_on)
+    other = "s2" if name == "s1" else "s1"
+    before = served_on(c, other)
+    c.slaves[name].kill()
+    sender.join(60)
+    assert len(answers) == 1
+    # It may have run: the client is told, and it does not run a second time elsewhere.
+    assert answers[0].status_code == 502, answers[0].text
+    assert answers[0].json()["error"]["code"] == "node_failed"
+    assert served_on(c, other) == before

@@ -465,3 +465,30 @@ async def test_an_upstream_config_loads_nothing_and_records_no_load(
         assert node.events == []
     finally:
         await manager.close()
+
+
+async def test_the_lane_is_ready_only_while_a_loaded_backend_passes_its_probe(
+    node: Node, runtime: Runtime
+) -> None:
+    cfg = node.model("alpha")
+    other = node.model("beta")
+    # Nothing loaded: a request would queue behind the load, so the lane counts as ready.
+    assert runtime.lane_ready(cfg)
+    launch = await within(runtime.acquire(cfg))
+    runtime.release()
+    assert runtime.lane_ready(cfg) and runtime.status()["probe_ok"] is True
+    assert runtime.process is not None
+    os.kill(runtime.process.pid, signal.SIGSTOP)
+    try:
+        await wait_for(lambda: not runtime.probe_ok, "the hung backend fails its probe")
+        assert not runtime.lane_ready(cfg) and not runtime.lane_ready(other)
+    finally:
+        os.kill(runtime.process.pid, signal.SIGCONT)
+    await wait_for(lambda: runtime.probe_ok, "the backend passes its probe again")
+    assert runtime.lane_ready(cfg)
+    # A backend found gone is reloaded by the next request: that lane takes requests again.
+    os.kill(runtime.process.pid, signal.SIGSTOP)
+    await wait_for(lambda: not runtime.probe_ok, "the hung backend fails its probe")
+    runtime.backend_lost(launch, "refused")
+    assert runtime.state == "failed" and runtime.lane_ready(cfg)
+    os.kill(runtime.process.pid, signal.SIGCONT)
