@@ -75,6 +75,9 @@ MAX_ASSET_BYTES = 1 << 40
 # Writes and hashing go to a worker thread in blocks this big: one hop per MiB keeps the
 # thread handoff cost far below the copy itself.
 COPY_BLOCK_BYTES = 4 * 1024 * 1024
+# aiohttp's read buffer for a transfer: it pauses the socket at twice this much unread, which
+# bounds the memory a copy holds while its last block is being written.
+READ_BUFFER_BYTES = 1024 * 1024
 JOBS_KEPT = 200
 # Bounds the search for a file name below file_roots, as the inventory's listing is bounded.
 FILE_ROOT_MAX_VISITED = 200_000
@@ -677,7 +680,7 @@ class AssetService:
                 url,
                 headers=headers,
                 allow_redirects=redirects,
-                read_bufsize=COPY_BLOCK_BYTES,
+                read_bufsize=READ_BUFFER_BYTES,
                 timeout=aiohttp.ClientTimeout(
                     total=None,
                     sock_connect=self.node.config.cluster.control_timeout,
@@ -706,7 +709,7 @@ class AssetService:
             raise AssetError(f"the source answered {status}")
         parts: list[bytes] = []
         pending = 0
-        async for chunk in response.content.iter_chunked(COPY_BLOCK_BYTES):
+        async for chunk in response.content.iter_any():
             if writer.offset + pending + len(chunk) > transfer.size:
                 await asyncio.to_thread(writer.discard)
                 raise AssetError(f"the source sent more than the {transfer.size} bytes")
