@@ -129,6 +129,7 @@ class Node:
                     available=True,
                     loaded=self.runtimes.is_loaded(cfg),
                     disabled=cfg.local_id in self.disabled,
+                    reported_vision=self.runtimes.reported_vision.get(cfg.filename, False),
                 )
             )
             for cfg in sorted(self.catalog.configs.values(), key=lambda c: c.local_id)
@@ -232,6 +233,8 @@ def build_node(
         health_timeout=c.health_timeout,
     )
     node.cluster.health_listeners.append(node.node_health)
+    # An upstream server that reports its model reads images changes this node's records.
+    runtimes.on_capabilities = node.cluster.rebuild
     node.lending = Lending(node_id=c.node_id, file_values=config.lending_file_values())
     if c.role == "master":
         node.recipes = load_recipes(Path(c.store_dir))

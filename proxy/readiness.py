@@ -90,3 +90,42 @@ def is_ready(probe: Probe, status: int, body: bytes, *, flag: str = "") -> bool:
     if probe == "health":
         return health_ready(status, body)
     return kobold_flag_ready(status, body, flag)
+
+
+# Where OpenAI-compatible servers say what a model reads, in `/v1/models` entries: a list of
+# input modalities (OpenRouter-style, at the top or under `architecture`), a `modalities` list
+# or `{"vision": true}` map (llama-server's shape), or a capabilities list (Ollama's words).
+_VISION_WORDS = frozenset({"image", "vision", "multimodal"})
+
+
+def _says_vision(entry: dict[str, Any]) -> bool | None:
+    found: bool | None = None
+    architecture = entry.get("architecture")
+    holders = [entry, architecture] if isinstance(architecture, dict) else [entry]
+    for holder in holders:
+        for key in ("input_modalities", "modalities", "capabilities"):
+            value = holder.get(key)
+            if isinstance(value, list):
+                words = {str(v).lower() for v in value}
+                found = bool(found) or bool(words & _VISION_WORDS)
+            elif isinstance(value, dict):
+                found = bool(found) or any(value.get(word) is True for word in ("vision", "image"))
+    return found
+
+
+def reported_vision(body: bytes, model: str) -> bool | None:
+    """Whether a server's `/v1/models` says `model` reads images; None when it does not say.
+
+    The entry is the one named `model`, or the only one listed.
+    """
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    entries = doc.get("data", doc.get("models")) if isinstance(doc, dict) else doc
+    if not isinstance(entries, list):
+        return None
+    listed = [e for e in entries if isinstance(e, dict)]
+    named = [e for e in listed if model in (e.get("id"), e.get("name"), e.get("model"))]
+    chosen = named or (listed if len(listed) == 1 else [])
+    return _says_vision(chosen[0]) if chosen else None

@@ -33,7 +33,7 @@ import aiohttp
 from analytics.recorder import LoadEvent
 from proxy.backends import Launch, LaunchError, auth_headers, build_launch, runtime_lane
 from proxy.logfiles import rotate_if_large
-from proxy.readiness import is_ready, probe_path
+from proxy.readiness import is_ready, probe_path, reported_vision
 from registry.httpclient import get_session
 from registry.kcpps import Lane, ModelConfig
 from routerproject.config import RouterConfig
@@ -90,6 +90,8 @@ class Runtime:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.lane = lane
+        self.on_models: Callable[[ModelConfig, bytes], None] | None = None
+        """Told what an upstream server's readiness answer lists (its models' modalities)."""
         self._config = config
         self._log_dir = log_dir
         self._on_load = on_load
@@ -412,6 +414,8 @@ class Runtime:
                 async with session.get(url, timeout=timeout, headers=headers) as resp:
                     body = await resp.read()
                     if is_ready(launch.probe, resp.status, body, flag=launch.flag):
+                        if self.on_models is not None and launch.probe == "models":
+                            self.on_models(cfg, body)
                         return
             except (TimeoutError, aiohttp.ClientError):
                 pass
@@ -556,6 +560,39 @@ class RuntimeManager:
         self._on_load = on_load
         self._log_dir = log_dir
         self._clock = clock
+        self.reported_vision: dict[str, bool] = {}
+        """Upstream configs (by file name) whose server says whether the model reads images."""
+        self.on_capabilities: Callable[[], None] | None = None
+        """Called when what a server reports changes a model's capabilities (rebuild records)."""
+
+    def note_models(self, cfg: ModelConfig, body: bytes) -> None:
+        """Learn from an upstream's `/v1/models` whether its model reads images."""
+        vision = reported_vision(body, cfg.served_model)
+        if vision is None or self.reported_vision.get(cfg.filename) == vision:
+            return
+        self.reported_vision[cfg.filename] = vision
+        logger.info("upstream %s reports vision=%s for %s", cfg.local_id, vision, cfg.served_model)
+        if self.on_capabilities is not None:
+            self.on_capabilities()
+
+    async def discover_upstreams(self, configs: list[ModelConfig]) -> None:
+        """Ask each upstream server once, at start, what its model reads; an upstream that
+        does not answer yet is asked again by its first request's readiness check."""
+        session = get_session()
+        timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_SECS)
+
+        async def ask(cfg: ModelConfig) -> None:
+            assert cfg.upstream_url is not None
+            url = cfg.upstream_url.rstrip("/") + probe_path("models")
+            try:
+                async with session.get(url, timeout=timeout, headers=auth_headers(cfg)) as resp:
+                    if 200 <= resp.status < 300:
+                        self.note_models(cfg, await resp.read())
+            except (TimeoutError, aiohttp.ClientError):
+                return
+
+        upstreams = [c for c in configs if c.backend_mode == "upstream" and c.upstream_url]
+        await asyncio.gather(*(ask(c) for c in upstreams))
 
     def runtime_for(self, cfg: ModelConfig, lane: Lane) -> Runtime:
         if cfg.backend_mode == "upstream":
@@ -570,6 +607,7 @@ class RuntimeManager:
                     on_load=self._on_load,
                     clock=self._clock,
                 )
+                runtime.on_models = self.note_models
                 self._upstreams[cfg.filename] = runtime
             return runtime
         return self.runtimes[runtime_lane(cfg, lane)]

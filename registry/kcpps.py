@@ -246,8 +246,12 @@ class ModelConfig:
         available: bool,
         loaded: bool,
         disabled: bool = False,
+        reported_vision: bool = False,
     ) -> dict[str, Any]:
-        """The ModelRecord JSON (reference-cluster §2.4), before public-id suffixing."""
+        """The ModelRecord JSON (reference-cluster §2.4), before public-id suffixing.
+
+        `reported_vision`: the server behind an upstream config says its model reads images.
+        """
         record: dict[str, Any] = {
             "public_id": self.local_id,
             "local_id": self.local_id,
@@ -264,7 +268,7 @@ class ModelConfig:
                 "has_llm": self.has_llm,
                 "has_image": self.has_image,
                 "has_embeddings": self.has_embeddings,
-                "has_multimodal": self.has_multimodal,
+                "has_multimodal": self.has_multimodal or (self.has_llm and reported_vision),
                 "has_voice": self.has_voice,
                 "has_music": False,
                 "model_hash": self.model_hash,
@@ -287,6 +291,8 @@ class ModelConfig:
                 "text_ineligible_reason": self.text_eligible_reason,
             }
         )
+        if reported_vision and not self.has_multimodal and self.has_llm:
+            record["capabilities"]["multimodal"] = {"projector": None, "reported": True}
         if self.unresolved_fields:
             # Until every portable reference is resolved to a verified file, a load is refused
             # and a request waits for the resolution (reference-cluster §7.2).

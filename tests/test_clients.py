@@ -90,6 +90,8 @@ def node(
             "eye",
             {"backend_mode": "upstream", "upstream_url": upstreams["eye"].url, "vision": True},
         ),
+        # The same server, its vision not declared: the router learns it from /v1/models.
+        ModelSpec("eye-said", {"backend_mode": "upstream", "upstream_url": upstreams["eye"].url}),
         ModelSpec("painter", {}, {"sdmodel": sim_weights(image_ms_per_megapixel_step=1)}),
     ]
     n = start_node(root, models, extra_env={KEY_ENV: UPSTREAM_KEY})
@@ -342,3 +344,19 @@ def test_kobold_discovery_needs_the_inference_key_like_every_client_path(
             assert json.loads(client.get("/v1/models/solo", headers=headers).text)["id"] == "solo"
     finally:
         with_key.cleanup()
+
+
+def test_vision_an_upstream_reports_is_learnt_and_a_text_only_one_keeps_refusing_images(
+    olla: ollama.Client, node: RouterNode
+) -> None:
+    def capabilities(model: str) -> list[str]:
+        return list(olla.show(model).capabilities or [])
+
+    # Asked at start, beside everything else: polled, not assumed done.
+    wait_for(lambda: "vision" in capabilities("eye-said"), timeout=20)
+    image = {"role": "user", "content": "What is this?", "images": [PNG_1X1]}
+    assert olla.chat(model="eye-said", messages=[image]).message.content
+    assert "vision" not in capabilities("own")
+    with node.client() as client:
+        refused = client.post("/api/chat", json={"model": "own", "messages": [image]})
+    assert refused.status_code == 400 and "image" in refused.json()["error"]

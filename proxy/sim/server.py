@@ -437,6 +437,8 @@ async def handle_models(request: web.Request) -> web.Response:
         "object": "model",
         "created": state.created,
         "owned_by": "sim",
+        # What it reads, as servers that say so list it (OpenRouter-style input modalities).
+        "input_modalities": ["text", "image"] if state.vision else ["text"],
     }
     return _json({"object": "list", "data": [entry]})
 

@@ -11,6 +11,7 @@ from proxy.readiness import (
     kobold_flag_ready,
     models_ready,
     probe_path,
+    reported_vision,
     sd_models_ready,
 )
 
@@ -191,3 +192,41 @@ def test_is_ready_checks_the_kobold_flag_it_is_given() -> None:
     body = _json({"transcribe": True, "embeddings": False})
     assert is_ready("kobold_flag", 200, body, flag="transcribe")
     assert not is_ready("kobold_flag", 200, body, flag="embeddings")
+
+
+# -- what a server says its model reads ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("entry", "vision"),
+    [
+        ({"id": "m", "input_modalities": ["text", "image"]}, True),
+        ({"id": "m", "input_modalities": ["text"]}, False),
+        ({"id": "m", "architecture": {"input_modalities": ["image", "text"]}}, True),
+        ({"id": "m", "modalities": {"vision": True, "audio": False}}, True),
+        ({"id": "m", "modalities": {"vision": False}}, False),
+        ({"id": "m", "capabilities": ["completion", "vision"]}, True),
+        ({"id": "m", "capabilities": ["completion"]}, False),
+        ({"id": "m"}, None),
+    ],
+)
+def test_a_models_entry_says_whether_its_model_reads_images(
+    entry: dict[str, object], vision: bool | None
+) -> None:
+    assert reported_vision(_json({"data": [entry]}), "m") is vision
+
+
+def test_the_entry_of_the_served_model_is_read_and_else_the_only_one() -> None:
+    doc = {
+        "data": [
+            {"id": "a", "input_modalities": ["text"]},
+            {"id": "b", "input_modalities": ["text", "image"]},
+        ]
+    }
+    assert reported_vision(_json(doc), "b") is True
+    assert reported_vision(_json(doc), "a") is False
+    # Two entries and neither is the one: nothing is known.
+    assert reported_vision(_json(doc), "c") is None
+    only = {"data": [{"id": "other", "input_modalities": ["image"]}]}
+    assert reported_vision(_json(only), "c") is True
+    assert reported_vision(b"not json", "c") is None

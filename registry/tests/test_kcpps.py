@@ -663,3 +663,20 @@ def test_a_config_that_declares_vision_is_multimodal_without_a_projector(layout:
     with pytest.raises(ModelConfigError) as refused:
         _load(layout, "odd", UPSTREAM | {"vision": "yes"})
     assert refused.value.key == "vision"
+
+
+def test_vision_the_server_reports_makes_an_upstream_record_multimodal(layout: Path) -> None:
+    cfg = _load(layout, "eye", UPSTREAM)
+    args: dict[str, Any] = {
+        "node_id": "n",
+        "node_url": "http://n",
+        "source": "local",
+        "available": True,
+    }
+    assert cfg.to_record(**args, loaded=False)["has_multimodal"] is False
+    said = cfg.to_record(**args, loaded=False, reported_vision=True)
+    assert said["has_multimodal"] is True
+    assert said["capabilities"]["multimodal"] == {"projector": None, "reported": True}
+    # An image-only config never becomes a vision text model, whatever is reported.
+    image = _load(layout, "pic", IMAGE_SD)
+    assert image.to_record(**args, loaded=False, reported_vision=True)["has_multimodal"] is False

@@ -206,6 +206,13 @@ class NodeRunner:
 
         node = self.node
         node.recorder.start()
+        # What each upstream server says its model reads (images or not) is asked once now,
+        # beside the rest of the start, so image requests go to a model that reads them.
+        discovery = asyncio.ensure_future(
+            node.runtimes.discover_upstreams(list(node.catalog.configs.values()))
+        )
+        self.tasks.add(discovery)
+        discovery.add_done_callback(self.tasks.discard)
         if self.want_workers:
             await self._start_workers()
         from proxy.logfiles import keep_rotating
