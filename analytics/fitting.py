@@ -58,6 +58,8 @@ MIN_BYTES_PER_TOKEN = 0.5
 MAX_BYTES_PER_TOKEN = 64.0
 # How many standard deviations the estimate is pulled towards "more tokens" / "longer answer".
 TOKEN_SPREAD_SIGMAS = 2.0
+# A line of tokens against bytes needs a third point to have any scatter to measure.
+LINE_MIN_SAMPLES = 3
 
 
 @dataclass(frozen=True)
@@ -289,25 +291,32 @@ class TokenProfile:
     # tokens. 0 means "not known" (a node on an older build): the conservative values stand in.
     mean_bytes_per_token: float = 0.0
     mean_output: float = 0.0
-    # Bytes of every body that carry no prompt (the JSON around it), taken off before the
-    # ratio applies; 0 when the traffic shows none (or from a node on an older build).
+    # The straight line tokens = (bytes - overhead_bytes) / bytes_per_token that the traffic
+    # follows: a body carries JSON that is no prompt (overhead > 0) and a chat template adds
+    # tokens the body does not hold (overhead < 0). 0 from a node on an older build.
     overhead_bytes: float = 0.0
+    # How far measured prompts lay above that line (2 sigma, tokens): the conservative
+    # estimate adds it instead of pulling the ratio down, so a short prompt is over-counted by
+    # a few tokens rather than many times over. 0 when no line was fitted.
+    spread_tokens: float = 0.0
 
-    def _prompt_bytes(self, body_bytes: int) -> float:
-        return max(float(body_bytes) - self.overhead_bytes, 0.0)
+    def _line_tokens(self, body_bytes: int, ratio: float) -> float:
+        return (float(body_bytes) - self.overhead_bytes) / ratio
 
     def prompt_tokens(self, body_bytes: int) -> int:
         """Estimated prompt tokens of a raw request body (rounded up, errs towards more)."""
         if body_bytes <= 0:
             return 0
-        return max(1, math.ceil(self._prompt_bytes(body_bytes) / self.conservative_bytes_per_token))
+        line = self._line_tokens(body_bytes, self.conservative_bytes_per_token)
+        # Rounded first so that a fitted line's last-bit error never adds a whole token.
+        return max(1, math.ceil(round(line + self.spread_tokens, 6)))
 
     def expected_prompt_tokens(self, body_bytes: int) -> int:
         """Prompt tokens a raw body most likely holds: what the backend will measure."""
         if body_bytes <= 0:
             return 0
         ratio = self.mean_bytes_per_token or self.conservative_bytes_per_token
-        return max(1, round(self._prompt_bytes(body_bytes) / ratio))
+        return max(1, round(self._line_tokens(body_bytes, ratio)))
 
     @property
     def mean_output_tokens(self) -> float:
@@ -329,26 +338,31 @@ class TokenProfile:
         return self.prompt_tokens(body_bytes) + math.ceil(answer)
 
 
-def _overhead_bytes(body_bytes: np.ndarray, tokens: np.ndarray) -> float:
-    """Bytes every body carries whatever its prompt: the intercept of bytes against tokens.
+def _token_line(body_bytes: np.ndarray, tokens: np.ndarray) -> tuple[float, float, float] | None:
+    """(overhead bytes, bytes per token, 2-sigma spread in tokens) of tokens against bytes.
 
-    A body is its prompt plus JSON that is no prompt (model, keys, max_tokens), and a backend
-    adds template tokens the body does not hold. On short prompts that fixed part dominates:
-    the plain ratio then ranges from 4 to 25 bytes per token, its spread pulls the
-    conservative ratio down to the floor, and a short prompt is estimated at many times its
-    tokens. A straight line through (tokens, bytes) measures the fixed part; it is capped so
-    that no sample is left with fewer than MIN_BYTES_PER_TOKEN bytes per token, and is 0 when
-    the token counts do not vary enough to tell a line from a point.
+    A body is its prompt plus JSON that is no prompt (model, keys, max_tokens), and a chat
+    template adds tokens the body does not hold. On short prompts those fixed parts dominate:
+    measured on llama-server, "Hi" was 46 bytes and 2 tokens as a completion but 76 bytes and
+    25 tokens as a chat, so the plain ratio spreads from 1.8 to 23 bytes per token and its
+    conservative end (mean - 2 sigma) sits at the floor, estimating every prompt at several
+    times its tokens. A straight line through (bytes, tokens) takes the fixed parts as its
+    intercept; the scatter around it becomes an additive margin. None when the byte sizes do
+    not vary enough to draw a line, or the line's slope is no tokenizer's.
     """
     n = tokens.shape[0]
-    if n < MIN_FIT_SAMPLES_FLOOR or not _measurable(n, tokens):
-        return 0.0
-    design = np.column_stack([np.ones(n), tokens])
-    (intercept, slope), *_ = np.linalg.lstsq(design, body_bytes, rcond=None)
-    if not (math.isfinite(intercept) and math.isfinite(slope)) or slope <= 0 or intercept <= 0:
-        return 0.0
-    cap = float((body_bytes - MIN_BYTES_PER_TOKEN * tokens).min())
-    return max(0.0, min(float(intercept), cap))
+    if n < LINE_MIN_SAMPLES or not _measurable(n, body_bytes):
+        return None
+    design = np.column_stack([np.ones(n), body_bytes])
+    (intercept, slope), *_ = np.linalg.lstsq(design, tokens, rcond=None)
+    if not (math.isfinite(intercept) and math.isfinite(slope)) or slope <= 0:
+        return None
+    bytes_per_token = 1.0 / float(slope)
+    if not (MIN_BYTES_PER_TOKEN <= bytes_per_token <= MAX_BYTES_PER_TOKEN):
+        return None
+    residuals = tokens - (intercept + slope * body_bytes)
+    spread = TOKEN_SPREAD_SIGMAS * float(residuals.std())
+    return -float(intercept) * bytes_per_token, bytes_per_token, spread
 
 
 def token_profile(
@@ -368,12 +382,16 @@ def token_profile(
     n = int(keep.sum())
     if n < max(1, min_samples):
         return None
-    overhead = _overhead_bytes(b[keep], i[keep])
-    ratio = (b[keep] - overhead) / i[keep]
+    ratio = b[keep] / i[keep]
     mean_ratio = float(ratio.mean())
     if not (MIN_BYTES_PER_TOKEN <= mean_ratio <= MAX_BYTES_PER_TOKEN):
         return None
     conservative = max(MIN_BYTES_PER_TOKEN, mean_ratio - TOKEN_SPREAD_SIGMAS * float(ratio.std()))
+    overhead, spread = 0.0, 0.0
+    line = _token_line(b[keep], i[keep])
+    if line is not None:
+        overhead, mean_ratio, spread = line
+        conservative = mean_ratio
     out = o[keep]
     mean_out = float(out.mean())
     reserved = mean_out + TOKEN_SPREAD_SIGMAS * float(out.std())
@@ -386,6 +404,7 @@ def token_profile(
         mean_bytes_per_token=mean_ratio,
         mean_output=mean_out,
         overhead_bytes=overhead,
+        spread_tokens=spread,
     )
 
 
@@ -426,6 +445,7 @@ def fits_to_wire(
                 "mean_bytes_per_token": profile.mean_bytes_per_token,
                 "mean_output_tokens": profile.mean_output,
                 "overhead_bytes": profile.overhead_bytes,
+                "spread_tokens": profile.spread_tokens,
             }
             for model_id, profile in sorted(tokens.items())
         ],
@@ -568,5 +588,6 @@ def _token_profile_from_wire(row: Mapping[str, Any]) -> tuple[str, TokenProfile]
         samples=samples,
         mean_bytes_per_token=_positive_or_zero(row.get("mean_bytes_per_token")),
         mean_output=_positive_or_zero(row.get("mean_output_tokens")),
-        overhead_bytes=_positive_or_zero(row.get("overhead_bytes")),
+        overhead_bytes=_number(row.get("overhead_bytes")) or 0.0,
+        spread_tokens=_positive_or_zero(row.get("spread_tokens")),
     )

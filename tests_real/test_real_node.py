@@ -173,3 +173,37 @@ def test_a_dead_backend_is_logged_by_name_and_restarted_by_the_next_request(
     assert NARROW in line and f"{NARROW}.kcpps" in line and "ModelConfig(" not in line
     resp = client.post("/v1/chat/completions", json=chat(NARROW, max_tokens=2))
     assert resp.status_code == 200 and text_backend(client)["pid"] != pid
+
+
+def test_short_prompts_give_a_bytes_per_token_estimate_near_what_llama_server_counts(
+    real: Real, client: httpx.Client
+) -> None:
+    import numpy as np
+
+    from analytics.fitting import token_profile
+    from tests_real.realnode import node_rows
+
+    before = len(node_rows(real.node, "requests", NARROW))
+    bodies: list[tuple[str, dict[str, Any]]] = [
+        ("/v1/chat/completions", chat(NARROW, "Hi", max_tokens=2)),
+        ("/v1/chat/completions", chat(NARROW, "Tell me about the moon.", max_tokens=2)),
+        ("/v1/completions", {"model": NARROW, "prompt": "Hi", "max_tokens": 2}),
+        ("/v1/completions", {"model": NARROW, "prompt": "One two three four", "max_tokens": 2}),
+        ("/v1/chat/completions", chat(NARROW, "A story. " * 40, max_tokens=2)),
+        ("/v1/completions", {"model": NARROW, "prompt": "The sea, " * 30, "max_tokens": 2}),
+    ]
+    for path, body in bodies:
+        assert client.post(path, json=body).status_code == 200
+    rows = wait_for(
+        lambda: len(r := node_rows(real.node, "requests", NARROW)) >= before + len(bodies) and r
+    )[before:]
+    b = np.array([r["prompt_bytes"] for r in rows])
+    t = np.array([r["prompt_tokens"] for r in rows])
+    profile = token_profile(b, t, np.array([r["output_tokens"] for r in rows]), min_samples=3)
+    assert profile is not None
+    estimates = [profile.prompt_tokens(int(x)) for x in b]
+    print(f"\nbytes {b.tolist()} tokens {t.tolist()} estimated {estimates}; {profile}")
+    assert profile.conservative_bytes_per_token > 1.0  # not the 0.5 floor
+    for actual, estimate in zip(t.tolist(), estimates, strict=True):
+        # A few tokens over on the shortest prompts, never a multiple of a long one.
+        assert estimate <= 1.5 * actual + 30
