@@ -203,11 +203,12 @@ def text_ms(weights: dict[str, Any], body_bytes: bytes, n_output: int) -> float:
 
 
 def test_it_answers_503_while_loading_then_200(start_sim: Callable[..., Sim]) -> None:
-    # Longer than the interpreter's start-up, so that the loading window is observable.
+    # The 503 itself is pinned by the 60 s load below: here the window may close before a busy
+    # machine gets its first poll in, so only what holds at any speed is asserted.
     load_ms = 1500
     sim = start_sim("loading", {"load_ms": load_ms}, wait=False)
     seen = poll_health(sim)
-    assert seen[0] == 503
+    assert set(seen[:-1]) <= {503}
     assert seen[-1] == 200
     assert time.monotonic() - sim.spawned_at >= load_ms / 1000
     line = f"sim: listening on http://127.0.0.1:{sim.port} model=loading load_ms=1500"
