@@ -709,16 +709,31 @@ class AssetService:
             raise AssetError(f"the source answered {status}")
         parts: list[bytes] = []
         pending = 0
-        async for chunk in response.content.iter_any():
-            if writer.offset + pending + len(chunk) > transfer.size:
-                await asyncio.to_thread(writer.discard)
-                raise AssetError(f"the source sent more than the {transfer.size} bytes")
-            parts.append(chunk)
-            pending += len(chunk)
-            if pending >= COPY_BLOCK_BYTES:
-                await asyncio.to_thread(writer.write_all, parts)
-                parts, pending = [], 0
-                transfer.done = writer.offset
+        received = writer.offset
+        # One block is hashed and written in a thread while the next one arrives: the two
+        # halves of the copy overlap instead of taking turns.
+        writing: asyncio.Future[None] | None = None
+        try:
+            async for chunk in response.content.iter_any():
+                received += len(chunk)
+                if received > transfer.size:
+                    if writing is not None:
+                        await writing
+                        writing = None
+                    await asyncio.to_thread(writer.discard)
+                    raise AssetError(f"the source sent more than the {transfer.size} bytes")
+                parts.append(chunk)
+                pending += len(chunk)
+                if pending >= COPY_BLOCK_BYTES:
+                    if writing is not None:
+                        await writing
+                    transfer.done = writer.offset
+                    writing = asyncio.ensure_future(asyncio.to_thread(writer.write_all, parts))
+                    parts, pending = [], 0
+        finally:
+            # The partial file is never left with a write in flight, whatever broke the copy.
+            if writing is not None:
+                await writing
         if parts:
             await asyncio.to_thread(writer.write_all, parts)
         transfer.done = writer.offset
