@@ -134,15 +134,15 @@ def _rewrite_sse_line(line: bytes, public_id: str) -> bytes:
     return content[:prefix_len] + rewritten + terminator
 
 
-class SSERewriter:
-    """Rewrite the top-level ``model`` of every JSON ``data:`` line of an SSE stream.
+class LineFilter:
+    """A stream filter over whole ``\n``-terminated lines.
 
-    Every byte that is not a rewritten JSON payload is emitted exactly as
-    received, so blank lines (event boundaries) and line endings survive.
+    Each region of complete lines goes through ``_filter``. A line longer than the cap is passed
+    on verbatim until its end instead of being buffered, so a filter's memory stays bounded
+    whatever the backend sends.
     """
 
-    def __init__(self, public_id: str, *, max_line_bytes: int = SSE_MAX_LINE_BYTES) -> None:
-        self._public_id = public_id
+    def __init__(self, max_line_bytes: int) -> None:
         self._max_line_bytes = max_line_bytes
         self._lines = LineBuffer()
         # Set while an over-long line is streamed through verbatim until its end.
@@ -159,9 +159,10 @@ class SSERewriter:
             self._passthrough = False
             head, chunk = chunk[:end], chunk[end:]
         region = self._lines.take(chunk)
-        out = head + self._rewrite_region(region) if region else head
+        out = head + self._filter(region) if region else head
         if self._lines.pending_len > self._max_line_bytes:
             self._passthrough = True
+            self._passing_through()
             out += self._lines.drain()
         return out
 
@@ -170,9 +171,34 @@ class SSERewriter:
             self._passthrough = False
             return b""
         rest = self._lines.drain()
-        return _rewrite_sse_line(rest, self._public_id) if rest else b""
+        return self._filter_last(rest) if rest else b""
 
-    def _rewrite_region(self, region: bytes) -> bytes:
+    def _filter(self, region: bytes) -> bytes:
+        raise NotImplementedError
+
+    def _filter_last(self, line: bytes) -> bytes:
+        """The unterminated line a stream may end with."""
+        return self._filter(line)
+
+    def _passing_through(self) -> None:
+        """Called when an over-long line starts to pass through unfiltered."""
+
+
+class SSERewriter(LineFilter):
+    """Rewrite the top-level ``model`` of every JSON ``data:`` line of an SSE stream.
+
+    Every byte that is not a rewritten JSON payload is emitted exactly as
+    received, so blank lines (event boundaries) and line endings survive.
+    """
+
+    def __init__(self, public_id: str, *, max_line_bytes: int = SSE_MAX_LINE_BYTES) -> None:
+        super().__init__(max_line_bytes)
+        self._public_id = public_id
+
+    def _filter_last(self, line: bytes) -> bytes:
+        return _rewrite_sse_line(line, self._public_id)
+
+    def _filter(self, region: bytes) -> bytes:
         if _MODEL_KEY not in region:
             return region
         return b"".join(_rewrite_sse_line(line, self._public_id) for line in split_lines(region))

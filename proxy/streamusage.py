@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from proxy.rewrite import LineBuffer, split_lines
+from proxy.rewrite import LineFilter, split_lines
 
 # The OpenAI paths whose streams carry `usage` when asked.
 TEXT_STREAM_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
@@ -65,7 +65,7 @@ def _strip_line(line: bytes) -> bytes | None:
     return _DATA_PREFIX + b" " + orjson.dumps(doc) + terminator
 
 
-class UsageStripper:
+class UsageStripper(LineFilter):
     """Remove `usage` from an OpenAI SSE stream, byte-exact everywhere else.
 
     A dropped usage event takes its blank separator line with it, so the client never sees
@@ -73,38 +73,13 @@ class UsageStripper:
     """
 
     def __init__(self, *, max_line_bytes: int = MAX_USAGE_LINE_BYTES) -> None:
-        self._lines = LineBuffer()
-        self._max_line_bytes = max_line_bytes
+        super().__init__(max_line_bytes)
         self._drop_blank = False
-        # Set while an over-long line passes through until its end.
-        self._passthrough = False
 
-    def feed(self, chunk: bytes) -> bytes:
-        if not chunk:
-            return b""
-        head = b""
-        if self._passthrough:
-            end = chunk.find(b"\n") + 1
-            if end == 0:
-                return chunk
-            self._passthrough = False
-            head, chunk = chunk[:end], chunk[end:]
-        region = self._lines.take(chunk)
-        out = head + self._strip_region(region) if region else head
-        if self._lines.pending_len > self._max_line_bytes:
-            self._passthrough = True
-            self._drop_blank = False
-            out += self._lines.drain()
-        return out
+    def _passing_through(self) -> None:
+        self._drop_blank = False
 
-    def close(self) -> bytes:
-        if self._passthrough:
-            self._passthrough = False
-            return b""
-        rest = self._lines.drain()
-        return self._strip_region(rest) if rest else b""
-
-    def _strip_region(self, region: bytes) -> bytes:
+    def _filter(self, region: bytes) -> bytes:
         if _USAGE_KEY not in region and not self._drop_blank:
             return region
         out: list[bytes] = []
