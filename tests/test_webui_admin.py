@@ -7,19 +7,15 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.browser import chromium, require_chromium
 from tests.harness import REPO, ModelSpec, RouterNode, sim_weights, start_node, text_model
 
 pytestmark = pytest.mark.integration
-playwright_api = pytest.importorskip("playwright.sync_api")
-CHROMIUM = "/usr/bin/chromium"
-if not Path(CHROMIUM).exists():
-    pytest.skip("chromium is not installed (apt-get install chromium)", allow_module_level=True)
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+require_chromium()
 ARTIFACTS = REPO / "test-artifacts"
 PASSWORD = "a-long-admin-password-9"
 
@@ -74,18 +70,14 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterNode]:
 
 @pytest.fixture
 def admin(node: RouterNode) -> Iterator[Any]:
-    with playwright_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            tab = browser.new_page()
-            tab.goto(node.base_url + "/admin/login/")
-            tab.fill("#id_username", "operator")
-            tab.fill("#id_password", PASSWORD)
-            tab.click("input[type=submit]")
-            tab.wait_for_selector("#site-name")
-            yield tab
-        finally:
-            browser.close()
+    with chromium() as browser:
+        tab = browser.new_page()
+        tab.goto(node.base_url + "/admin/login/")
+        tab.fill("#id_username", "operator")
+        tab.fill("#id_password", PASSWORD)
+        tab.click("input[type=submit]")
+        tab.wait_for_selector("#site-name")
+        yield tab
 
 
 def test_createsuperuser_takes_the_config_option_and_writes_the_nodes_own_database(

@@ -5,20 +5,16 @@ a loaded image model under the ID clients use."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.browser import chromium, require_chromium
 from tests.harness import REPO, Cluster, ModelSpec, sim_weights, start_cluster, text_model
 
 pytestmark = pytest.mark.integration
-playwright_api = pytest.importorskip("playwright.sync_api")
-CHROMIUM = "/usr/bin/chromium"
-if not Path(CHROMIUM).exists():
-    pytest.skip("chromium is not installed (apt-get install chromium)", allow_module_level=True)
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+require_chromium()
 ARTIFACTS = REPO / "test-artifacts"
 PHONE = {"width": 390, "height": 844}
 
@@ -46,12 +42,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 @pytest.fixture
 def browser() -> Iterator[Any]:
-    with playwright_api.sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
+    with chromium() as b:
+        yield b
 
 
 @pytest.mark.parametrize(

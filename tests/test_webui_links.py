@@ -4,19 +4,15 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.browser import chromium, require_chromium
 from tests.harness import REPO, Cluster, ModelSpec, sim_weights, start_cluster, text_model, wait_for
 
 pytestmark = pytest.mark.integration
-playwright_api = pytest.importorskip("playwright.sync_api")
-CHROMIUM = "/usr/bin/chromium"
-if not Path(CHROMIUM).exists():
-    pytest.skip("chromium is not installed (apt-get install chromium)", allow_module_level=True)
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+require_chromium()
 ARTIFACTS = REPO / "test-artifacts"
 
 
@@ -40,14 +36,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 @pytest.fixture
 def tab(cluster: Cluster) -> Iterator[Any]:
-    with playwright_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page()
-            page.goto(cluster.master.base_url + "/ui/lending")
-            yield page
-        finally:
-            browser.close()
+    with chromium() as browser:
+        page = browser.new_page()
+        page.goto(cluster.master.base_url + "/ui/lending")
+        yield page
 
 
 def text_links(cluster: Cluster) -> list[dict[str, Any]]:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.browser import chromium, require_chromium
 from tests.harness import (
     CLUSTER_TOKEN,
     REPO,
@@ -23,11 +23,7 @@ from tests.harness import (
 )
 
 pytestmark = pytest.mark.integration
-playwright_api = pytest.importorskip("playwright.sync_api")
-CHROMIUM = "/usr/bin/chromium"
-if not Path(CHROMIUM).exists():
-    pytest.skip("chromium is not installed (apt-get install chromium)", allow_module_level=True)
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+require_chromium()
 ARTIFACTS = REPO / "test-artifacts"
 # Long enough that the page's 5 s refresh and a browser poll see it under way on a busy machine.
 SLOW_LOAD_MS = 8000
@@ -70,15 +66,11 @@ def measured_loads(cluster: Cluster) -> dict[str, float]:
 
 @contextlib.contextmanager
 def watch_load(cluster: Cluster, url_path: str, selector: str) -> Iterator[Any]:
-    with playwright_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            tab = browser.new_page()
-            tab.goto(cluster.master.base_url + url_path)
-            tab.wait_for_selector(selector)
-            yield tab
-        finally:
-            browser.close()
+    with chromium() as browser:
+        tab = browser.new_page()
+        tab.goto(cluster.master.base_url + url_path)
+        tab.wait_for_selector(selector)
+        yield tab
 
 
 def shown(tab: Any, selector: str) -> None:

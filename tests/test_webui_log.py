@@ -6,20 +6,16 @@ from __future__ import annotations
 import sqlite3
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from lending.decisions import DECISION_FIELDS, NULLABLE_FIELDS, REASON_TEXT, TEXT_FIELDS
+from tests.browser import chromium, require_chromium
 from tests.harness import REPO, RouterNode, start_node, text_model
 
 pytestmark = pytest.mark.integration
-playwright_api = pytest.importorskip("playwright.sync_api")
-CHROMIUM = "/usr/bin/chromium"
-if not Path(CHROMIUM).exists():
-    pytest.skip("chromium is not installed (apt-get install chromium)", allow_module_level=True)
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+require_chromium()
 ARTIFACTS = REPO / "test-artifacts"
 HELPERS = 60  # distinct decisions besides the repeated one: 61 lines, two pages of 50
 
@@ -106,15 +102,11 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterNode]:
 
 @pytest.fixture
 def tab(node: RouterNode) -> Iterator[Any]:
-    with playwright_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
-            page.goto(node.base_url + "/ui/lending")
-            page.wait_for_selector("#decisions tr.group")
-            yield page
-        finally:
-            browser.close()
+    with chromium() as browser:
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.goto(node.base_url + "/ui/lending")
+        page.wait_for_selector("#decisions tr.group")
+        yield page
 
 
 def status(tab: Any) -> str:
