@@ -35,6 +35,7 @@ from proxy.forwarding import (
     shape_openai,
 )
 from proxy.node import Node
+from registry import affinity
 from registry import services as registry_services
 from registry.bodies import set_body_model, set_image_body_model
 from registry.cluster import Replica
@@ -252,7 +253,8 @@ async def handle_ping(ctx: Ctx, node: Node) -> None:
 async def handle_openai_text(ctx: Ctx, node: Node) -> None:
     doc = parse_json_body(ctx)
     model = ctx.model = require_model(doc)
-    replica = resolve(node, model, "llm", borrowed=ctx.borrowed)
+    prefix = affinity.fingerprints(doc) if node.cache_affinity else ()
+    replica = resolve(node, model, "llm", borrowed=ctx.borrowed, prefix=prefix)
     has_image = body_has_image(doc)
 
     def run(target: Replica, restore: bool) -> Awaitable[None]:

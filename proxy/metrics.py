@@ -219,6 +219,7 @@ class NodeCollector(Collector):
         yield from self._writers(node)
         yield from self._nodes(node)
         yield from self._fits(node)
+        yield from self._affinity(node)
         if node.role != "slave":
             # A standalone node is its own site: the families are there, empty.
             yield from self._cluster(node)
@@ -285,6 +286,26 @@ class NodeCollector(Collector):
         for key, value in sorted(counts.items()):
             depth.add_metric(key, value)
         yield depth
+
+    @staticmethod
+    def _affinity(node: Node) -> Iterator[Metric]:
+        choices = CounterMetricFamily(
+            "router_affinity_choices",
+            "Replica choices under cluster.routing_cache_affinity, per public model: hit (sent "
+            "to the replica holding the prompt prefix), miss (none held it), override (one "
+            "held it; its wait or a small saving kept the rotation).",
+            labels=("model", "outcome"),
+        )
+        outcome_of = {"hits": "hit", "misses": "miss", "overrides": "override"}
+        for model, counts in node.affinity.stats().items():
+            for key, value in counts.items():
+                choices.add_metric((model, outcome_of[key]), value)
+        yield choices
+        entries = GaugeMetricFamily(
+            "router_affinity_entries", "Prompt prefixes the affinity table remembers."
+        )
+        entries.add_metric((), len(node.affinity))
+        yield entries
 
     @staticmethod
     def _decisions(node: Node) -> Iterator[Metric]:

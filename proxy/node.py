@@ -30,6 +30,7 @@ from lending.runtime import Lending
 from proxy import metrics
 from proxy.inflight import Forwards, Requests
 from proxy.runtimes import RuntimeManager
+from registry.affinity import AffinityTable
 from registry.assets import AssetService
 from registry.catalog import LocalCatalog
 from registry.cluster import MINIMUM_PROTOCOL_VERSION, PROTOCOL_VERSION, ClusterState
@@ -88,6 +89,8 @@ class Node:
     """Requests being answered now, whatever they wait for: shutdown drains them."""
     forwards: Forwards = field(default_factory=Forwards)
     """Requests forwarded to other nodes, by node: cut when their node stops answering."""
+    affinity: AffinityTable = field(init=False)
+    """Which replica last served each prompt prefix (`cluster.routing_cache_affinity`)."""
 
     @property
     def node_id(self) -> str:
@@ -103,8 +106,44 @@ class Node:
     def lane_ready(self, cfg: ModelConfig, lane: Lane) -> bool:
         return self.runtimes.runtime_for(cfg, lane).lane_ready(cfg)
 
+    @property
+    def cache_affinity(self) -> bool:
+        return self.config.cluster.routing_cache_affinity
+
+    def replica_generation(self, node_id: str, local_id: str, lane: Lane) -> int | None:
+        if node_id != self.node_id:
+            # A remote replica's cache is lost when its node goes down (node_health drops it);
+            # its loads are not seen from here.
+            return 0
+        for runtime, cfg in self.runtimes.loaded():
+            if cfg.local_id == local_id and runtime.lane == lane:
+                return runtime.generation
+        return None
+
+    def prompt_cost(self, node_id: str, local_id: str, lane: Lane) -> tuple[float, float] | None:
+        if lane != "text":
+            return None
+        fit = None
+        if node_id == self.node_id:
+            costs = self.lending.costs
+            fit = costs.models.get((local_id, "llm")) if costs is not None else None
+        elif self.role == "master":
+            from lending.master import get_master
+
+            table = get_master(self).last_costs
+            fit = table.fits.get((node_id, local_id, "llm")) if table is not None else None
+        # A fit that saw one prompt size only has no slope to price a saving with.
+        if fit is None or fit.uniform_work is not None or not fit.slopes_ms:
+            return None
+        if fit.slopes_ms[0] <= 0:
+            return None
+        return fit.base_ms, fit.slopes_ms[0]
+
     def node_health(self, node_id: str, healthy: bool) -> None:
         """A node stopped answering its polls: what waits on it in silence gets an error now."""
+        if not healthy:
+            # Its backends' prompt caches died with it, or cannot be reached: forget them.
+            self.affinity.drop_node(node_id)
         remote = self.cluster.nodes.get(node_id)
         if healthy or remote is None or not remote.suspect:
             return
@@ -221,6 +260,9 @@ def build_node(
     )
     node.assets = AssetService(node)
     c = config.cluster
+    node.affinity = AffinityTable(
+        max_entries=c.routing_affinity_entries, ttl=c.routing_affinity_ttl
+    )
     node.cluster = ClusterState(
         role=c.role,
         node_id=c.node_id,

@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, cast
 
+from registry.affinity import AffinityTable
 from registry.catalog import LocalCatalog
 from registry.cluster import ClusterState
 from registry.kcpps import Lane, ModelConfig
@@ -36,6 +37,25 @@ class RoutingNode(Protocol):
 
     def lane_ready(self, cfg: ModelConfig, lane: Lane) -> bool:
         """Whether a local replica's lane can take a request (reference-cluster §3.3)."""
+        ...
+
+    @property
+    def affinity(self) -> AffinityTable:
+        """Which replica last served each prompt prefix (registry/affinity.py)."""
+        ...
+
+    @property
+    def cache_affinity(self) -> bool:
+        """`cluster.routing_cache_affinity`: replica choice consults the affinity table."""
+        ...
+
+    def replica_generation(self, node_id: str, local_id: str, lane: Lane) -> int | None:
+        """The load generation of a replica's model (a reload or switch changes it); None when
+        the model is not loaded there (a local replica) and so holds no cache."""
+        ...
+
+    def prompt_cost(self, node_id: str, local_id: str, lane: Lane) -> tuple[float, float] | None:
+        """`(base_ms, ms_per_prompt_token)` of a replica from the cost fits; None when unfitted."""
         ...
 
 

@@ -10,13 +10,19 @@ reference's rotation, per lane:
 3. otherwise a busy local replica (the request queues on its runtime);
 4. otherwise nothing: 503 when replicas exist but every one is on an unhealthy node (fail fast,
    never hang), 502 when none can serve at all.
+
+With `cluster.routing_cache_affinity` on, a request whose prompt prefix a replica served last
+goes back to that replica when the prefill it saves outweighs its extra wait (see
+registry/affinity.py); otherwise the rotation's pick stands.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Literal
 
+from registry.affinity import Fingerprint, ReplicaKey, prefers_cached
 from registry.cluster import Replica
 from registry.kcpps import Lane
 from registry.ports import RoutingNode
@@ -81,7 +87,85 @@ def lane_of(kind: Kind) -> Lane:
     return _LANE_OF_KIND[kind]
 
 
-def choose(node: RoutingNode, public_id: str, kind: Kind, replicas: list[Replica]) -> Replica:
+def choose(
+    node: RoutingNode,
+    public_id: str,
+    kind: Kind,
+    replicas: list[Replica],
+    prefix: Sequence[Fingerprint] = (),
+) -> Replica:
+    picked = _rotate(node, public_id, kind, replicas)
+    if prefix and node.cache_affinity:
+        return _affine(node, public_id, lane_of(kind), replicas, prefix, picked)
+    return picked
+
+
+def _affine(
+    node: RoutingNode,
+    public_id: str,
+    lane: Lane,
+    replicas: list[Replica],
+    prefix: Sequence[Fingerprint],
+    picked: Replica,
+) -> Replica:
+    """The replica holding the longest cached prefix when that beats `picked` (the rotation's).
+
+    Only replicas the rotation itself could pick qualify: a ready local lane, an available
+    remote. Whatever is chosen is remembered as the holder of the request's whole prompt (its
+    longest fingerprint) only: a shorter boundary such as a system prompt every conversation
+    shares is cached on every replica that served any of them, and steering by its last
+    holder would pile new conversations on one replica.
+    """
+    able: dict[ReplicaKey, Replica] = {
+        ReplicaKey(r.node_id, r.local_id): r
+        for r in replicas
+        if (r.cfg is not None and node.lane_ready(r.cfg, lane)) or (not r.is_local and r.available)
+    }
+
+    def generation_of(key: ReplicaKey) -> int | None:
+        if key not in able:
+            return None
+        return node.replica_generation(key.node_id, key.local_id, lane)
+
+    table = node.affinity
+    found = table.lookup(public_id, lane, prefix, generation_of)
+    chosen = picked
+    if found is None:
+        table.count(public_id, "misses")
+    else:
+        holder, fp = found
+        cached = able[holder]
+        if cached is picked or ReplicaKey(picked.node_id, picked.local_id) == holder:
+            table.count(public_id, "hits")
+        else:
+            cost = node.prompt_cost(holder.node_id, holder.local_id, lane)
+            request_tokens = prefix[-1].tokens
+            if cost is None:
+                saving_ms, job_ms = None, None
+            else:
+                base_ms, slope = cost
+                saving_ms = slope * fp.tokens
+                # In-flight work there is priced as requests like this one, served from cache.
+                job_ms = base_ms + slope * max(0, request_tokens - fp.tokens)
+            if prefers_cached(
+                saving_ms=saving_ms,
+                cached_busy=node.busy[(cached.node_id, cached.local_id, lane)],
+                other_busy=node.busy[(picked.node_id, picked.local_id, lane)],
+                job_ms=job_ms,
+            ):
+                chosen = cached
+                table.count(public_id, "hits")
+            else:
+                table.count(public_id, "overrides")
+    generation = node.replica_generation(chosen.node_id, chosen.local_id, lane)
+    if generation is not None:
+        table.remember(
+            public_id, lane, prefix[-1:], ReplicaKey(chosen.node_id, chosen.local_id), generation
+        )
+    return chosen
+
+
+def _rotate(node: RoutingNode, public_id: str, kind: Kind, replicas: list[Replica]) -> Replica:
     lane = lane_of(kind)
     # A local replica whose lane is not ready (a hung backend failing its probe) is skipped.
     local = [r for r in replicas if r.cfg is not None and node.lane_ready(r.cfg, lane)]
@@ -143,7 +227,14 @@ def recipe_replica(node: RoutingNode, public_id: str, kind: Kind) -> Replica | N
     )
 
 
-def resolve(node: RoutingNode, public_id: str, kind: Kind, *, borrowed: bool = False) -> Replica:
+def resolve(
+    node: RoutingNode,
+    public_id: str,
+    kind: Kind,
+    *,
+    borrowed: bool = False,
+    prefix: Sequence[Fingerprint] = (),
+) -> Replica:
     if node.recipes and not borrowed:
         picked = recipe_replica(node, public_id, kind)
         if picked is not None:
@@ -163,7 +254,7 @@ def resolve(node: RoutingNode, public_id: str, kind: Kind, *, borrowed: bool = F
         if not node.cluster.view_ready:
             raise view_not_ready(node)
         raise _not_found_for(node, public_id, kind)
-    return choose(node, public_id, kind, replicas)
+    return choose(node, public_id, kind, replicas, prefix)
 
 
 # What a model that exists but lacks the capability asked for is told it cannot do.

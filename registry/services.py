@@ -266,6 +266,11 @@ def node_state(*, node: RegistryNode) -> dict[str, Any]:
         "held_requests": node.lending.held_now(),
         "analytics_buffered": node.recorder.pending(),
         "asset_transfers": _asset_transfers(node),
+        "affinity": {
+            "enabled": node.cache_affinity,
+            "entries": len(node.affinity),
+            "models": node.affinity.stats(),
+        },
     }
 
 

@@ -576,6 +576,11 @@ class ClusterConfig(_Section):
     health_timeout: PositiveDuration = _yaml_default("3s")
     """How long one health poll of one node may take: a node that misses it is suspect."""
     sync_concurrency: Annotated[StrictInt, Field(ge=1, le=SYNC_CONCURRENCY_MAX)] = 4
+    routing_cache_affinity: StrictBool = False
+    """Send a request to the replica that holds its prompt prefix when that pays
+    (registry/affinity.py); off keeps the plain rotation of replicas."""
+    routing_affinity_entries: Annotated[StrictInt, Field(ge=1)] = 10000
+    routing_affinity_ttl: PositiveDuration = _yaml_default("10m")
 
     # Lending settings (lending.keys.LENDING_KEYS): None when the file does not set them.
     scheduling_refresh_interval: LendingValue = None

@@ -131,3 +131,28 @@ def test_the_collector_folds_decision_rows_into_lending_counters() -> None:
         )
         == 1
     )
+
+
+def test_affinity_choices_are_counted_per_model_and_outcome() -> None:
+    from registry.affinity import AffinityTable, Fingerprint, ReplicaKey
+
+    table = AffinityTable(max_entries=10, ttl=60.0)
+    table.remember("chat", "text", [Fingerprint(b"d" * 16, 400)], ReplicaKey("a", "m"), 1)
+    for outcome in ("hits", "hits", "misses", "overrides"):
+        table.count("chat", outcome)
+    node: Any = SimpleNamespace(affinity=table)
+    registry = CollectorRegistry(auto_describe=False)
+
+    class Only(metrics.NodeCollector):
+        def collect(self) -> Any:
+            return self._affinity(node)
+
+    registry.register(Only(node))
+
+    def get(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, labels)
+
+    assert get("router_affinity_choices_total", model="chat", outcome="hit") == 2
+    assert get("router_affinity_choices_total", model="chat", outcome="miss") == 1
+    assert get("router_affinity_choices_total", model="chat", outcome="override") == 1
+    assert get("router_affinity_entries") == 1

@@ -23,7 +23,7 @@ import httpx
 import orjson
 import pytest
 
-from proxy.sim.server import SimWeights, load_weights
+from proxy.sim.server import SimWeights, WeightsError, load_weights
 from proxy.sim.server import main as sim_main
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -835,3 +835,76 @@ def test_offered_tools_are_called_and_a_tool_result_is_answered_in_words(
     assert refused.status_code == 400 and "messages[1]" in refused.json()["error"]["message"]
     none = httpx.post(url, json={"messages": ask, "tools": [tool], "tool_choice": "none"}).json()
     assert none["choices"][0]["finish_reason"] != "tool_calls"
+
+
+# Prompt cache ----------------------------------------------------------------------------
+
+CACHE_WEIGHTS = {"base_ms": 1, "prompt_ms_per_token": 0.5, "output_ms_per_token": 0}
+
+
+async def _chat(client: httpx.AsyncClient, sim: Sim, messages: list[dict[str, str]]) -> Any:
+    response = await client.post(
+        f"{sim.url}/v1/chat/completions", json={"messages": messages, "max_tokens": 1}
+    )
+    assert response.status_code == 200, response.text
+    return response.json()["usage"]
+
+
+async def test_the_prompt_cache_makes_the_longest_common_prefix_free(
+    start_sim: Callable[..., Sim],
+) -> None:
+    from proxy.sim.server import prompt_text
+
+    sim = start_sim("cached", {**CACHE_WEIGHTS, "prompt_cache_entries": 1})
+    turn1 = [{"role": "system", "content": "s" * 400}, {"role": "user", "content": "q1"}]
+    turn2 = [*turn1, {"role": "assistant", "content": "a1"}, {"role": "user", "content": "q2"}]
+    other = [{"role": "user", "content": "x" * 300}]
+    async with httpx.AsyncClient() as client:
+        first = await _chat(client, sim, turn1)
+        second = await _chat(client, sim, turn2)
+        # One entry: the unrelated prompt evicts turn 2, so turn 2 again costs in full.
+        await _chat(client, sim, other)
+        third = await _chat(client, sim, turn2)
+    assert first["prompt_tokens_details"]["cached_tokens"] == 0
+    # Turn 1's whole prompt text is a prefix of turn 2's: bytes/4 of it are free.
+    shared = len(prompt_text({"messages": turn1}))
+    assert second["prompt_tokens_details"]["cached_tokens"] == shared // 4
+    # Only what the unrelated prompt shares (the JSON around the first message) stays free.
+    common = b'{"content":"'
+    assert prompt_text({"messages": other}).startswith(common)
+    assert prompt_text({"messages": turn2}).startswith(common)
+    assert third["prompt_tokens_details"]["cached_tokens"] == len(common) // 4
+    stats = sim.stats()
+    durations = [r["duration_ms"] for r in stats["requests"]]
+    full = CACHE_WEIGHTS["base_ms"] + CACHE_WEIGHTS["prompt_ms_per_token"] * second["prompt_tokens"]
+    assert durations[1] == pytest.approx(
+        full - CACHE_WEIGHTS["prompt_ms_per_token"] * (shared // 4)
+    )
+    assert durations[3] == pytest.approx(
+        full - CACHE_WEIGHTS["prompt_ms_per_token"] * (len(common) // 4)
+    )
+
+
+async def test_without_a_prompt_cache_usage_and_timing_are_unchanged(
+    start_sim: Callable[..., Sim],
+) -> None:
+    sim = start_sim("uncached", CACHE_WEIGHTS)
+    turn = [{"role": "user", "content": "q" * 200}]
+    async with httpx.AsyncClient() as client:
+        await _chat(client, sim, turn)
+        again = await _chat(client, sim, turn)
+    assert "prompt_tokens_details" not in again
+    durations = [r["duration_ms"] for r in sim.stats()["requests"]]
+    assert (
+        durations[0]
+        == durations[1]
+        == pytest.approx(
+            CACHE_WEIGHTS["base_ms"] + CACHE_WEIGHTS["prompt_ms_per_token"] * again["prompt_tokens"]
+        )
+    )
+
+
+def test_a_negative_prompt_cache_size_is_refused(tmp_path: Path) -> None:
+    path = write_weights(tmp_path, "bad", {"prompt_cache_entries": -1})
+    with pytest.raises(WeightsError, match="prompt_cache_entries must be an integer >= 0"):
+        load_weights(str(path))

@@ -314,6 +314,22 @@ class HeldRequestSerializer(serializers.Serializer):
     helper_model_id = serializers.CharField(required=False, help_text="Lent requests only.")
 
 
+class AffinityCountsSerializer(serializers.Serializer):
+    hits = serializers.IntegerField(help_text="Sent to the replica holding its prompt prefix.")
+    misses = serializers.IntegerField(help_text="No replica held a usable prefix: rotation.")
+    overrides = serializers.IntegerField(
+        help_text="A replica held the prefix, but its wait or a small saving kept the rotation."
+    )
+
+
+class AffinitySerializer(serializers.Serializer):
+    enabled = serializers.BooleanField(help_text="cluster.routing_cache_affinity")
+    entries = serializers.IntegerField(help_text="Prefixes remembered (routing_affinity_entries).")
+    models = serializers.DictField(
+        child=AffinityCountsSerializer(), help_text="Choices this node made, per public model ID."
+    )
+
+
 class NodeStateSerializer(serializers.Serializer):
     """`cluster` is present only for the answering node itself (no node_id)."""
 
@@ -329,6 +345,7 @@ class NodeStateSerializer(serializers.Serializer):
     asset_transfers = TransferSerializer(
         many=True, help_text="Model asset copies into this node: running ones, then the last 5."
     )
+    affinity = AffinitySerializer(help_text="Cache-affine replica choice on this node.")
     cluster = ClusterStateSerializer(required=False)
 
 

@@ -73,6 +73,9 @@ def test_an_empty_file_gives_every_default(tmp_path: Path) -> None:
     assert cfg.cluster.control_timeout == 30.0
     assert cfg.cluster.health_timeout == 3.0
     assert cfg.cluster.sync_concurrency == 4
+    assert cfg.cluster.routing_cache_affinity is False
+    assert cfg.cluster.routing_affinity_entries == 10000
+    assert cfg.cluster.routing_affinity_ttl == 600.0
     assert cfg.cluster.lending_file_values() == {}
     assert cfg.models.config_dir == (tmp_path / "kcpps").resolve()
     assert cfg.models.startup_model == "" and cfg.models.shared_dir == ""
@@ -245,6 +248,9 @@ def test_a_section_that_is_not_a_mapping_is_an_error(tmp_path: Path) -> None:
         ("cluster:\n  slave_urls: http://10.0.0.2:8080\n", "cluster.slave_urls", "list"),
         ("analytics:\n  enabled: 'maybe'\n", "analytics.enabled", "true or false"),
         ("auth:\n  admin_keys: [[a]]\n", "auth.admin_keys[0]", "string"),
+        ("cluster:\n  routing_cache_affinity: 'yes'\n", "cluster.routing_cache_affinity", "true"),
+        ("cluster:\n  routing_affinity_entries: 0\n", "cluster.routing_affinity_entries", "1"),
+        ("cluster:\n  routing_affinity_ttl: 0s\n", "cluster.routing_affinity_ttl", "greater"),
     ],
 )
 def test_a_wrong_type_is_an_error(tmp_path: Path, text: str, key: str, fragment: str) -> None:

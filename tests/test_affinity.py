@@ -1,0 +1,113 @@
+"""Cache-affine routing on a real cluster: a master, two slaves holding replicas of one model.
+
+Each slave's simulated backend keeps a prompt cache, and reports how much of each prompt it
+reused (`usage.prompt_tokens_details.cached_tokens`), so where a turn ran shows in its answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from proxy.sim.server import prompt_text
+from tests.harness import Cluster, start_cluster, text_model, wait_for
+
+pytestmark = pytest.mark.integration
+
+MODEL = "twin"
+
+
+def replica_spec() -> Any:
+    # Same weights and settings on both slaves: one public ID, two replicas.
+    return text_model(MODEL, base_ms=5, output_ms_per_token=1, prompt_cache_entries=8)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    root = tmp_path_factory.mktemp("affinity")
+    c = start_cluster(
+        root,
+        [],
+        {"s1": [replica_spec()], "s2": [replica_spec()]},
+        master_sections={"cluster": {"routing_cache_affinity": True}},
+    )
+    try:
+        yield c
+    finally:
+        c.cleanup()
+
+
+def turn_messages(turns: int, tag: str) -> list[dict[str, str]]:
+    messages = [{"role": "system", "content": f"Conversation {tag}. " * 20}]
+    for i in range(turns):
+        if i:
+            messages.append({"role": "assistant", "content": f"answer {i} " * 20})
+        messages.append({"role": "user", "content": f"question {tag} {i} " * 20})
+    return messages
+
+
+def ask(client: httpx.Client, messages: list[dict[str, str]]) -> dict[str, Any]:
+    resp = client.post(
+        "/v1/chat/completions", json={"model": MODEL, "messages": messages, "max_tokens": 2}
+    )
+    assert resp.status_code == 200, resp.text
+    usage: dict[str, Any] = resp.json()["usage"]
+    return usage
+
+
+def affinity_state(c: Cluster) -> dict[str, Any]:
+    with c.master.client() as client:
+        state: dict[str, Any] = client.get("/router/v1/site/nodes/state").json()
+    return state["affinity"]
+
+
+def test_turn_n_plus_1_lands_where_turn_n_ran(cluster: Cluster) -> None:
+    before = affinity_state(cluster)["models"].get(MODEL, {"hits": 0, "misses": 0})
+    with cluster.master.client() as client:
+        for turns in range(1, 6):
+            for tag in ("a", "b"):
+                usage = ask(client, turn_messages(turns, tag))
+                if turns == 1:
+                    continue
+                # The whole previous turn was in the serving replica's cache: it ran there.
+                previous = prompt_text({"messages": turn_messages(turns - 1, tag)})
+                assert usage["prompt_tokens_details"]["cached_tokens"] == len(previous) // 4
+    state = affinity_state(cluster)
+    assert state["enabled"] is True
+    counts = state["models"][MODEL]
+    assert counts["hits"] - before["hits"] == 8
+    assert counts["misses"] - before["misses"] == 2
+
+
+def test_a_node_that_goes_down_loses_its_conversations(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    c = start_cluster(
+        tmp_path_factory.mktemp("affinity-down"),
+        [],
+        {"s1": [replica_spec()], "s2": [replica_spec()]},
+        master_sections={"cluster": {"routing_cache_affinity": True}},
+    )
+    try:
+        with c.master.client() as client:
+            # Two new conversations rotate: one lands on each slave.
+            for tag in ("x", "y"):
+                ask(client, turn_messages(1, tag))
+        assert affinity_state(c)["entries"] == 2
+        c.slaves["s1"].kill()
+        wait_for(lambda: affinity_state(c)["entries"] == 1, timeout=30, interval=0.2)
+        reused = []
+        with c.master.client() as client:
+            for tag in ("x", "y"):
+                usage = ask(client, turn_messages(2, tag))
+                reused.append(usage["prompt_tokens_details"]["cached_tokens"])
+        # The conversation that lived on s2 still finds its cache; the other starts over there.
+        full = [len(prompt_text({"messages": turn_messages(1, t)})) // 4 for t in ("x", "y")]
+        assert sorted(r == f for r, f in zip(reused, full, strict=True)) == [False, True]
+        counts = affinity_state(c)["models"][MODEL]
+        assert counts == {"hits": 1, "misses": 3, "overrides": 0}
+    finally:
+        c.cleanup()
