@@ -420,7 +420,9 @@ async def handle_transcriptions(ctx: Ctx, node: Node) -> None:
 async def handle_ollama(ctx: Ctx, node: Node) -> None:
     doc = parse_json_body(ctx)
     model = ctx.model = require_model(doc)
-    replica = resolve(node, model, "llm", borrowed=ctx.borrowed)
+    # Ollama's messages and prompt have OpenAI's shape: the same fingerprints apply.
+    prefix = affinity.fingerprints(doc) if node.cache_affinity else ()
+    replica = resolve(node, model, "llm", borrowed=ctx.borrowed, prefix=prefix)
     kind = "chat" if ctx.path == "/api/chat" else "generate"
     try:
         if kind == "chat":
@@ -605,7 +607,8 @@ async def handle_kobold(ctx: Ctx, node: Node) -> None:
         model = _loaded_text_model(node)
     if not isinstance(model, str):
         raise RouterError(400, "model must be a string", param="model")
-    replica = resolve(node, model, "llm", borrowed=ctx.borrowed)
+    prefix = affinity.fingerprints(doc) if node.cache_affinity else ()
+    replica = resolve(node, model, "llm", borrowed=ctx.borrowed, prefix=prefix)
     if replica.cfg is not None:
         _kobold_translated(doc)  # a request it cannot translate is refused before anything runs
 

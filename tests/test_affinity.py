@@ -82,6 +82,22 @@ def test_turn_n_plus_1_lands_where_turn_n_ran(cluster: Cluster) -> None:
     assert counts["misses"] - before["misses"] == 2
 
 
+def test_ollama_chats_are_steered_too(cluster: Cluster) -> None:
+    def hits() -> int:
+        return int(affinity_state(cluster)["models"].get(MODEL, {}).get("hits", 0))
+
+    before = hits()
+    with cluster.master.client() as client:
+        for turns in range(1, 4):
+            resp = client.post(
+                "/api/chat",
+                json={"model": MODEL, "messages": turn_messages(turns, "ollama"), "stream": False},
+            )
+            assert resp.status_code == 200, resp.text
+    # Turns 2 and 3 found turn 1's and turn 2's replica.
+    assert hits() - before == 2
+
+
 def test_a_node_that_goes_down_loses_its_conversations(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
