@@ -7,6 +7,7 @@ reused (`usage.prompt_tokens_details.cached_tokens`), so where a turn ran shows 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -96,6 +97,25 @@ def test_ollama_chats_are_steered_too(cluster: Cluster) -> None:
             assert resp.status_code == 200, resp.text
     # Turns 2 and 3 found turn 1's and turn 2's replica.
     assert hits() - before == 2
+
+
+def test_the_nodes_page_shows_the_choices_per_model(cluster: Cluster) -> None:
+    pytest.importorskip("playwright.sync_api")
+    from tests.browser import CHROMIUM, chromium
+
+    if not Path(CHROMIUM).exists():
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    with cluster.master.client() as client:
+        for turns in (1, 2):
+            ask(client, turn_messages(turns, "page"))
+    counts = affinity_state(cluster)["models"][MODEL]
+    with chromium() as browser:
+        tab = browser.new_page()
+        tab.goto(cluster.master.base_url + "/ui/nodes")
+        row = f'section[data-node="master"] ul.affinity li[data-model="{MODEL}"]'
+        tab.wait_for_selector(row, timeout=30_000)
+        text = tab.locator(row).inner_text()
+    assert f"{counts['hits']} hits" in text and f"{counts['misses']} misses" in text
 
 
 def test_a_node_that_goes_down_loses_its_conversations(
