@@ -67,7 +67,14 @@ def _text_costs(
             success=True,
             duration_ms__gt=0,
             finished_at__gte=since,
-        ).values_list("model_id", "prompt_bytes", "prompt_tokens", "output_tokens", "duration_ms")
+        ).values_list(
+            "model_id",
+            "prompt_bytes",
+            "prompt_tokens",
+            "output_tokens",
+            "duration_ms",
+            "cached_tokens",
+        )
     )
     fits: dict[tuple[str, str], CostFit] = {}
     profiles: dict[str, TokenProfile] = {}
@@ -77,8 +84,11 @@ def _text_costs(
     numbers = np.array([row[1:] for row in rows], dtype=np.float64)
     for model_id, index in _groups(model_ids):
         part = numbers[index]
+        # The prefill a request paid for is its prompt less what the backend's prompt cache
+        # reused: fitted on whole prompts, a cached conversation would flatten the slope.
+        work = np.column_stack((np.maximum(part[:, 1] - part[:, 4], 0.0), part[:, 2]))
         fit = fit_durations(
-            part[:, 1:3],
+            work,
             part[:, 3],
             min_samples=min_samples,
             match_floor=MATCH_FLOOR_BY_SECTION[SECTION_LLM],

@@ -23,6 +23,11 @@ class RequestRecord(models.Model):
     stream = models.BooleanField(default=False)
     prompt_bytes = models.PositiveIntegerField(default=0)
     prompt_tokens = models.PositiveIntegerField(default=0)
+    cached_tokens = models.PositiveIntegerField(
+        default=0,
+        help_text="Prompt tokens the backend reused from its prompt cache "
+        "(usage.prompt_tokens_details.cached_tokens); they cost it no prefill.",
+    )
     output_tokens = models.PositiveIntegerField(default=0)
     image_width = models.PositiveIntegerField(default=0)
     image_height = models.PositiveIntegerField(default=0)

@@ -45,6 +45,7 @@ class RequestSample:
     finished_at: float
     borrowed: bool = False
     request_id: str | None = None
+    cached_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -166,6 +167,7 @@ REQUEST_COLUMNS = (
     "started_at",
     "finished_at",
     "request_id",
+    "cached_tokens",
 )
 LOAD_COLUMNS = (
     "node_id",
@@ -217,6 +219,7 @@ def _write(node_id: str, requests: list[RequestSample], loads: list[LoadEvent]) 
             ts(_ts(s.started_at)),
             ts(_ts(s.finished_at)),
             s.request_id,
+            s.cached_tokens,
         )
         for s in requests
     ]

@@ -281,6 +281,8 @@ def _record(ctx: Ctx, node: Node, job: Job, failure: RouterError | None = None) 
     usage = job.usage or {}
     prompt_tokens = _int(usage.get("prompt_tokens", usage.get("input_tokens")))
     output_tokens = _int(usage.get("completion_tokens", usage.get("output_tokens")))
+    details = usage.get("prompt_tokens_details")
+    cached_tokens = _int(details.get("cached_tokens")) if isinstance(details, dict) else 0
     image = job.image
     status = _outcome(ctx, failure)
     metrics.tokens_counted(job.public_id, prompt_tokens, output_tokens)
@@ -296,6 +298,7 @@ def _record(ctx: Ctx, node: Node, job: Job, failure: RouterError | None = None) 
             stream=job.stream,
             prompt_bytes=job.prompt_bytes,
             prompt_tokens=prompt_tokens,
+            cached_tokens=min(cached_tokens, prompt_tokens),
             output_tokens=output_tokens,
             image_width=image.width if image else 0,
             image_height=image.height if image else 0,

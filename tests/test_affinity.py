@@ -83,6 +83,28 @@ def test_turn_n_plus_1_lands_where_turn_n_ran(cluster: Cluster) -> None:
     assert counts["misses"] - before["misses"] == 2
 
 
+def test_the_serving_node_records_the_tokens_its_prompt_cache_reused(cluster: Cluster) -> None:
+    with cluster.master.client() as client:
+        ask(client, turn_messages(1, "rec"))
+        resp = client.post(
+            "/v1/chat/completions",
+            json={"model": MODEL, "messages": turn_messages(2, "rec"), "max_tokens": 2},
+            headers={"X-Request-Id": "affinity-recorded"},
+        )
+    assert resp.status_code == 200, resp.text
+    cached = resp.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached > 0
+
+    def recorded() -> list[tuple[Any, ...]]:
+        sql = "SELECT prompt_tokens, cached_tokens FROM analytics_requests WHERE request_id = %s"
+        return [
+            row for s in cluster.slaves.values() for row in s.query(sql, ("affinity-recorded",))
+        ]
+
+    rows = wait_for(recorded, timeout=20, interval=0.2)
+    assert rows == [(resp.json()["usage"]["prompt_tokens"], cached)]
+
+
 def test_ollama_chats_are_steered_too(cluster: Cluster) -> None:
     def hits() -> int:
         return int(affinity_state(cluster)["models"].get(MODEL, {}).get("hits", 0))

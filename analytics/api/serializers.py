@@ -41,6 +41,9 @@ class RequestRowSerializer(serializers.Serializer):
     stream = serializers.BooleanField(required=False)
     prompt_bytes = serializers.IntegerField(required=False)
     prompt_tokens = serializers.IntegerField(required=False)
+    cached_tokens = serializers.IntegerField(
+        required=False, help_text="Of prompt_tokens, those the backend's prompt cache reused."
+    )
     output_tokens = serializers.IntegerField(required=False)
     image_width = serializers.IntegerField(required=False)
     image_height = serializers.IntegerField(required=False)

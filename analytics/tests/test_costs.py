@@ -200,3 +200,21 @@ def test_an_empty_database_gives_an_empty_table() -> None:
 
     assert (costs.models, costs.loads, costs.tokens) == ({}, {}, {})
     assert costs.to_wire() == {"models": [], "loads": [], "tokens": []}
+
+
+def test_tokens_the_prompt_cache_reused_are_not_prefill_work() -> None:
+    # Each job's backend reused `cached` tokens of its prompt and paid prefill on the rest
+    # only: the slope is per token processed, not per token sent.
+    for (prompt, output), cached in zip(TEXT_JOBS, (0, 300, 200, 1000, 0), strict=True):
+        add_text(
+            "llama",
+            prompt,
+            output,
+            cached_tokens=cached,
+            duration_ms=40.0 + 0.5 * (prompt - cached) + 20.0 * output,
+        )
+
+    fit = compute(min_samples=5).models[("llama", "llm")]
+
+    assert fit.base_ms == pytest.approx(40.0)
+    assert fit.slopes_ms == pytest.approx((0.5, 20.0))

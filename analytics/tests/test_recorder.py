@@ -87,7 +87,7 @@ def load_models() -> list[str]:
 @recorder_db
 def test_a_flush_writes_each_buffered_sample_as_an_exact_row() -> None:
     rec = Recorder(node_id=NODE_ID)
-    rec.add_request(sample(request_id="3f2a-client-trace"))
+    rec.add_request(sample(request_id="3f2a-client-trace", cached_tokens=12))
     rec.add_request(
         sample(
             "image-sd",
@@ -125,6 +125,7 @@ def test_a_flush_writes_each_buffered_sample_as_an_exact_row() -> None:
             "stream": False,
             "prompt_bytes": 120,
             "prompt_tokens": 30,
+            "cached_tokens": 12,
             "output_tokens": 16,
             "image_width": 0,
             "image_height": 0,
@@ -147,6 +148,7 @@ def test_a_flush_writes_each_buffered_sample_as_an_exact_row() -> None:
             "stream": True,
             "prompt_bytes": 120,
             "prompt_tokens": 0,
+            "cached_tokens": 0,
             "output_tokens": 0,
             "image_width": 512,
             "image_height": 768,
