@@ -655,6 +655,10 @@ class AssetService:
             except FileNotFoundError:
                 pass
             os.replace(partial, target)
+            # Every byte was hashed as it arrived: the config that names the file must not read
+            # the whole file again to learn what is already known.
+            self.hasher.remember(target, sha256)
+            self.hasher.save()
 
         await asyncio.to_thread(install)
         return target
@@ -811,7 +815,10 @@ class AssetService:
                     by_field.setdefault(result.field, []).append(str(path))
                 current = self.node.catalog.configs.get(cfg.local_id, cfg)
                 try:
-                    resolved = with_resolved_paths(current, by_field, hasher=self.hasher)
+                    # A file not in the hash cache is read whole here: never on the event loop.
+                    resolved = await asyncio.to_thread(
+                        with_resolved_paths, current, by_field, hasher=self.hasher
+                    )
                 except ModelConfigError as exc:
                     raise AssetError(str(exc)) from exc
                 copy = self.node.config.cluster.store_dir / RESOLVED_CONFIGS_DIR / cfg.filename

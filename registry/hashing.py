@@ -164,6 +164,15 @@ class FileHasher:
                 self._dirty = True
         return digest
 
+    def remember(self, path: Path, sha256: str) -> None:
+        """Record a hash established by other means (a copy hashed as it was written), keyed by
+        the file as it is now, so a later `hash_file` does not read it again."""
+        key = os.path.abspath(path)
+        now = os.stat(key)
+        with self._lock:
+            self._entries[key] = (now.st_size, now.st_mtime_ns, sha256)
+            self._dirty = True
+
     def save(self) -> None:
         """Persist the cache atomically; a crash mid-write leaves the previous file intact."""
         if self._cache_path is None:

@@ -359,3 +359,25 @@ def test_a_file_rewritten_while_it_is_read_is_not_cached(
     hasher.save()
 
     assert json.loads(cache.read_text())["entries"] == {}
+
+
+def test_a_remembered_hash_is_not_read_again_until_the_file_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    weights = tmp_path / "m.gguf"
+    weights.write_bytes(b"weights")
+    hasher = FileHasher(tmp_path / "hash-cache.json")
+    hasher.remember(weights, "a" * 64)
+    reads: list[str] = []
+    real = hashing._sha256_of
+
+    def counted(path: str) -> str | None:
+        reads.append(path)
+        return real(path)
+
+    monkeypatch.setattr(hashing, "_sha256_of", counted)
+    assert hasher.hash_file(weights) == "a" * 64
+    assert reads == []
+    weights.write_bytes(b"other weights")
+    assert hasher.hash_file(weights) == hashlib.sha256(b"other weights").hexdigest()
+    assert reads == [str(weights)]
