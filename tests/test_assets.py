@@ -156,6 +156,9 @@ def test_a_copied_portable_config_waits_for_the_peer_transfer_then_answers(
     assert result["resolved"] and result["source"] == "peer_sha256"
     assert result["transfer"]["bytes_done"] == result["transfer"]["bytes_total"] == 3 * MIB + 17
     assert served_streams(cluster) == 1
+    # The copy was hashed as it arrived; the hash cache has it, so nothing reads it again.
+    cache = json.loads((cluster.slaves["s1"].store / "hash-cache.json").read_text())
+    assert cache["entries"][str(target)]["sha256"] == digest
     with cluster.master.client() as client:
         both = {cluster.master.base_url, cluster.slaves["s1"].base_url}
 
