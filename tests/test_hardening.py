@@ -118,8 +118,15 @@ def test_the_node_makes_its_secret_key_once_and_keeps_it(tmp_path: Path) -> None
         assert str(node.store) not in first
     finally:
         node.stop()
-        node.cleanup()
-    again = start_node(tmp_path, [text_model("alpha")], port=node.port, db=node.db)
+        node.cleanup(drop_db=False)
+    again = start_node(
+        tmp_path,
+        [text_model("alpha")],
+        extra_env={"DJANGO_SECRET_KEY": ""},
+        port=node.port,
+        db=node.db,
+        keep_db=True,
+    )
     try:
         assert secret.read_text().strip() == first
     finally:
