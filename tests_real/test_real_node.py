@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -183,7 +184,6 @@ def test_short_prompts_give_a_bytes_per_token_estimate_near_what_llama_server_co
     from analytics.fitting import token_profile
     from tests_real.realnode import node_rows
 
-    before = len(node_rows(real.node, "requests", NARROW))
     bodies: list[tuple[str, dict[str, Any]]] = [
         ("/v1/chat/completions", chat(NARROW, "Hi", max_tokens=2)),
         ("/v1/chat/completions", chat(NARROW, "Tell me about the moon.", max_tokens=2)),
@@ -192,11 +192,17 @@ def test_short_prompts_give_a_bytes_per_token_estimate_near_what_llama_server_co
         ("/v1/chat/completions", chat(NARROW, "A story. " * 40, max_tokens=2)),
         ("/v1/completions", {"model": NARROW, "prompt": "The sea, " * 30, "max_tokens": 2}),
     ]
-    for path, body in bodies:
-        assert client.post(path, json=body).status_code == 200
-    rows = wait_for(
-        lambda: len(r := node_rows(real.node, "requests", NARROW)) >= before + len(bodies) and r
-    )[before:]
+    # By request ID: a row of an earlier test may still be on its way to the database.
+    ids = [f"bytes-per-token-{uuid.uuid4().hex}-{i}" for i in range(len(bodies))]
+    for request_id, (path, body) in zip(ids, bodies, strict=True):
+        answer = client.post(path, json=body, headers={"x-request-id": request_id})
+        assert answer.status_code == 200
+
+    def ours() -> list[dict[str, Any]]:
+        by_id = {r["request_id"]: r for r in node_rows(real.node, "requests", NARROW)}
+        return [by_id[i] for i in ids] if all(i in by_id for i in ids) else []
+
+    rows = wait_for(ours)
     b = np.array([r["prompt_bytes"] for r in rows])
     t = np.array([r["prompt_tokens"] for r in rows])
     profile = token_profile(b, t, np.array([r["output_tokens"] for r in rows]), min_samples=3)
