@@ -141,10 +141,7 @@ class ProxyApp:
             )
 
         def header(name: bytes) -> bytes | None:
-            for key, value in scope["headers"]:
-                if key == name:
-                    return bytes(value)
-            return None
+            return _header(scope, name)
 
         client = scope.get("client")
         peer = parse_address(client[0]) if client else None
