@@ -766,8 +766,7 @@ class AssetService:
             self.jobs.popitem(last=False)
         return job
 
-    def resolve_config(self, local_id: str) -> Job:
-        """Start (or join) the resolution of one of this node's portable configs."""
+    def _own_config(self, local_id: str) -> ModelConfig:
         cfg = self.node.catalog.configs.get(local_id)
         if cfg is None:
             raise RouterError(
@@ -777,6 +776,11 @@ class AssetService:
                 param="id",
                 code="model_not_found",
             )
+        return cfg
+
+    def resolve_config(self, local_id: str) -> Job:
+        """Start (or join) the resolution of one of this node's portable configs."""
+        cfg = self._own_config(local_id)
         running = self._config_jobs.get(local_id)
         if running is not None and running.state == "running":
             return running
@@ -881,15 +885,7 @@ class AssetService:
 
     async def export(self, local_id: str) -> dict[str, Any]:
         """The config with each path field turned into a portable reference (and indexed)."""
-        cfg = self.node.catalog.configs.get(local_id)
-        if cfg is None:
-            raise RouterError(
-                404,
-                f'model "{local_id}" is not a model config on node "{self.node.node_id}"',
-                type="not_found",
-                param="id",
-                code="model_not_found",
-            )
+        cfg = self._own_config(local_id)
         raw = dict(cfg.raw)
         for name in sorted(PATH_FIELDS):
             value = raw.get(name)

@@ -6,6 +6,7 @@ registry), on another node through that node's `/router/v1/node/site/model-asset
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, cast
 
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
@@ -169,6 +170,22 @@ def _target(data: dict[str, Any]) -> str | None:
     return target_node(running_node(), data.get("node_id") or None, data.get("node_url") or None)
 
 
+async def _here_or_there(
+    request: Request,
+    suffix: str,
+    local: Callable[[AssetService, Mapping[str, Any]], Awaitable[dict[str, Any]]],
+) -> Response:
+    """A hub-origin write on the node its body names (through the node route), else here; the
+    other node checks the fields itself, so the body goes as it came."""
+    if not isinstance(request.data, dict):
+        raise RouterError(400, "request body must be a JSON object")
+    doc = dict(request.data)
+    url = _target(doc)
+    if url is not None:
+        return Response(await remote_call(running_node(), url, "POST", NODE_SITE + suffix, doc))
+    return Response(await local(_service(), doc))
+
+
 class ExportView(SiteAPIView):
     @extend_schema(
         operation_id="modelAssetsExport",
@@ -299,15 +316,7 @@ class BindView(SiteAPIView):
         },
     )
     async def post(self, request: Request) -> Response:
-        if not isinstance(request.data, dict):
-            raise RouterError(400, "request body must be a JSON object")
-        doc = dict(request.data)
-        url = _target(doc)
-        if url is not None:
-            return Response(
-                await remote_call(running_node(), url, "POST", NODE_SITE + "/bind", doc)
-            )
-        return Response(await local_bind(_service(), doc))
+        return await _here_or_there(request, "/bind", local_bind)
 
 
 class SubstituteView(SiteAPIView):
@@ -334,15 +343,7 @@ class SubstituteView(SiteAPIView):
         },
     )
     async def post(self, request: Request) -> Response:
-        if not isinstance(request.data, dict):
-            raise RouterError(400, "request body must be a JSON object")
-        doc = dict(request.data)
-        url = _target(doc)
-        if url is not None:
-            return Response(
-                await remote_call(running_node(), url, "POST", NODE_SITE + "/substitute", doc)
-            )
-        return Response(await local_substitute(_service(), doc))
+        return await _here_or_there(request, "/substitute", local_substitute)
 
 
 class AssetLookupResultSerializer(serializers.Serializer):
