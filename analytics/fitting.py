@@ -51,6 +51,11 @@ MATCH_FLOOR_BY_SECTION: Mapping[str, float] = {"llm": TEXT_MATCH_FLOOR_TOKENS, "
 # (nearly) linear combinations of each other: their separate slopes are meaningless.
 COLLINEAR_PIVOT_RATIO = 1e-9
 MAX_WORK_TERMS = 2
+# A term that varied but whose fitted slope came out negative is noise when its effect over
+# the whole range it spanned (|slope| x (max - min)) stays within this share of the mean
+# duration: a streamed body a few bytes longer than a plain one must not unprice a model
+# whose prompt costs nothing measurable. Such a term is treated as if it had not varied.
+NOISE_EFFECT_RATIO = 0.05
 
 # A token ratio outside this range (bytes per token) means the samples are not text
 # tokenised by a normal tokenizer, so no size estimate is better than a wild one.
@@ -198,8 +203,9 @@ def fit_durations(
 
     ``work`` has shape (n, k), k = 1 (image) or 2 (text). See reference-lending.md 2.2;
     unlike the reference, a fit whose terms partly vary prices work that matches its
-    constant terms instead of nothing (``CostFit.constant_work``). ``match_floor`` is the
-    absolute slack of that match (and of a uniform fit's).
+    constant terms instead of nothing (``CostFit.constant_work``), and a term whose negative
+    slope is within noise joins those constant terms instead of unpricing the model.
+    ``match_floor`` is the absolute slack of that match (and of a uniform fit's).
     """
     x, y = _clean_rows(work, durations)
     n, terms = x.shape
@@ -229,16 +235,62 @@ def _fit_varying(
     means: tuple[float, ...],
     match_floor: float,
 ) -> CostFit | None:
-    """Least squares over the terms that varied; the others become a matching condition."""
+    """Least squares over the terms that varied; the others become a matching condition.
+
+    Unlike the reference, a negative slope does not unprice the model when its term is noise
+    (``NOISE_EFFECT_RATIO``): that term joins the constant ones and the rest is fitted again.
+    A clearly negative slope (work that makes jobs faster) still unprices it.
+    """
     n, terms = x.shape
     # Only the varying terms are regressors: a constant term cannot be told apart from the
     # base, so its cost stays in the base and it becomes a condition on what is priced.
     varying = [i for i in range(terms) if measurable[i]]
-    xv = x[:, varying]
+    mean_duration = float(y.mean())
+    while True:
+        solved = _least_squares(x[:, varying], y)
+        if solved is None:
+            return None
+        base, fitted = solved
+        noise = [
+            i
+            for i, slope in zip(varying, fitted, strict=True)
+            if slope < 0 and -slope * float(np.ptp(x[:, i])) <= NOISE_EFFECT_RATIO * mean_duration
+        ]
+        if any(slope < 0 for slope in fitted) and not noise:
+            return None
+        if not noise:
+            break
+        varying = [i for i in varying if i not in noise]
+        if not varying:
+            return CostFit(
+                base_ms=mean_duration,
+                slopes_ms=(0.0,) * terms,
+                samples=n,
+                uniform_work=means,
+                match_floor=match_floor,
+            )
+    slopes = [0.0] * terms
+    for j, i in enumerate(varying):
+        slopes[i] = fitted[j]
+    constant: tuple[float | None, ...] | None = None
+    if len(varying) < terms:
+        constant = tuple(means[i] if i not in varying else None for i in range(terms))
+    return CostFit(
+        base_ms=max(base, 0.0),
+        slopes_ms=tuple(slopes),
+        samples=n,
+        constant_work=constant,
+        match_floor=match_floor,
+    )
+
+
+def _least_squares(xv: np.ndarray, y: np.ndarray) -> tuple[float, list[float]] | None:
+    """``(base, slopes)`` of ``y = base + slopes . xv``; None when singular or not finite."""
+    n = xv.shape[0]
     # Each term is divided by its mean before forming the normal equations, so the
     # collinearity threshold compares like with like instead of pixels*steps against a count.
     scale = xv.mean(axis=0)
-    design = np.empty((n, len(varying) + 1), dtype=np.float64)
+    design = np.empty((n, xv.shape[1] + 1), dtype=np.float64)
     design[:, 0] = 1.0
     design[:, 1:] = xv / scale
     gram = design.T @ design
@@ -250,21 +302,9 @@ def _fit_varying(
         return None
     base = solution[0]
     fitted = [float(s / scale[j]) for j, s in enumerate(solution[1:])]
-    if not math.isfinite(base) or any(not math.isfinite(s) or s < 0 for s in fitted):
+    if not math.isfinite(base) or not all(math.isfinite(s) for s in fitted):
         return None
-    slopes = [0.0] * terms
-    for j, i in enumerate(varying):
-        slopes[i] = fitted[j]
-    constant: tuple[float | None, ...] | None = None
-    if len(varying) < terms:
-        constant = tuple(None if measurable[i] else means[i] for i in range(terms))
-    return CostFit(
-        base_ms=max(base, 0.0),
-        slopes_ms=tuple(slopes),
-        samples=n,
-        constant_work=constant,
-        match_floor=match_floor,
-    )
+    return base, fitted
 
 
 def load_costs(rows: Iterable[tuple[str, float]]) -> dict[str, float]:

@@ -218,3 +218,23 @@ def test_tokens_the_prompt_cache_reused_are_not_prefill_work() -> None:
 
     assert fit.base_ms == pytest.approx(40.0)
     assert fit.slopes_ms == pytest.approx((0.5, 20.0))
+
+
+def test_streamed_bodies_a_few_tokens_longer_do_not_unprice_a_plain_model() -> None:
+    # A model whose price is its base: plain bodies of 12 prompt tokens, streamed ones of 19
+    # (the stream options the router adds), durations jittering by a few milliseconds with
+    # the longer bodies on the fast side. Its plain backlog must stay priced.
+    for i in range(12):
+        streamed = i % 3 == 0
+        add_text(
+            "A",
+            19 if streamed else 12,
+            16,
+            duration_ms=401.0 - (2.0 if streamed else 0.0) + (i % 2),
+            stream=streamed,
+        )
+
+    fit = compute(min_samples=5).models[("A", "llm")]
+
+    assert fit.predict((12.0, 16.0)) == pytest.approx(400.8, abs=1.0)
+    assert fit.queue_price(40, (40 * 12.0, 40 * 16.0)) == pytest.approx(40 * 400.8, rel=0.01)

@@ -290,6 +290,55 @@ def test_a_negative_slope_is_unpriced() -> None:
     assert fit_durations(work, durations, min_samples=4) is None
 
 
+def noisy_prompt_rows(slope: float) -> tuple[np.ndarray, np.ndarray]:
+    # Plain bodies of 40 prompt tokens and streamed ones of 50 (the stream options the router
+    # adds), one answer length; durations around 1000 ms fall by ``slope`` per prompt token.
+    prompts = [40.0, 50.0] * 4
+    work = np.array([[p, 30.0] for p in prompts])
+    durations = np.array([1000.0 - slope * (p - 45.0) for p in prompts])
+    return work, durations
+
+
+def test_a_term_with_a_negative_slope_within_noise_is_treated_as_constant() -> None:
+    # Over the 10 tokens the prompt spanned, 0.49 ms per token is 4.9 ms: under 5 % of the
+    # 1000 ms mean, so noise. The model stays priced for the work it saw.
+    work, durations = noisy_prompt_rows(0.49 * 10)
+
+    fit = fit_durations(work, durations, min_samples=4, match_floor=16.0)
+
+    assert fit is not None
+    assert fit.uniform_work == pytest.approx((45.0, 30.0))
+    assert fit.slopes_ms == (0.0, 0.0)
+    assert fit.predict((40.0, 30.0)) == pytest.approx(1000.0)
+    assert fit.predict((50.0, 30.0)) == pytest.approx(1000.0)
+    assert fit.queue_price(40, (40 * 40.0, 40 * 30.0)) == pytest.approx(40_000.0)
+
+
+def test_a_negative_slope_beyond_the_noise_share_is_unpriced() -> None:
+    # 5.1 ms per token over 10 tokens is 51 ms, over 5 % of the mean: jobs really got faster.
+    work, durations = noisy_prompt_rows(0.51 * 10)
+
+    assert fit_durations(work, durations, min_samples=4, match_floor=16.0) is None
+
+
+def test_a_noise_term_becomes_a_condition_beside_a_fitted_term() -> None:
+    # Prompt noise next to answers of many lengths: the answers are fitted, the prompt is
+    # held to what was seen, as for a template.
+    outputs = [10.0, 50.0, 100.0, 200.0, 10.0, 50.0, 100.0, 200.0]
+    prompts = [40.0, 40.0, 40.0, 40.0, 50.0, 50.0, 50.0, 50.0]
+    work = np.array(list(zip(prompts, outputs, strict=True)))
+    durations = np.array([40.0 + 20.0 * o - 0.3 * (p - 45.0) for p, o in work])
+
+    fit = fit_durations(work, durations, min_samples=8, match_floor=16.0)
+
+    assert fit is not None
+    assert fit.constant_work == (pytest.approx(45.0), None)
+    assert fit.slopes_ms[0] == 0.0
+    assert fit.slopes_ms[1] == pytest.approx(20.0)
+    assert fit.predict((40.0, 70.0)) == pytest.approx(40.0 + 20.0 * 70)
+    assert fit.predict((200.0, 70.0)) is None
+
+
 def test_a_negative_base_is_clamped_to_zero() -> None:
     work = column([20000.0, 25000.0, 30000.0, 40000.0])
     durations = -100.0 + 0.01 * work[:, 0]
