@@ -1,6 +1,6 @@
 """The router's ASGI front: client inference paths and the node protocol, ahead of Django.
 
-`ProxyApp` claims the client paths of `proxy.handlers.route_for` and everything under
+`ProxyApp` claims the client paths of `proxy.routes.route_for` and everything under
 `/router/v1/node/`; every other request (management API, admin, WebUI) falls through to Django,
 a management request only once its admin key is checked, before Django reads its body.
 
@@ -24,9 +24,10 @@ from django.conf import settings
 from proxy import observe
 from proxy.forwarding import JSON, ASGIApp, Ctx, Receive, Scope, Send
 from proxy.gate import Gate, Refusal, parse_address
-from proxy.handlers import Handler, route_for
+from proxy.handlers import Handler
 from proxy.node import Node, get_node
 from proxy.nodeapi import NODE_PREFIX, node_route
+from proxy.routes import route_for
 from routerproject import request_ids
 from routerproject.api import admin_key_required, admin_key_valid
 from routerproject.errors import RouterError, error_body, is_ollama_path

@@ -1,6 +1,6 @@
 """The client paths of the OpenAPI document: the part no generator can read.
 
-The proxy serves these paths itself, ahead of Django (`proxy.handlers.ROUTES`), so they are
+The proxy serves these paths itself, ahead of Django (`proxy.routes.ROUTES`), so they are
 described here by hand, beside the route table; `proxy.api.schema` merges this part into the
 document drf-spectacular generates from the management views, and `tests/test_openapi.py`
 keeps it in step with `ROUTES` and with real answers.
@@ -438,6 +438,10 @@ def client_paths() -> dict[str, Schema]:
     answer = _ref("BackendAnswer")
     openai_stream = "The answer; with stream: true, as text/event-stream."
     ollama_stream = "The answer; as NDJSON unless stream is false."
+    # The other families describe their own paths (late: they build on this module's helpers).
+    from proxy import schema_media, schema_text, schema_voice
+
+    families = {**schema_text.paths(), **schema_media.paths(), **schema_voice.paths()}
     return {
         "/ping": {
             "get": {
@@ -681,6 +685,7 @@ def client_paths() -> dict[str, Schema]:
                 body=_json_body(_ref("KoboldGenerateRequest")),
             )
         },
+        **families,
     }
 
 

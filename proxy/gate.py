@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from proxy.handlers import route_for
 from proxy.nodeapi import NODE_PREFIX
+from proxy.routes import route_for
 from routerproject.api import (
     MANAGEMENT_PREFIX,
     WRITE_METHODS,

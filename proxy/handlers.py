@@ -43,6 +43,8 @@ from registry.routing import Kind, candidates, choose, lane_of, not_found, requi
 from routerproject.errors import RouterError, echo, is_ollama_path
 
 Handler = Callable[[Ctx, Node], Awaitable[None]]
+# (methods, handler, whether an inference key is required)
+Route = tuple[frozenset[str], Handler, bool]
 logger = logging.getLogger(__name__)
 
 
@@ -837,8 +839,8 @@ async def handle_sd_models(ctx: Ctx, node: Node) -> None:
 POST = frozenset({"POST"})
 GET = frozenset({"GET", "HEAD"})
 
-ROUTES: dict[str, tuple[frozenset[str], Handler, bool]] = {
-    # path: (methods, handler, whether an inference key is required)
+ROUTES: dict[str, Route] = {
+    # The core paths; `proxy.routes` joins them with the other families' tables.
     "/ping": (GET, handle_ping, False),
     "/v1/models": (GET, handle_models, True),
     "/v1/models/{model}": (GET, handle_model, True),
@@ -870,16 +872,4 @@ ROUTES: dict[str, tuple[frozenset[str], Handler, bool]] = {
 ALL_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 # Kobold's own paths share Ollama's `/api/` prefix; an unknown one is not Ollama's.
 KOBOLD_PREFIXES = ("/api/v1/", "/api/extra/")
-_UNKNOWN_OLLAMA = (ALL_METHODS, handle_unknown_ollama, False)
-
-
-def route_for(path: str) -> tuple[frozenset[str], Handler, bool] | None:
-    """The route of a client path: exact, a model under `/v1/models/`, or Ollama's 404."""
-    route = ROUTES.get(path)
-    if route is not None:
-        return route
-    if path.startswith(MODEL_PATH_PREFIX) and len(path) > len(MODEL_PATH_PREFIX):
-        return ROUTES["/v1/models/{model}"]
-    if path.startswith("/api/") and not path.startswith(KOBOLD_PREFIXES):
-        return _UNKNOWN_OLLAMA
-    return None
+UNKNOWN_OLLAMA: Route = (ALL_METHODS, handle_unknown_ollama, False)

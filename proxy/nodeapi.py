@@ -12,8 +12,9 @@ from typing import Any
 import orjson
 
 from proxy.forwarding import Ctx, parse_json_body
-from proxy.handlers import GET, POST, Handler, route_for
+from proxy.handlers import GET, POST, Handler
 from proxy.node import Node, catch_up_if_stale
+from proxy.routes import route_for
 from registry import services
 from registry.api.serializers import NodeModelStateSerializer, RuntimeUnloadSerializer
 from registry.cluster import MINIMUM_PROTOCOL_VERSION, PROTOCOL_VERSION, SnapshotRejected

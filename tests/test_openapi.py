@@ -27,8 +27,8 @@ from analytics.tests.factories import RequestRecordFactory
 from lending.tests.factories import OffloadDecisionFactory
 from proxy.api.schema import OPENAPI_CONTENT_TYPE, openapi_bytes, openapi_document
 from proxy.app import ProxyApp
-from proxy.handlers import ROUTES
 from proxy.node import Node, build_node, set_node
+from proxy.routes import ROUTES
 from registry import services
 from registry.httpclient import close_session
 from registry.recipes import Component, Recipe

@@ -975,6 +975,13 @@ def build_app(config: SimConfig, weights: SimWeights, started_at: float) -> web.
     app.router.add_post("/sdapi/v1/txt2img", handle_txt2img)
     app.router.add_post("/v1/audio/transcriptions", handle_transcription)
     app.router.add_post("/inference", handle_transcription)
+    # The other path families' simulations build on this module's helpers, hence the late
+    # import.
+    from proxy.sim import media, textfamily, voice
+
+    textfamily.register(app)
+    media.register(app)
+    voice.register(app)
     return app
 
 
