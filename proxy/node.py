@@ -30,6 +30,7 @@ from lending.runtime import Lending
 from proxy import metrics
 from proxy.inflight import Forwards, Requests
 from proxy.runtimes import RuntimeManager
+from proxy.sticky import StickyIds
 from registry.affinity import AffinityTable
 from registry.assets import AssetService
 from registry.catalog import LocalCatalog
@@ -91,6 +92,8 @@ class Node:
     """Requests forwarded to other nodes, by node: cut when their node stops answering."""
     affinity: AffinityTable = field(init=False)
     """Which replica last served each prompt prefix (`cluster.routing_cache_affinity`)."""
+    sticky: StickyIds = field(default_factory=StickyIds)
+    """Response, job and prompt IDs, and the replica that created each (proxy/sticky.py)."""
 
     @property
     def node_id(self) -> str:
