@@ -13,7 +13,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import orjson
@@ -242,6 +242,8 @@ class Job:
     served name): the answer's model is rewritten to the public ID whatever it says."""
     model_header: str | None = None
     """The client's `X-Tensors-Model`, already set to the ID the backend serves."""
+    method: str = "POST"
+    """The client's method: a follow-up on a stored response is a GET or a DELETE."""
 
 
 async def _acquire(runtime: Runtime, job: Job, *, borrowed: bool = False) -> Launch:
@@ -361,8 +363,12 @@ async def forward(ctx: Ctx, node: Node, job: Job, shape: Shaper) -> None:
             session = get_session()
             body = SentBody(_backend_body(job))
             sent = time.monotonic()
-            async with session.post(
-                url, data=body, headers=_backend_headers(job), timeout=node.request_timeout
+            async with session.request(
+                job.method,
+                url,
+                data=body,
+                headers=_backend_headers(job),
+                timeout=node.request_timeout,
             ) as resp:
                 if job.guardian_fallback and resp.status in REFUSAL_STATUSES:
                     await _check_refusal(ctx, resp)
@@ -593,6 +599,18 @@ NODE_INFERENCE_PREFIX = "/router/v1/node/inference"
 _STREAM_HEADERS = ((b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no"))
 
 
+class Relay(Protocol):
+    """A filter over a relayed answer's bytes (a family's own rewriting of its answers)."""
+
+    def feed(self, chunk: bytes) -> bytes: ...
+
+    def close(self) -> bytes: ...
+
+
+RelayFactory = Callable[[int, bytes], Relay]
+"""Makes the `Relay` for an answer, given its status and content type."""
+
+
 async def _relay_whole(
     ctx: Ctx,
     resp: aiohttp.ClientResponse,
@@ -600,6 +618,7 @@ async def _relay_whole(
     public_id: str | None,
     guardian_fallback: bool,
     fwd: Forward,
+    relay: Relay | None = None,
 ) -> None:
     """A buffered answer from another node, its model ID rewritten when ``public_id`` is set."""
     data = await resp.read()
@@ -607,7 +626,9 @@ async def _relay_whole(
     if guardian_fallback and is_image_refusal(resp.status, data):
         ctx.status = resp.status
         raise ImageRefused(resp.status, data, ctype)
-    if public_id is not None and ctype.startswith(JSON):
+    if relay is not None:
+        data = relay.feed(data) + relay.close()
+    elif public_id is not None and ctype.startswith(JSON):
         try:
             data = rewrite_json_model(data, public_id)
         except InvalidBackendJSON as exc:
@@ -616,11 +637,16 @@ async def _relay_whole(
 
 
 async def _relay_stream(
-    ctx: Ctx, resp: aiohttp.ClientResponse, ctype: bytes, public_id: str | None, fwd: Forward
+    ctx: Ctx,
+    resp: aiohttp.ClientResponse,
+    ctype: bytes,
+    public_id: str | None,
+    fwd: Forward,
+    relay: Relay | None = None,
 ) -> None:
     """An SSE or NDJSON answer from another node, passed on chunk by chunk."""
-    rewriter: SSERewriter | NDJSONRewriter | None = None
-    if public_id is not None:
+    rewriter: Relay | None = relay
+    if rewriter is None and public_id is not None:
         rewriter = SSERewriter(public_id) if ctype.startswith(SSE) else NDJSONRewriter(public_id)
     await ctx.start(resp.status, [(b"content-type", ctype), *_STREAM_HEADERS])
     async for chunk in resp.content.iter_any():
@@ -643,12 +669,14 @@ async def forward_remote(
     guardian_fallback: bool = False,
     guardian_restore: bool = False,
     model_header: str | None = None,
+    relay: RelayFactory | None = None,
 ) -> None:
     """Send the request to the node holding `replica` and stream its answer back.
 
     The request runs through that node's own pipeline (`/router/v1/node/inference<path>`), so
     its runtimes, queue and analytics apply there; here only the IDs are rewritten back to the
-    public one, in JSON, SSE and NDJSON answers alike.
+    public one, in JSON, SSE and NDJSON answers alike, or by `relay` when the family gives one
+    (it rewrites, and reads what it must remember, such as a created response's ID).
     """
     client = node.client
     if client is None:
@@ -678,15 +706,22 @@ async def forward_remote(
         # httpx over its aiohttp transport); the node client's allow-list still decides where
         # the cluster token may go, and redirects are never followed.
         url = client.checked_url(replica.node_url, url_path)
-        async with get_session().post(
-            url, data=sent, headers=headers, allow_redirects=False, timeout=node.request_timeout
+        # The client's method: the node routes the inner path by it, as a client's own request.
+        async with get_session().request(
+            ctx.method,
+            url,
+            data=sent,
+            headers=headers,
+            allow_redirects=False,
+            timeout=node.request_timeout,
         ) as resp:
             fwd.heard()
             ctype = _content_type(resp)
+            own = relay(resp.status, ctype) if relay is not None else None
             if ctype.startswith((SSE, NDJSON)):
-                await _relay_stream(ctx, resp, ctype, rewrite_to, fwd)
+                await _relay_stream(ctx, resp, ctype, rewrite_to, fwd, own)
             else:
-                await _relay_whole(ctx, resp, ctype, rewrite_to, guardian_fallback, fwd)
+                await _relay_whole(ctx, resp, ctype, rewrite_to, guardian_fallback, fwd, own)
     except asyncio.CancelledError:
         if not fwd.cut or ctx.disconnected:
             raise
