@@ -244,6 +244,8 @@ class Job:
     """The client's `X-Tensors-Model`, already set to the ID the backend serves."""
     method: str = "POST"
     """The client's method: a follow-up on a stored response is a GET or a DELETE."""
+    query: str = ""
+    """The client's query string, for the backend (ComfyUI's `/view?filename=`)."""
 
 
 async def _acquire(runtime: Runtime, job: Job, *, borrowed: bool = False) -> Launch:
@@ -360,6 +362,8 @@ async def forward(ctx: Ctx, node: Node, job: Job, shape: Shaper) -> None:
         )
         try:
             url = launch.base_url + launch.backend_path(job.backend_path)
+            if job.query:
+                url += "?" + job.query
             session = get_session()
             body = SentBody(_backend_body(job))
             sent = time.monotonic()

@@ -185,8 +185,13 @@ async def _serve(
     max_tokens: int | None = None,
     has_image: bool = False,
     guardian_restore: bool = False,
+    query: str = "",
 ) -> None:
-    """Run the request where `replica` lives: this node's runtime, or its own node."""
+    """Run the request where `replica` lives: this node's runtime, or its own node.
+
+    The client's method goes along (an image job's status poll is a GET), and `query` to a
+    local backend; a request sent to another node always carries the client's own query.
+    """
     lane = lane_of(kind)
     ctx.model = public_id
     served_id = replica.local_id
@@ -244,6 +249,8 @@ async def _serve(
         guardian_fallback=fallback,
         guardian_restore=guardian_restore,
         model_header=model_header,
+        method=ctx.method,
+        query=query,
     )
     await forward(ctx, node, job, shape)
 
