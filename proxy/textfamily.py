@@ -66,11 +66,6 @@ def _content_type(resp: aiohttp.ClientResponse) -> bytes:
     return resp.headers.get("Content-Type", "application/octet-stream").encode("latin-1")
 
 
-def _query(ctx: Ctx) -> str:
-    query = ctx.scope.get("query_string", b"").decode("latin-1")
-    return f"?{query}" if query else ""
-
-
 # -- answers: the model ID back to the public one, and the created response's ID -------------
 
 
@@ -263,7 +258,8 @@ async def _send(
         lane=lane,
         model_id=replica.local_id,
         public_id=public_id,
-        backend_path=(backend_path or ctx.path) + _query(ctx),
+        backend_path=backend_path or ctx.path,
+        query=ctx.scope.get("query_string", b"").decode("latin-1"),
         body=body,
         stream=stream,
         prompt_bytes=len(body),

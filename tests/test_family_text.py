@@ -259,6 +259,8 @@ def test_music_goes_to_the_named_or_the_loaded_text_model(node: RouterNode) -> N
         )
         assert api.status_code == 200, api.text
         assert api.json()["path"] == "/api/extra/music/generate"
+        queried = client.get("/api/extra/music/status", params={"model": "chat", "x": "1"})
+        assert queried.status_code == 200 and queried.json()["query"] == "model=chat&x=1"
         header = client.get("/api/extra/music/status", headers={"X-Tensors-Model": "chat"})
         assert header.status_code == 200 and header.json()["method"] == "GET"
         # No model named: the text model loaded now serves it.
@@ -352,3 +354,7 @@ def test_kobold_and_music_reach_a_slave(cluster: Cluster) -> None:
         assert page.status_code == 200 and "sim music clash" in page.text
         api = client.get("/api/extra/music/x", headers={"X-Tensors-Model": "clash-3"})
         assert api.status_code == 200 and api.json()["path"] == "/api/extra/music/x"
+        # The query's selector reaches the slave under the slave's own model ID.
+        queried = client.get("/api/extra/music/x", params={"model": "clash-2", "x": "1"})
+        assert queried.status_code == 200, queried.text
+        assert queried.json()["query"] == "model=clash&x=1"
