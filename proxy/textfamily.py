@@ -292,6 +292,7 @@ async def handle_text(ctx: Ctx, node: Node) -> None:
     model = ctx.model = require_model(doc)
     replica = resolve(node, model, "llm", borrowed=ctx.borrowed)
     creates = ctx.path == RESPONSES_PATH
+    continues = _previous_replica(node, doc, model) if creates else None
 
     def serve(target: Replica) -> Awaitable[None]:
         on_id = _remembering(node, target, model) if creates else None
@@ -306,7 +307,35 @@ async def handle_text(ctx: Ctx, node: Node) -> None:
             stream=doc.get("stream") is True,
         )
 
+    if continues is not None:
+        # Only the backend that stores the previous response can continue it: no failover.
+        await serve(continues)
+        return
     await handlers._failover(ctx, node, model, "llm", replica, serve)
+
+
+def _previous_replica(node: Node, doc: dict[str, Any], model: str) -> Replica | None:
+    """The replica that stores the response a new one continues (`previous_response_id`),
+    when this router created it under the same model; None leaves the choice to rotation."""
+    previous = doc.get("previous_response_id")
+    if not isinstance(previous, str) or not previous:
+        return None
+    holder = node.sticky.lookup(RESPONSES, previous)
+    if holder is None or holder.public_id != model:
+        return None
+    return _available_holder(node, holder, previous)
+
+
+def _available_holder(node: Node, holder: Holder, ident: str) -> Replica:
+    replica = _holder_replica(node, holder)
+    if replica is None or not replica.available:
+        raise RouterError(
+            502,
+            f'the replica holding response "{echo(ident)}" ({holder.node_id}) is not available',
+            type="backend_error",
+            code="backend_unavailable",
+        )
+    return replica
 
 
 def _response_id(path: str) -> str:
@@ -331,14 +360,7 @@ async def handle_response_followup(ctx: Ctx, node: Node) -> None:
             code="response_not_found",
             param="response_id",
         )
-    replica = _holder_replica(node, holder)
-    if replica is None or not replica.available:
-        raise RouterError(
-            502,
-            f'the replica holding response "{echo(ident)}" ({holder.node_id}) is not available',
-            type="backend_error",
-            code="backend_unavailable",
-        )
+    replica = _available_holder(node, holder, ident)
     await _send(
         ctx,
         node,

@@ -299,6 +299,12 @@ def test_response_ids_follow_the_replica_that_created_them(cluster: Cluster) -> 
                 got = client.get(f"/v1/responses/{ident}")
                 assert got.status_code == 200, got.text
                 assert (got.json()["id"], got.json()["model"]) == (ident, "twin")
+        # A response that continues another goes to the backend storing that one.
+        for ident in made:
+            for _ in range(2):
+                body = {"model": "twin", "input": "more", "previous_response_id": ident}
+                follow = client.post("/v1/responses", json=body)
+                assert follow.status_code == 200, follow.text
         assert client.post(f"/v1/responses/{made[0]}/cancel").json()["status"] == "cancelled"
         for ident in made:
             deleted = client.delete(f"/v1/responses/{ident}")

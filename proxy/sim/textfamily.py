@@ -93,8 +93,12 @@ async def handle_responses(request: web.Request) -> web.StreamResponse:
     body = await _body(request)
     if isinstance(body, web.Response):
         return body
-    await _work(state, request, body)
     stored = request.app[RESPONSES_KEY]
+    previous = body.get("previous_response_id")
+    if previous is not None and previous not in stored:
+        # vLLM continues only a response it stores itself.
+        return server._error(404, f"Response with id '{previous}' not found.", "NotFoundError")
+    await _work(state, request, body)
     if body.get("stream") is not True:
         done = _response(state, body, "completed")
         stored[done["id"]] = done
