@@ -310,6 +310,22 @@ class FrontDoorRequest(WebRequest):
             return
         super().requestReceived(command, path, version)
 
+    def process(self) -> Any:
+        channel: FrontDoorChannel = self.channel
+        transport = self.transport
+        result = super().process()
+        if self.transport is None and transport is not None and channel.counted is not None:
+            # Upgraded to a WebSocket: the connection now belongs to the WebSocket protocol,
+            # and the channel never hears that it closed. The socket gives the address's
+            # count back instead.
+            protocol = getattr(transport, "wrappedProtocol", None) or transport.protocol
+            key, channel.counted = channel.counted, None
+            if hasattr(protocol, "release"):
+                protocol.release = lambda: channel.door.release(key)
+            else:
+                channel.door.release(key)
+        return result
+
     def _refuse(self, refusal: Refusal) -> None:
         self.refused = True
         channel: FrontDoorChannel = self.channel

@@ -103,6 +103,24 @@ def _bearer(header: bytes | None) -> bytes:
     return header[7:].strip() if header.startswith(b"Bearer ") else b""
 
 
+# A browser cannot set headers on a WebSocket: OpenAI's browser SDK sends the key as a
+# subprotocol instead (`/v1/realtime`).
+KEY_SUBPROTOCOL_PREFIX = b"openai-insecure-api-key."
+
+
+def inference_token(header: HeaderLookup) -> bytes:
+    """The inference key a request carries: its Bearer header, or the key subprotocol of a
+    WebSocket upgrade."""
+    token = _bearer(header(b"authorization"))
+    if token:
+        return token
+    for offered in (header(b"sec-websocket-protocol") or b"").split(b","):
+        offered = offered.strip()
+        if offered.startswith(KEY_SUBPROTOCOL_PREFIX):
+            return offered[len(KEY_SUBPROTOCOL_PREFIX) :]
+    return b""
+
+
 class Gate:
     """The rules of one node's config, with its networks and keys parsed once."""
 
@@ -264,7 +282,7 @@ class Gate:
                 405, f"method {method} is not allowed on {path}", headers=((b"allow", allow),)
             )
         if needs_key and self.inference_keys:
-            token = _bearer(header(b"authorization"))
+            token = inference_token(header)
             ok = False
             for key in self.inference_keys:
                 ok |= hmac.compare_digest(token, key)

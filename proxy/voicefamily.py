@@ -1,11 +1,220 @@
 """Voice path families: speech, translations, voices, Kobold TTS and transcription.
 
 `ROUTES` is joined into the client table by `proxy.routes`; the `/v1/realtime` WebSocket is
-`proxy.realtime`.
+`proxy.realtime` (its route here only answers a plain GET, which cannot upgrade).
+
+Speech (TTS) runs on models whose config has a TTS model (`has_tts`), on the text-side
+readiness lane, as the spec says of speech routes. Speech-to-text keeps what
+`/v1/audio/transcriptions` does: the whisper lane, and with no model named, the selector-less
+scheduling of `proxy.stt` (reference-cluster §5.3).
+
+A model is named, first found wins: the JSON body's `model` (the multipart field for audio
+uploads), the query's `?model=`, the `X-Tensors-Model` header. Speech and voices that name none
+go to the one model that speaks, when there is exactly one.
 """
 
 from __future__ import annotations
 
-from proxy.handlers import Route
+import base64
+import binascii
+from collections.abc import Awaitable
+from typing import Any
+from urllib.parse import parse_qsl
 
-ROUTES: dict[str, Route] = {}
+import orjson
+
+from proxy import stt, work
+from proxy.forwarding import Ctx, parse_json_body, shape_openai
+from proxy.handlers import (
+    GET,
+    MODEL_HEADER,
+    POST,
+    Route,
+    _failover,
+    _serve,
+    handle_transcriptions,
+)
+from proxy.node import Node
+from registry.cluster import Replica
+from registry.routing import resolve
+from routerproject.errors import RouterError
+
+REALTIME_PATH = "/v1/realtime"
+
+
+def named_model(ctx: Ctx, doc: dict[str, Any] | None = None) -> Any:
+    """The model the request names (body, then query, then header); None when it names none."""
+    if doc is not None and doc.get("model") not in (None, ""):
+        return doc["model"]
+    query = ctx.scope.get("query_string", b"").decode("latin-1")
+    for key, value in parse_qsl(query):
+        if key == "model" and value.strip():
+            return value.strip()
+    header = ctx.header(MODEL_HEADER)
+    if header is not None and header.strip():
+        return header.decode("latin-1").strip()
+    return None
+
+
+def _speakers(node: Node) -> list[str]:
+    return sorted(
+        public_id
+        for public_id, replicas in node.cluster.by_public_id.items()
+        if any(r.record.get("has_tts") and not r.record.get("disabled") for r in replicas)
+    )
+
+
+def speaker_for(ctx: Ctx, node: Node, doc: dict[str, Any] | None = None) -> str:
+    """The speech model a request names, or the cluster's only one when it names none."""
+    model = named_model(ctx, doc)
+    if model is None:
+        # KoboldCpp clients and the voices list rarely name a model: with one model that
+        # speaks there is nothing to choose; with several the client must say which.
+        speakers = _speakers(node)
+        if len(speakers) != 1:
+            raise RouterError(400, "model is required", param="model")
+        model = speakers[0]
+    if not isinstance(model, str):
+        raise RouterError(400, "model must be a string", param="model")
+    return model
+
+
+async def handle_speech(ctx: Ctx, node: Node) -> None:
+    """`POST /v1/audio/speech` and Kobold's `/api/extra/tts`: text in, audio bytes out.
+
+    The audio passes through as the backend sent it (any content type, never rewritten); a
+    JSON answer (an error) has its model ID rewritten like any text-lane answer.
+    """
+    doc = parse_json_body(ctx)
+    text = doc.get("input")
+    if not isinstance(text, str) or not text.strip():
+        raise RouterError(400, "input is required: the text to speak", param="input")
+    model = ctx.model = speaker_for(ctx, node, doc)
+    body = ctx.body
+    if doc.get("model") != model:
+        # Named by query or header, or chosen here: the backend and a holder node read the
+        # body, so the choice goes there.
+        body = orjson.dumps({**doc, "model": model})
+    replica = resolve(node, model, "speech", borrowed=ctx.borrowed)
+
+    def serve(target: Replica) -> Awaitable[None]:
+        return _serve(
+            ctx,
+            node,
+            target,
+            kind="speech",
+            public_id=model,
+            path=ctx.path,
+            body=body,
+            shape=shape_openai,
+        )
+
+    await _failover(ctx, node, model, "speech", replica, serve)
+
+
+def _kobold_audio(doc: dict[str, Any]) -> bytes:
+    """The WAV bytes of Kobold's `audio_data` (base64, optionally as a data: URL)."""
+    value = doc.get("audio_data")
+    if not isinstance(value, str) or not value.strip():
+        raise RouterError(400, "audio_data is required: a base64 WAV file", param="audio_data")
+    if value.startswith("data:"):
+        value = value.partition(",")[2]
+    try:
+        audio = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise RouterError(400, "audio_data is not valid base64", param="audio_data") from exc
+    try:
+        work.wav_duration_seconds(audio)
+    except ValueError as exc:
+        raise RouterError(
+            400, "audio_data must be a WAV (RIFF/WAVE) audio file", param="audio_data"
+        ) from exc
+    return audio
+
+
+async def handle_kobold_transcribe(ctx: Ctx, node: Node) -> None:
+    """`POST /api/extra/transcribe`: Kobold's JSON speech-to-text (base64 WAV in `audio_data`).
+
+    With a model named it goes to that model's replica; with none, to the one the STT
+    scheduler picks (§5.3), and the pick is written into the body so that the node holding it
+    serves exactly that one.
+    """
+    doc = parse_json_body(ctx)
+    _kobold_audio(doc)  # WAV only: refused before any whisper model loads for it
+    model = named_model(ctx, doc)
+    if model is not None:
+        if not isinstance(model, str):
+            raise RouterError(400, "model must be a string", param="model")
+        ctx.model = model
+        body = orjson.dumps({**doc, "model": model}) if doc.get("model") != model else ctx.body
+        replica = resolve(node, model, "voice", borrowed=ctx.borrowed)
+
+        def serve(target: Replica) -> Awaitable[None]:
+            return _serve(
+                ctx,
+                node,
+                target,
+                kind="voice",
+                public_id=model,
+                path=ctx.path,
+                body=body,
+                shape=shape_openai,
+            )
+
+        await _failover(ctx, node, model, "voice", replica, serve)
+        return
+    async with stt.reserve(node) as picked:
+        ctx.model = picked.public_id
+        await _serve(
+            ctx,
+            node,
+            picked,
+            kind="voice",
+            public_id=picked.public_id,
+            path=ctx.path,
+            body=orjson.dumps({**doc, "model": picked.public_id}),
+            shape=shape_openai,
+        )
+
+
+async def handle_voices(ctx: Ctx, node: Node) -> None:
+    """`GET /v1/audio/voices` and `/audio/voices`: the voices of the model named (or the only
+    model that speaks), as its backend lists them."""
+    model = ctx.model = speaker_for(ctx, node)
+    replica = resolve(node, model, "speech", borrowed=ctx.borrowed)
+
+    def serve(target: Replica) -> Awaitable[None]:
+        return _serve(
+            ctx,
+            node,
+            target,
+            kind="speech",
+            public_id=model,
+            path=ctx.path,
+            body=b"",
+            # Not JSON: a GET has no body whose model could be set.
+            content_type=b"application/octet-stream",
+            shape=shape_openai,
+        )
+
+    await _failover(ctx, node, model, "speech", replica, serve)
+
+
+async def handle_realtime_http(ctx: Ctx, node: Node) -> None:
+    """A plain GET on the WebSocket path: it can only be used with an upgrade."""
+    raise RouterError(
+        426,
+        f"{REALTIME_PATH} is a WebSocket: connect with an Upgrade: websocket request",
+        code="upgrade_required",
+    )
+
+
+ROUTES: dict[str, Route] = {
+    "/v1/audio/speech": (POST, handle_speech, True),
+    "/v1/audio/translations": (POST, handle_transcriptions, True),
+    "/v1/audio/voices": (GET, handle_voices, True),
+    "/audio/voices": (GET, handle_voices, True),
+    "/api/extra/tts": (POST, handle_speech, True),
+    "/api/extra/transcribe": (POST, handle_kobold_transcribe, True),
+    REALTIME_PATH: (GET, handle_realtime_http, True),
+}

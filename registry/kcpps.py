@@ -158,6 +158,16 @@ class ModelConfig:
         return self.whisper_model is not None or "whispermodel" in self.unresolved_fields
 
     @property
+    def has_tts(self) -> bool:
+        # KoboldCpp speaks with a TTS model beside its text model; a server the router did not
+        # start (vLLM, an upstream) says so in its config with `"tts": true`.
+        return (
+            _field_file_name(self.raw, "ttsmodel") is not None
+            or "ttsmodel" in self.unresolved_fields
+            or self.raw.get("tts") is True
+        )
+
+    @property
     def has_multimodal(self) -> bool:
         # A projector makes a llama-server multimodal; a vLLM or upstream server reads images
         # by itself, which its config states with `"vision": true`.
@@ -227,8 +237,10 @@ class ModelConfig:
             caps["multimodal"] = {"projector": _field_file_name(self.raw, "mmproj")}
         if self.upstream_model is not None:
             caps["served_model"] = self.upstream_model
-        if self.has_voice:
-            voice: dict[str, Any] = {"whisper_model": _field_file_name(self.raw, "whispermodel")}
+        if self.has_voice or self.has_tts:
+            voice: dict[str, Any] = {}
+            if self.has_voice:
+                voice["whisper_model"] = _field_file_name(self.raw, "whispermodel")
             tts = _field_file_name(self.raw, "ttsmodel")
             if tts is not None:
                 voice["tts_model"] = tts
@@ -270,6 +282,7 @@ class ModelConfig:
                 "has_embeddings": self.has_embeddings,
                 "has_multimodal": self.has_multimodal or (self.has_llm and reported_vision),
                 "has_voice": self.has_voice,
+                "has_tts": self.has_tts,
                 "has_music": False,
                 "model_hash": self.model_hash,
                 "config_hash": self.config_hash,

@@ -28,13 +28,14 @@ from registry.kcpps import Lane
 from registry.ports import RoutingNode
 from routerproject.errors import RouterError, echo
 
-Kind = Literal["llm", "embeddings", "image", "voice"]
+Kind = Literal["llm", "embeddings", "image", "voice", "speech"]
 
 CAPABILITY = {
     "llm": "has_llm",
     "embeddings": "has_embeddings",
     "image": "has_image",
     "voice": "has_voice",
+    "speech": "has_tts",
 }
 
 
@@ -80,6 +81,8 @@ _LANE_OF_KIND: dict[str, Lane] = {
     "embeddings": "text",
     "image": "image",
     "voice": "whisper",
+    # Speech (TTS) uses text-side readiness, as the spec says.
+    "speech": "text",
 }
 
 
@@ -201,7 +204,9 @@ def recipe_replica(node: RoutingNode, public_id: str, kind: Kind) -> Replica | N
     recipe = node.recipes.get(public_id)
     if recipe is None:
         return None
-    comp = recipe.component("voice" if kind == "voice" else kind if kind != "llm" else "text")
+    comp = recipe.component(
+        "voice" if kind in ("voice", "speech") else kind if kind != "llm" else "text"
+    )
     if comp is None:
         raise not_found(public_id)
     wanted = comp.image_id if kind == "image" else comp.model_id
@@ -263,6 +268,7 @@ _MISSING_CAPABILITY = {
     "llm": "does not generate text",
     "embeddings": "makes no embeddings",
     "voice": "does not transcribe audio",
+    "speech": "does not speak (no TTS model)",
 }
 
 

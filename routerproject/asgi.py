@@ -15,5 +15,7 @@ from django.core.asgi import get_asgi_application
 django_app = ASGIStaticFilesHandler(get_asgi_application())
 
 from proxy.app import ProxyApp  # noqa: E402  (needs the app registry ready)
+from proxy.realtime import RealtimeApp  # noqa: E402
 
-application = ProtocolTypeRouter({"http": ProxyApp(django_app)})
+# WebSockets: only /v1/realtime (and its node route), relayed to the model's backend.
+application = ProtocolTypeRouter({"http": ProxyApp(django_app), "websocket": RealtimeApp()})

@@ -352,6 +352,8 @@ class SimState:
     _ids: itertools.count[int] = field(default_factory=itertools.count)
     prompts: collections.deque[bytes] = field(default_factory=collections.deque)
     """The last prompts accepted, newest last (weights' prompt_cache_entries)."""
+    counters: dict[str, int] = field(default_factory=dict)
+    """Counters a path family's simulation keeps (open WebSockets...), shown in the stats."""
 
     def cached_tokens(self, prompt: bytes) -> int:
         """Prompt tokens already processed: the longest common prefix with a remembered
@@ -422,6 +424,7 @@ class SimState:
             "waiting": self.waiting,
             "loaded": self.loaded,
             "requests": list(self.history),
+            **self.counters,
         }
 
 

@@ -124,6 +124,9 @@ class ModelRecordSerializer(serializers.Serializer):
     )
     has_voice = serializers.BooleanField()
     has_music = serializers.BooleanField(required=False)
+    has_tts = serializers.BooleanField(
+        required=False, help_text="Speaks text (TTS): the config has a ttsmodel, or tts: true."
+    )
     model_hash = serializers.CharField(
         help_text="Hash of the weights: equal hashes mean the same model."
     )

@@ -129,6 +129,18 @@ class NodeRunner:
             def http_factory(self, factory: Any) -> None:
                 self._router_http_factory = FrontDoorFactory(self, door)
 
+            @property
+            def ws_factory(self) -> Any:
+                return self._router_ws_factory
+
+            @ws_factory.setter
+            def ws_factory(self, factory: Any) -> None:
+                from proxy.realtime import RouterWebSocketProtocol
+
+                # Close codes pass through /v1/realtime both ways (proxy/realtime.py).
+                factory.protocol = RouterWebSocketProtocol
+                self._router_ws_factory = factory
+
             def create_application(self, protocol: Any, scope: dict[str, Any]) -> Any:
                 filesend.advertise(scope)
                 return super().create_application(protocol, scope)
