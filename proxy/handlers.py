@@ -764,7 +764,7 @@ async def handle_kobold_version(ctx: Ctx, node: Node) -> None:
             "embeddings": any_has("has_embeddings"),
             "multiplayer": False,
             "websearch": False,
-            "tts": False,
+            "tts": any_has("has_tts"),
         },
     )
 

@@ -19,7 +19,7 @@ import base64
 import binascii
 from collections.abc import Awaitable
 from typing import Any
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, urlencode
 
 import orjson
 
@@ -182,8 +182,14 @@ async def handle_voices(ctx: Ctx, node: Node) -> None:
     model that speaks), as its backend lists them."""
     model = ctx.model = speaker_for(ctx, node)
     replica = resolve(node, model, "speech", borrowed=ctx.borrowed)
+    client_query = ctx.scope.get("query_string", b"").decode("latin-1")
 
     def serve(target: Replica) -> Awaitable[None]:
+        # A GET names its model in the query: the backend, or the node holding the model,
+        # gets the ID it knows the model by there.
+        served = target.cfg.served_model if target.cfg is not None else target.local_id
+        query = _with_query_model(client_query, served)
+        ctx.scope = {**ctx.scope, "query_string": query.encode("latin-1")}
         return _serve(
             ctx,
             node,
@@ -195,9 +201,15 @@ async def handle_voices(ctx: Ctx, node: Node) -> None:
             # Not JSON: a GET has no body whose model could be set.
             content_type=b"application/octet-stream",
             shape=shape_openai,
+            query=query,
         )
 
     await _failover(ctx, node, model, "speech", replica, serve)
+
+
+def _with_query_model(query: str, model: str) -> str:
+    rest = [(k, v) for k, v in parse_qsl(query, keep_blank_values=True) if k != "model"]
+    return urlencode([("model", model), *rest])
 
 
 async def handle_realtime_http(ctx: Ctx, node: Node) -> None:

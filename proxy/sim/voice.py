@@ -7,7 +7,8 @@
   frame as it came; the socket closes with the code the client closed it with. Two control
   frames let tests drive the backend side: `{"type": "sim.stream", "count": N}` sends N
   frames in a row, `{"type": "sim.close", "code": C}` closes with code C. `realtime_open` in
-  `/sim/stats` counts the sockets open now, `realtime_opened` every one accepted.
+  `/sim/stats` counts the sockets open now, `realtime_opened` every one accepted, and
+  `realtime_last_close_code` is the code of the last close the client sent.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ SPEECH_SECONDS = 0.1
 VOICES = ("alloy", "echo", "kobold")
 OPEN = "realtime_open"
 OPENED = "realtime_opened"
+LAST_CLOSE = "realtime_last_close_code"
 
 
 def speech_wav(seconds: float = SPEECH_SECONDS) -> bytes:
@@ -98,40 +100,47 @@ async def handle_realtime(request: web.Request) -> web.StreamResponse:
     counters[OPEN] = counters.get(OPEN, 0) + 1
     counters[OPENED] = counters.get(OPENED, 0) + 1
     try:
-        async for msg in ws:
+        while True:
+            # Not `async for`: it ends at a close before the close's code can be read.
+            msg = await ws.receive()
             if msg.type == WSMsgType.BINARY:
                 await ws.send_bytes(msg.data)
             elif msg.type == WSMsgType.TEXT:
-                if await _control(ws, model, msg.data):
+                control = await _control(ws, model, msg.data)
+                if control == "closed":
                     break
-                await ws.send_str(orjson.dumps({"model": model, "echo": msg.data}).decode())
+                if control is None:
+                    await ws.send_str(orjson.dumps({"model": model, "echo": msg.data}).decode())
             elif msg.type == WSMsgType.CLOSE:
+                counters[LAST_CLOSE] = int(msg.data or WSCloseCode.OK)
                 reason = msg.extra if isinstance(msg.extra, str) else ""
                 await ws.close(code=msg.data or WSCloseCode.OK, message=reason.encode())
+                break
+            else:  # closed or broken under us
                 break
     finally:
         counters[OPEN] -= 1
     return ws
 
 
-async def _control(ws: web.WebSocketResponse, model: str, text: str) -> bool:
-    """Act on a test's control frame; True when the socket is closed by it."""
+async def _control(ws: web.WebSocketResponse, model: str, text: str) -> str | None:
+    """Act on a test's control frame: "done", "closed" (the socket is), or None (no control)."""
     if '"sim.' not in text[:40]:
-        return False
+        return None
     try:
         doc = orjson.loads(text)
     except orjson.JSONDecodeError:
-        return False
+        return None
     if not isinstance(doc, dict):
-        return False
+        return None
     if doc.get("type") == "sim.stream":
         for index in range(int(doc.get("count", 1))):
             await ws.send_str(orjson.dumps({"model": model, "seq": index}).decode())
-        return False
+        return "done"
     if doc.get("type") == "sim.close":
         await ws.close(code=int(doc["code"]), message=str(doc.get("reason", "")).encode())
-        return True
-    return False
+        return "closed"
+    return None
 
 
 def register(app: web.Application) -> None:
