@@ -47,6 +47,7 @@ from proxy.rewrite import (
     usage_from_json,
 )
 from proxy.sticky import Holder
+from registry.bodies import set_body_model
 from registry.cluster import Replica
 from registry.routing import Kind, lane_of, resolve
 from routerproject.errors import RouterError, echo
@@ -269,8 +270,10 @@ async def _send(
     await forward(ctx, node, job, shape or _relay_shaper(relay))
 
 
-def _with_model(doc: dict[str, Any], model: str) -> bytes:
-    return orjson.dumps({**doc, "model": model})
+def _with_model(ctx: Ctx, model: str) -> bytes:
+    # The client's bytes with only the model changed (or inserted): the serving node then
+    # measures the same body (and prompt size) as this one, as the core paths do.
+    return set_body_model(ctx.body, model)
 
 
 def _remembering(node: Node, target: Replica, public_id: str) -> Callable[[str], None]:
@@ -302,7 +305,7 @@ async def handle_text(ctx: Ctx, node: Node) -> None:
             target,
             kind="llm",
             public_id=model,
-            body=_with_model(doc, target.local_id),
+            body=_with_model(ctx, target.local_id),
             relay=_answer_relay(model, on_id),
             stream=doc.get("stream") is True,
         )
@@ -427,7 +430,7 @@ async def handle_embeddings_family(ctx: Ctx, node: Node) -> None:
             target,
             kind="embeddings",
             public_id=model,
-            body=_with_model(doc, target.local_id),
+            body=_with_model(ctx, target.local_id),
             relay=_answer_relay(model, None),
         )
 
@@ -509,7 +512,7 @@ async def handle_kobold_stream(ctx: Ctx, node: Node) -> None:
     def serve(target: Replica) -> Awaitable[None]:
         if target.cfg is None:
             # The holder translates Kobold itself.
-            body = _with_model(doc, target.local_id)
+            body = _with_model(ctx, target.local_id)
             return _send(ctx, node, target, kind="llm", public_id=model, body=body, relay=_verbatim)
         path, body_doc = handlers._kobold_translated(doc)
         body_doc.update(model=target.local_id, stream=True)
@@ -559,7 +562,7 @@ async def handle_kobold_tokencount(ctx: Ctx, node: Node) -> None:
 
     def serve(target: Replica) -> Awaitable[None]:
         if target.cfg is None:
-            body = _with_model(doc, target.local_id)
+            body = _with_model(ctx, target.local_id)
             return _send(ctx, node, target, kind="llm", public_id=model, body=body, relay=_verbatim)
         # llama-server reads `content`, vLLM `prompt`.
         body = orjson.dumps({"model": target.local_id, "content": prompt, "prompt": prompt})
@@ -621,7 +624,7 @@ async def handle_music(ctx: Ctx, node: Node) -> None:
     def serve(target: Replica) -> Awaitable[None]:
         body = ctx.body
         if doc is not None and "model" in doc:
-            body = _with_model(doc, target.local_id)
+            body = _with_model(ctx, target.local_id)
         if target.cfg is None:
             # The holder knows the model by its own ID, in whichever selector named it.
             ctx.scope = {**ctx.scope, "query_string": _query_with_model(ctx, target.local_id)}
