@@ -49,7 +49,7 @@ NODE_REALTIME_PATH = INFERENCE_PREFIX + REALTIME_PATH
 # How long the backend has to answer a close before its socket is dropped: Daphne cancels the
 # session's task 2 s (application_close_timeout) after the client is gone.
 BACKEND_CLOSE_SECS = 1.0
-CONNECT_SECS = 10.0
+HEARTBEAT_SECS = 20.0
 ERROR_CLOSE_BASE = 4000
 # Codes an endpoint may put in a close frame (RFC 6455 §7.4); the others only describe a
 # connection that ended without one.
@@ -80,23 +80,32 @@ class Session:
 
     def rewrite(self, text: str) -> str:
         """A backend text frame with its served model ID put back to the public one."""
-        if self.public_id == self.served_id or '"model"' not in text:
-            return text
-        try:
-            doc = orjson.loads(text)
-        except orjson.JSONDecodeError:
-            return text
-        if not isinstance(doc, dict):
-            return text
-        changed = False
-        if doc.get("model") == self.served_id:
-            doc["model"] = self.public_id
-            changed = True
-        inner = doc.get("session")
-        if isinstance(inner, dict) and inner.get("model") == self.served_id:
-            inner["model"] = self.public_id
-            changed = True
-        return orjson.dumps(doc).decode() if changed else text
+        return _swap_model(text, self.served_id, self.public_id)
+
+    def inward(self, text: str) -> str:
+        """A client text frame (a `session.update` naming the model) with the served ID."""
+        return _swap_model(text, self.public_id, self.served_id)
+
+
+def _swap_model(text: str, old: str, new: str) -> str:
+    """`text` with a JSON top-level `model`, or `session.model`, of `old` set to `new`."""
+    if old == new or '"model"' not in text:
+        return text
+    try:
+        doc = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return text
+    if not isinstance(doc, dict):
+        return text
+    changed = False
+    if doc.get("model") == old:
+        doc["model"] = new
+        changed = True
+    inner = doc.get("session")
+    if isinstance(inner, dict) and inner.get("model") == old:
+        inner["model"] = new
+        changed = True
+    return orjson.dumps(doc).decode() if changed else text
 
 
 def _kind(node: Node, model: str) -> Kind:
@@ -278,6 +287,8 @@ class Relay:
                 timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=BACKEND_CLOSE_SECS),
                 max_msg_size=0,
                 autoping=True,
+                # A backend that died without closing is noticed by its missing pong.
+                heartbeat=HEARTBEAT_SECS,
                 compress=0,
             )
         except aiohttp.WSServerHandshakeError as exc:
@@ -303,7 +314,7 @@ class Relay:
                     await backend.close(code=GOING_AWAY)
 
     async def _pump(self, backend: aiohttp.ClientWebSocketResponse, session: Session) -> None:
-        up = asyncio.ensure_future(self._client_to_backend(backend))
+        up = asyncio.ensure_future(self._client_to_backend(backend, session))
         down = asyncio.ensure_future(self._backend_to_client(backend, session))
         try:
             await asyncio.wait((up, down), return_when=asyncio.FIRST_COMPLETED)
@@ -314,15 +325,18 @@ class Relay:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
 
-    async def _client_to_backend(self, backend: aiohttp.ClientWebSocketResponse) -> None:
+    async def _client_to_backend(
+        self, backend: aiohttp.ClientWebSocketResponse, session: Session
+    ) -> None:
         receive = self.receive
+        rewrite = session.public_id != session.served_id
         while True:
             message = await receive()
             kind = message["type"]
             if kind == "websocket.receive":
                 text = message.get("text")
                 if text is not None:
-                    await backend.send_str(text)
+                    await backend.send_str(session.inward(text) if rewrite else text)
                 else:
                     await backend.send_bytes(message.get("bytes") or b"")
             elif kind == "websocket.disconnect":

@@ -117,6 +117,18 @@ def test_text_and_binary_frames_pass_both_ways_with_the_public_id(
 
 
 @pytest.mark.parametrize(("model", "where", "served"), TARGETS)
+def test_a_session_update_reaches_the_backend_under_its_own_id(
+    cluster: Cluster, model: str, where: str, served: str
+) -> None:
+    update = {"type": "session.update", "session": {"model": model, "voice": "alloy"}}
+    with session(cluster, model) as ws:
+        ws.send(json.dumps(update))
+        # The sim echoes the frame as it got it: the model there is the backend's own ID.
+        got = json.loads(recv_json(ws)["echo"])
+    assert got == {"type": "session.update", "session": {"model": served, "voice": "alloy"}}
+
+
+@pytest.mark.parametrize(("model", "where", "served"), TARGETS)
 def test_streamed_frames_arrive_whole_and_in_order(
     cluster: Cluster, model: str, where: str, served: str
 ) -> None:

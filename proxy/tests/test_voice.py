@@ -156,6 +156,8 @@ def test_backend_frames_name_the_public_model() -> None:
     assert out == {"model": "talk-2", "session": {"model": "talk-2"}, "x": "talk"}
     for untouched in ("not json", '["model"]', '{"model":"other"}', '{"echo":"hi"}'):
         assert session.rewrite(untouched) == untouched
+    inward = json.loads(session.inward('{"type":"session.update","session":{"model":"talk-2"}}'))
+    assert inward == {"type": "session.update", "session": {"model": "talk"}}
     same = Session("talk", "talk")
     assert same.rewrite('{"model":"talk"}') == '{"model":"talk"}'
 
