@@ -187,6 +187,22 @@ def test_a_whisper_config_is_voice_only(layout: Path) -> None:
     assert config.capabilities() == {"llm": False, "voice": {"whisper_model": "whisper.sim.json"}}
 
 
+def test_a_tts_model_makes_a_chat_model_speak_without_making_it_hear(layout: Path) -> None:
+    raw = {"model_param": "../weights/chat-small.sim.json", "backend_mode": "kobold"}
+    assert _load(layout, "plain", raw).has_tts is False
+    speaker = _load(layout, "speaker", raw | {"ttsmodel": "../weights/chat-small.sim.json"})
+    assert (speaker.has_llm, speaker.has_tts, speaker.has_voice) == (True, True, False)
+    assert speaker.capabilities()["voice"] == {"tts_model": "chat-small.sim.json"}
+    record = speaker.to_record(
+        node_id="n", node_url="http://n", source="local", available=True, loaded=False
+    )
+    assert (record["has_tts"], record["has_voice"]) == (True, False)
+    # A server the router does not start says so in its config.
+    upstream = {"backend_mode": "upstream", "upstream_url": "http://127.0.0.1:1", "tts": True}
+    assert _load(layout, "remote", upstream).has_tts is True
+    assert _load(layout, "quoted", upstream | {"tts": "true"}).has_tts is False
+
+
 def test_a_kobold_chat_model_has_embeddings_only_when_asked(layout: Path) -> None:
     raw = {"model_param": "../weights/chat-small.sim.json", "backend_mode": "kobold"}
     assert _load(layout, "plain", raw).has_embeddings is False
