@@ -164,15 +164,16 @@ def queue_entry(node: ServingNode, job: RequestJob) -> Entry:
 
     Text sizes come from the model's measured token profile; without one the entry is unsized
     (the spec's discipline: no estimate before enough measured traffic). Streams are pinned:
-    only a buffered, replayable body can be lent.
+    only a buffered, replayable body can be lent; so is what its path makes unlendable.
     """
     now = node.lending.clock()
+    pinned = job.stream or not job.lendable
     if job.lane == "image" and job.image is not None:
-        return Entry(job.model_id, now, work=(float(job.image.units),), pinned=job.stream)
+        return Entry(job.model_id, now, work=(float(job.image.units),), pinned=pinned)
     costs = node.lending.costs
     profile = costs.tokens.get(job.model_id) if costs is not None else None
     if profile is None:
-        return Entry(job.model_id, now, pinned=job.stream)
+        return Entry(job.model_id, now, pinned=pinned)
     max_tokens = job.max_tokens
     # Work is priced against fits in measured tokens, so it takes the mean ratio; only the
     # context gate below errs on the safe side with the conservative one.
@@ -182,7 +183,7 @@ def queue_entry(node: ServingNode, job: RequestJob) -> Entry:
         len(job.body), max_tokens, node.lending.settings.context_reserve
     )
     return Entry(
-        job.model_id, now, work=(float(prompt), output), context=context, pinned=job.stream
+        job.model_id, now, work=(float(prompt), output), context=context, pinned=pinned
     )
 
 

@@ -138,6 +138,9 @@ class RequestJob(Protocol):
     def content_type(self) -> bytes: ...
 
     @property
+    def lendable(self) -> bool: ...
+
+    @property
     def stream(self) -> bool: ...
 
     @property

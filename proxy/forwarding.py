@@ -246,6 +246,10 @@ class Job:
     """The client's method: a follow-up on a stored response is a GET or a DELETE."""
     query: str = ""
     """The client's query string, for the backend (ComfyUI's `/view?filename=`)."""
+    lendable: bool = True
+    """Whether lending may run it on a linked helper: only the core generation paths, whose
+    answers hold no state a later request must find on this node (a stored response, a job)
+    and which every helper backend serves."""
 
 
 async def _acquire(runtime: Runtime, job: Job, *, borrowed: bool = False) -> Launch:

@@ -186,6 +186,7 @@ async def _serve(
     has_image: bool = False,
     guardian_restore: bool = False,
     query: str = "",
+    lendable: bool = True,
 ) -> None:
     """Run the request where `replica` lives: this node's runtime, or its own node.
 
@@ -251,6 +252,7 @@ async def _serve(
         model_header=model_header,
         method=ctx.method,
         query=query,
+        lendable=lendable,
     )
     await forward(ctx, node, job, shape)
 

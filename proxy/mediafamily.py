@@ -147,6 +147,9 @@ async def _run(
             shape=shape_openai,
             content_type=ctype,
             query=_query(ctx),
+            # Jobs, prompts and edits live on the backend that took them, and a helper's
+            # backend may not serve these paths: only the core image path is lent.
+            lendable=False,
         )
 
     if replica is not None:

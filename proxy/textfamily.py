@@ -266,6 +266,7 @@ async def _send(
         prompt_bytes=len(body),
         method=ctx.method,
         model_header=model_header,
+        lendable=False,
     )
     await forward(ctx, node, job, shape or _relay_shaper(relay))
 
