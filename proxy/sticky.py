@@ -4,7 +4,9 @@ A stored response, an sd.cpp job or a ComfyUI prompt lives in one backend: a lat
 names its ID (``GET /v1/responses/{id}``, ``GET /sdcpp/v1/jobs/{id}``, ``/history/{id}``) must
 reach that backend, not whichever replica the rotation picks. The node that answered the
 creating request remembers the ID here; the table is bounded (least recently used out first)
-and entries expire, since backends forget them too.
+and entries expire, since backends forget them too. A node going down keeps its IDs: while it
+is down a follow-up gets the 502 every request to it gets, and once it is back its backend
+answers for the ID itself (its own 404 if a restart lost it).
 """
 
 from __future__ import annotations
@@ -71,8 +73,3 @@ class StickyIds:
 
     def forget(self, family: str, ident: str) -> None:
         self._entries.pop((family, ident), None)
-
-    def forget_node(self, node_id: str) -> None:
-        """Drop every ID a node held (it went down or restarted: its backends forgot them)."""
-        for key in [k for k, (_, h) in self._entries.items() if h.node_id == node_id]:
-            del self._entries[key]

@@ -1,4 +1,4 @@
-"""The sticky ID table: bounded, expiring, dropped per node."""
+"""The sticky ID table: bounded and expiring."""
 
 from __future__ import annotations
 
@@ -49,17 +49,6 @@ def test_an_id_expires_at_its_ttl_exactly() -> None:
     clock.now = 160.0
     assert table.lookup("jobs", "1") is None
     assert len(table) == 0
-
-
-def test_a_node_that_went_down_loses_its_ids() -> None:
-    table = StickyIds()
-    table.remember("jobs", "1", A)
-    table.remember("jobs", "2", B)
-
-    table.forget_node("node-a")
-
-    assert table.lookup("jobs", "1") is None
-    assert table.lookup("jobs", "2") == B
 
 
 def test_a_capacity_below_one_is_refused() -> None:
