@@ -131,9 +131,17 @@ async def _run(
     *,
     body: Callable[[Replica], bytes] | None = None,
     replica: Replica | None = None,
+    image: work.ImageWork | None = None,
 ) -> None:
-    """Serve the request on `model` (on `replica` when a follow-up must reach that one)."""
+    """Serve the request on `model` (on `replica` when a follow-up must reach that one).
+
+    The model also goes as `X-Tensors-Model` (set to the ID that serves it): a request whose
+    model was chosen here, not named in its body, reaches another node or the backend naming
+    it, so the node there does not choose again by its own default.
+    """
     ctype = _request_type(ctx)
+    if ctx.header(MODEL_HEADER) is None:
+        ctx.scope["headers"] = [*ctx.scope["headers"], (MODEL_HEADER, model.encode("latin-1"))]
 
     def serve(target: Replica) -> Awaitable[None]:
         return _serve(
@@ -146,6 +154,7 @@ async def _run(
             body=body(target) if body is not None else ctx.body,
             shape=shape_openai,
             content_type=ctype,
+            image=image,
             query=_query(ctx),
             # Jobs, prompts and edits live on the backend that took them, and a helper's
             # backend may not serve these paths: only the core image path is lent.
@@ -191,7 +200,9 @@ async def _follow(ctx: Ctx, node: Node, family: str, ident: str) -> None:
     """Send a request naming a remembered ID to its holder; an unknown ID to the default."""
     replica = _holder_replica(node, family, ident)
     if replica is None:
-        await _run(ctx, node, default_image_model(node))
+        # Unknown here (forgotten, or made before a restart): the model the sending node
+        # named, else the default image model's backend may still know it.
+        await _run(ctx, node, _header_model(ctx) or default_image_model(node))
         return
     holder = node.sticky.lookup(family, ident)
     assert holder is not None
@@ -288,7 +299,21 @@ async def handle_images(ctx: Ctx, node: Node) -> None:
             return ctx.body
         return stt.replace_multipart_model(ctx.body, model, served)
 
-    await _run(ctx, node, model, body=body)
+    await _run(ctx, node, model, body=body, image=_form_work(ctx.body, ctype))
+
+
+def _form_work(body: bytes, ctype: str) -> work.ImageWork:
+    """The image work an edit or variation form asks for (its size and count)."""
+    fields: dict[str, Any] = {}
+    for name in ("size", "n"):
+        value = work.multipart_field(body, ctype, name)
+        if value is not None:
+            text = value.decode("utf-8", "replace").strip()
+            fields[name] = int(text) if name == "n" and text.isdigit() else text
+    try:
+        return work.image_work(fields)
+    except ValueError as exc:
+        raise RouterError(400, str(exc), param=getattr(exc, "param", None)) from exc
 
 
 # -- AUTOMATIC1111 (sdapi) and sd.cpp --------------------------------------------------------

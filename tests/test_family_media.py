@@ -200,11 +200,18 @@ def test_a_comfyui_workflow_runs_on_its_checkpoint_and_its_output_is_served(
     assert upload.status_code == 200 and upload.json()["type"] == "input"
 
 
-def test_a_workflow_naming_an_unknown_checkpoint_is_refused(client: httpx.Client) -> None:
+def test_a_workflow_naming_an_unknown_checkpoint_or_two_is_refused(
+    client: httpx.Client, ids: tuple[str, str]
+) -> None:
     resp = client.post("/prompt", json=workflow("missing.safetensors"))
     assert resp.status_code == 404
     assert resp.json()["error"]["param"] == "prompt"
     assert client.post("/prompt", json={"prompt": "x"}).status_code == 400
+    pic, art = ids
+    two = workflow(pic)
+    two["prompt"]["5"] = {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": art}}
+    resp = client.post("/prompt", json=two)
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "prompt"
 
 
 def test_options_select_the_model_sdapi_requests_without_one_run_on(
@@ -325,7 +332,7 @@ def test_a_suffixed_model_is_named_by_its_served_id_on_the_slave_and_back(
 
 
 def test_options_through_the_master_select_a_slaves_model_under_its_public_id(
-    master: httpx.Client,
+    master: httpx.Client, cluster: Cluster
 ) -> None:
     node_id, public, served = suffixed_paint(master)
     resp = master.post("/sdapi/v1/options", json={"sd_model_checkpoint": public})
@@ -335,3 +342,10 @@ def test_options_through_the_master_select_a_slaves_model_under_its_public_id(
     job = master.post("/sdcpp/v1/img_gen", json=small())
     assert job.status_code == 200, job.text
     assert job.json()["model"] == public
+    # The slave's own default is another model now; a model-less request the master chose
+    # the model for still names it to the slave.
+    with cluster.slaves[node_id].client() as slave:
+        own = next(i for i in image_ids(slave) if i.startswith("pic"))
+        slave.post("/sdapi/v1/options", json={"sd_model_checkpoint": own}).raise_for_status()
+        assert slave.get("/system_stats").json()["devices"][0]["name"] == "sim:pic"
+    assert master.get("/system_stats").json()["devices"][0]["name"] == "sim:paint"

@@ -1,0 +1,122 @@
+"""The media family's own rules: the default image model, the answer tap, ComfyUI outputs."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import orjson
+import pytest
+
+from proxy import mediafamily
+from proxy.forwarding import Ctx, Message
+from registry.cluster import Replica
+from routerproject.errors import RouterError
+
+
+def image(public_id: str, *, disabled: bool = False) -> Replica:
+    record = {"has_image": True, "image_id": public_id, "disabled": disabled}
+    return Replica(public_id, "n1", public_id, "http://n1", True, record, None)
+
+
+def node(*replicas: Replica, node_id: str = "n1") -> Any:
+    by_id = {r.public_id: [r] for r in replicas}
+    cluster = SimpleNamespace(by_public_image_id=by_id, by_public_id={}, view_ready=True)
+    return SimpleNamespace(node_id=node_id, cluster=cluster)
+
+
+@pytest.fixture(autouse=True)
+def no_selection() -> Any:
+    mediafamily._selected.clear()
+    yield
+    mediafamily._selected.clear()
+
+
+def test_the_default_is_the_selection_then_the_only_model_then_the_first_by_id() -> None:
+    assert mediafamily.default_image_model(node(image("b"), image("a", disabled=True))) == "b"
+    two = node(image("b"), image("a"))
+    assert mediafamily.default_image_model(two) == "a"
+    mediafamily._selected["n1"] = "b"
+    assert mediafamily.default_image_model(two) == "b"
+    # A selection is this node's own; another node keeps its default.
+    assert mediafamily.default_image_model(node(image("b"), image("a"), node_id="n2")) == "a"
+
+
+def test_a_selection_no_longer_enabled_is_passed_over() -> None:
+    mediafamily._selected["n1"] = "b"
+    assert mediafamily.default_image_model(node(image("b", disabled=True), image("c"))) == "c"
+
+
+def test_no_image_model_at_all_is_a_404() -> None:
+    with pytest.raises(RouterError) as raised:
+        mediafamily.default_image_model(node())
+    assert raised.value.status == 404
+
+
+def run_tap(messages: list[Message], rewrite: Any = None) -> tuple[list[Message], mediafamily._Tap]:
+    sent: list[Message] = []
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    async def receive() -> Message:
+        return {"type": "http.disconnect"}
+
+    ctx = Ctx({"headers": []}, receive, send, "/x", "GET")
+    tap = mediafamily._Tap(ctx, rewrite)
+
+    async def go() -> None:
+        for message in messages:
+            await ctx.send(message)
+
+    asyncio.run(go())
+    return sent, tap
+
+
+def answer(status: int, body: bytes, ctype: bytes = b"application/json") -> list[Message]:
+    headers = [(b"content-type", ctype), (b"content-length", str(len(body)).encode())]
+    return [
+        {"type": "http.response.start", "status": status, "headers": headers},
+        {"type": "http.response.body", "body": body[:3], "more_body": True},
+        {"type": "http.response.body", "body": body[3:], "more_body": False},
+    ]
+
+
+def test_the_tap_keeps_a_json_answer_and_passes_it_unchanged() -> None:
+    body = b'{"id": "job-1"}'
+    sent, tap = run_tap(answer(200, body))
+    assert sent == answer(200, body)
+    assert tap.doc() == {"id": "job-1"}
+
+
+def test_the_tap_keeps_no_error_and_no_other_content() -> None:
+    assert run_tap(answer(404, b'{"id": "x"}'))[1].doc() is None
+    assert run_tap(answer(200, b"PNG....", b"image/png"))[1].doc() is None
+
+
+def test_a_rewriting_tap_sends_the_rewritten_answer_with_its_new_length() -> None:
+    def public(doc: Any) -> Any:
+        return {**doc, "sd_model_checkpoint": "the-public-id"}
+
+    sent, _ = run_tap(answer(200, b'{"sd_model_checkpoint": "x"}'), public)
+    start, body = sent
+    assert body["more_body"] is False
+    assert orjson.loads(body["body"]) == {"sd_model_checkpoint": "the-public-id"}
+    assert dict(start["headers"])[b"content-length"] == str(len(body["body"])).encode()
+    # An error is passed as it came.
+    assert run_tap(answer(500, b'{"error": 1}'), public)[0] == answer(500, b'{"error": 1}')
+
+
+def test_comfy_output_files_are_read_from_every_output() -> None:
+    history = {
+        "p1": {
+            "outputs": {
+                "9": {"images": [{"filename": "a.png"}, {"filename": "b.png"}]},
+                "10": {"gifs": [{"filename": "c.webp"}], "text": ["not a file"]},
+            }
+        },
+        "p2": {"outputs": "broken"},
+    }
+    assert mediafamily._output_files(history) == ["a.png", "b.png", "c.webp"]
+    assert mediafamily._output_files(None) == []
