@@ -179,20 +179,20 @@ def _holder(ctx: Ctx, node: Node) -> Holder | None:
 
 
 def _holder_replica(node: Node, family: str, ident: str) -> Replica | None:
-    """The replica holding a remembered ID; RouterError when its holder is gone."""
+    """The replica holding a remembered ID; RouterError when its holder is not in the view."""
     holder = node.sticky.lookup(family, ident)
     if holder is None:
         return None
     for replica in candidates(node, holder.public_id, "image"):
         if replica.node_id == holder.node_id and replica.local_id == holder.local_id:
             return replica
-    # The node or model that made it is gone, and no other replica knows the ID.
-    node.sticky.forget(family, ident)
+    # No other replica knows the ID; the entry stays, for when its node is back.
     raise RouterError(
-        404,
-        f'"{echo(ident)}" was made by model "{echo(holder.public_id)}" on node '
-        f'"{echo(holder.node_id)}", which is no longer available',
-        code="not_found",
+        503,
+        f'"{echo(ident)}" is held by model "{echo(holder.public_id)}" on node '
+        f'"{echo(holder.node_id)}", which is not available',
+        type="backend_error",
+        code="node_unavailable",
     )
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from proxy import mediafamily
 from proxy.forwarding import Ctx, Message
+from proxy.sticky import Holder, StickyIds
 from registry.cluster import Replica
 from routerproject.errors import RouterError
 
@@ -23,7 +24,7 @@ def image(public_id: str, *, disabled: bool = False) -> Replica:
 def node(*replicas: Replica, node_id: str = "n1") -> Any:
     by_id = {r.public_id: [r] for r in replicas}
     cluster = SimpleNamespace(by_public_image_id=by_id, by_public_id={}, view_ready=True)
-    return SimpleNamespace(node_id=node_id, cluster=cluster)
+    return SimpleNamespace(node_id=node_id, cluster=cluster, sticky=StickyIds())
 
 
 @pytest.fixture(autouse=True)
@@ -52,6 +53,20 @@ def test_no_image_model_at_all_is_a_404() -> None:
     with pytest.raises(RouterError) as raised:
         mediafamily.default_image_model(node())
     assert raised.value.status == 404
+
+
+def test_a_remembered_id_goes_to_its_holder_and_waits_for_it_when_it_is_gone() -> None:
+    here = node(image("a"))
+    here.sticky.remember("sdcpp", "job-1", Holder("n1", "a", "a"))
+    found = mediafamily._holder_replica(here, "sdcpp", "job-1")
+    assert found is not None and found.node_id == "n1"
+    assert mediafamily._holder_replica(here, "sdcpp", "unknown") is None
+    here.sticky.remember("sdcpp", "job-2", Holder("n9", "a", "a"))
+    with pytest.raises(RouterError) as raised:
+        mediafamily._holder_replica(here, "sdcpp", "job-2")
+    # Not sent to another replica, which cannot know it; remembered for when n9 is back.
+    assert (raised.value.status, raised.value.code) == (503, "node_unavailable")
+    assert here.sticky.lookup("sdcpp", "job-2") == Holder("n9", "a", "a")
 
 
 def run_tap(messages: list[Message], rewrite: Any = None) -> tuple[list[Message], mediafamily._Tap]:
