@@ -21,10 +21,11 @@ from collections.abc import Awaitable
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
+import aiohttp
 import orjson
 
 from proxy import stt, work
-from proxy.forwarding import Ctx, parse_json_body, shape_openai
+from proxy.forwarding import JSON, SSE, Ctx, Job, parse_json_body, shape_openai
 from proxy.handlers import (
     GET,
     MODEL_HEADER,
@@ -79,6 +80,23 @@ def speaker_for(ctx: Ctx, node: Node, doc: dict[str, Any] | None = None) -> str:
     return model
 
 
+async def shape_speech(ctx: Ctx, job: Job, resp: aiohttp.ClientResponse) -> None:
+    """Audio passes through chunk by chunk as the backend makes it (a long text's first words
+    play before its last are spoken); JSON and SSE answers are shaped as OpenAI answers."""
+    ctype = resp.headers.get("Content-Type", "application/octet-stream").encode("latin-1")
+    if ctype.startswith((JSON, SSE)):
+        await shape_openai(ctx, job, resp)
+        return
+    headers = [(b"content-type", ctype)]
+    length = resp.headers.get("Content-Length")
+    if length is not None and length.isdigit():
+        headers.append((b"content-length", length.encode()))
+    await ctx.start(resp.status, headers)
+    async for chunk in resp.content.iter_any():
+        await ctx.chunk(chunk)
+    await ctx.end()
+
+
 async def handle_speech(ctx: Ctx, node: Node) -> None:
     """`POST /v1/audio/speech` and Kobold's `/api/extra/tts`: text in, audio bytes out.
 
@@ -106,7 +124,7 @@ async def handle_speech(ctx: Ctx, node: Node) -> None:
             public_id=model,
             path=ctx.path,
             body=body,
-            shape=shape_openai,
+            shape=shape_speech,
         )
 
     await _failover(ctx, node, model, "speech", replica, serve)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import io
 import struct
+import time
 import wave
 from collections.abc import Iterator
 from typing import Any
@@ -30,6 +31,7 @@ from tests.harness import (
 pytestmark = pytest.mark.integration
 
 AUTH = {"Authorization": f"Bearer {CLUSTER_TOKEN}"}
+STREAM_GAP_MS = 4000
 
 
 def speaker(name: str, **costs: Any) -> ModelSpec:
@@ -223,7 +225,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     c = start_cluster(
         root,
         [speaker("speaker", base_ms=5)],
-        {"s1": [speaker("speaker", base_ms=7), ears("ears")]},
+        {
+            "s1": [
+                speaker("speaker", base_ms=7),
+                ears("ears"),
+                speaker("slow-speaker", base_ms=STREAM_GAP_MS),
+            ]
+        },
     )
     try:
         yield c
@@ -243,6 +251,26 @@ def test_speech_reaches_the_slave_under_its_own_id(cluster: Cluster) -> None:
         assert resp.status_code == 200, resp.text
         seen = last_seen(cluster.slaves["s1"])
         assert (seen["path"], seen["model"]) == ("/api/extra/tts", "speaker")
+
+
+def test_streamed_speech_reaches_the_client_as_the_backend_makes_it(cluster: Cluster) -> None:
+    # The slow speaker's backend sends half its WAV, then the rest STREAM_GAP_MS later: the
+    # first half must arrive long before that (asked of the node that serves it).
+    body = {"model": "slow-speaker", "input": "hello", "stream_format": "audio"}
+    with cluster.slaves["s1"].client() as client:
+        # Loaded first: the measured request must not wait for a model switch.
+        client.post("/v1/audio/speech", json={"model": "slow-speaker", "input": "warm"})
+    started = time.monotonic()
+    with (
+        cluster.slaves["s1"].client() as client,
+        client.stream("POST", "/v1/audio/speech", json=body) as resp,
+    ):
+        assert resp.status_code == 200
+        chunks = resp.iter_raw()
+        first = next(chunks)
+        assert time.monotonic() - started < STREAM_GAP_MS / 1000.0 / 2
+        audio = first + b"".join(chunks)
+    assert audio_seconds(audio) > 0
 
 
 def test_speech_without_a_model_among_two_speakers_is_refused(cluster: Cluster) -> None:

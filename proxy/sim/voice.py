@@ -1,6 +1,7 @@
 """The simulated backend's voice paths: just enough of each to test routing.
 
-- Speech (`/v1/audio/speech`, Kobold's `/api/extra/tts`): a short valid WAV of silence.
+- Speech (`/v1/audio/speech`, Kobold's `/api/extra/tts`): a short valid WAV of silence; with
+  `"stream_format": "audio"`, in two chunks base_ms apart.
 - Voices (`/v1/audio/voices`, `/audio/voices`): a fixed list, under the model asked for.
 - Translations: as transcriptions; Kobold's `/api/extra/transcribe`: base64 WAV in JSON.
 - `/v1/realtime` WebSocket: each text frame comes back as `{"model", "echo"}`, each binary
@@ -61,9 +62,27 @@ async def handle_speech(request: web.Request) -> web.StreamResponse:
     if not isinstance(body.get("input"), str):
         return server._error(400, "input is required", "invalid_request_error")
     seen = {"model": body.get("model"), "voice": body.get("voice")}
+    if body.get("stream_format") == "audio":
+        return await _stream_speech(request, state, seen)
     async with state.slot(request.path, state.weights.base_ms, seen=seen):
         await asyncio.sleep(state.weights.base_ms / 1000.0)
     return web.Response(body=speech_wav(), content_type="audio/wav")
+
+
+async def _stream_speech(
+    request: web.Request, state: server.SimState, seen: dict[str, Any]
+) -> web.StreamResponse:
+    """The WAV in two chunks, the second base_ms after the first (audio made as it plays)."""
+    audio = speech_wav()
+    half = len(audio) // 2
+    resp = web.StreamResponse(headers={"Content-Type": "audio/wav"})
+    async with state.slot(request.path, state.weights.base_ms, seen=seen):
+        await resp.prepare(request)
+        await resp.write(audio[:half])
+        await asyncio.sleep(state.weights.base_ms / 1000.0)
+        await resp.write(audio[half:])
+    await resp.write_eof()
+    return resp
 
 
 async def handle_voices(request: web.Request) -> web.Response:
