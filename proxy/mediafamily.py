@@ -5,18 +5,20 @@ lane (kind "image"), so a video job (`/sdcpp/v1/vid_gen`) waits behind and is pr
 node's image work.
 
 Which image model a request runs on, in order: the model it names (body `model`, an sdapi
-checkpoint, a ComfyUI workflow's checkpoint loader, or the `X-Tensors-Model` header); for a
-follow-up naming a job, prompt or output file, the replica that created it (`node.sticky`);
-otherwise the node's default image model (`default_image_model`): the checkpoint last
-selected with `POST /sdapi/v1/options` on this node, else the single enabled image model, else
-the first enabled image model by public ID. A generation (txt2img, img2img, img_gen, vid_gen)
-never falls to that last rule: with several image models and no selection it needs a model.
+checkpoint, a ComfyUI workflow's model loader, `ckpt_name` or `unet_name`, or the
+`X-Tensors-Model` header); for a follow-up naming a job, prompt or output file, the replica
+that created it (`node.sticky`); otherwise the node's default image model
+(`default_image_model`): the checkpoint last selected with `POST /sdapi/v1/options` on this
+node, else the single enabled image model, else the first enabled image model by public ID.
+A generation (txt2img, img2img, img_gen, vid_gen, a ComfyUI prompt) never falls to that last
+rule: with several image models and no selection it must name one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import parse_qs
 
 import orjson
 
@@ -41,6 +43,7 @@ TAP_LIMIT_BYTES = 1 << 20
 NO_BODY = b"application/octet-stream"
 # File name endings a ComfyUI workflow gives its checkpoints; the router's IDs have none.
 CHECKPOINT_SUFFIXES = (".safetensors", ".ckpt", ".gguf", ".pt", ".pth", ".bin")
+MODEL_INPUTS = ("ckpt_name", "unet_name")
 
 _selected: dict[str, str] = {}
 """The checkpoint `POST /sdapi/v1/options` selected, per node ID (this process's nodes)."""
@@ -414,22 +417,23 @@ async def handle_passthrough(ctx: Ctx, node: Node) -> None:
 # -- ComfyUI ---------------------------------------------------------------------------------
 
 
-def _workflow_checkpoints(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """The inputs of the workflow's nodes that load a checkpoint (`ckpt_name`)."""
+def _workflow_loaders(doc: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
+    """The workflow's model loaders: each node's inputs and the input naming the model (a
+    checkpoint loader's `ckpt_name`, a diffusion model loader's `unet_name`)."""
     prompt = doc.get("prompt")
     if not isinstance(prompt, dict):
         raise RouterError(400, "prompt must be a workflow object", param="prompt")
     return [
-        inputs
+        (inputs, key)
         for graph_node in prompt.values()
-        if isinstance(graph_node, dict)
-        and isinstance(inputs := graph_node.get("inputs"), dict)
-        and isinstance(inputs.get("ckpt_name"), str)
+        if isinstance(graph_node, dict) and isinstance(inputs := graph_node.get("inputs"), dict)
+        for key in MODEL_INPUTS
+        if isinstance(inputs.get(key), str)
     ]
 
 
 def _model_of_checkpoint(node: Node, name: str) -> str:
-    """The image model a ComfyUI checkpoint name means: the ID itself, or ID + file ending."""
+    """The image model a ComfyUI loader's name means: the ID itself, or ID + file ending."""
     if candidates(node, name, "image"):
         return name
     for suffix in CHECKPOINT_SUFFIXES:
@@ -438,7 +442,7 @@ def _model_of_checkpoint(node: Node, name: str) -> str:
     require_view(node)
     raise RouterError(
         404,
-        f'checkpoint "{echo(name)}" is not an image model here',
+        f'model "{echo(name)}" the workflow loads is not an image model here',
         code="model_not_found",
         param="prompt",
     )
@@ -451,29 +455,38 @@ async def handle_comfy_prompt(ctx: Ctx, node: Node) -> None:
         await handle_passthrough(ctx, node)
         return
     doc = parse_json_body(ctx)
-    loaders = _workflow_checkpoints(doc)
-    named = {inputs["ckpt_name"] for inputs in loaders}
+    loaders = _workflow_loaders(doc)
+    named = {inputs[key] for inputs, key in loaders}
     if len(named) > 1:
         raise RouterError(
-            400, "the workflow loads more than one checkpoint; one node serves one", param="prompt"
+            400, "the workflow loads more than one model; one node serves one", param="prompt"
         )
     model = _body_model(doc) or _header_model(ctx)
+    if model is None and named:
+        model = _model_of_checkpoint(node, named.pop())
     if model is None:
-        model = _model_of_checkpoint(node, named.pop()) if named else default_image_model(node)
+        # A generation, so never the first of several models by ID (see the module's doc).
+        model = _selection_or_single(node)
+        if model is None:
+            raise RouterError(
+                400, "the workflow loads no model this router knows; name one", param="model"
+            )
+    public = model
 
     def body(target: Replica) -> bytes:
         served = _served_id(target)
-        if served == model or not loaders:
+        if served == public or not loaders:
             return ctx.body
-        for inputs in loaders:
-            name = inputs["ckpt_name"]
-            ending = name[len(model) :] if name.startswith(model) else ""
-            if name == model + ending:
-                inputs["ckpt_name"] = served + ending
+        for inputs, key in loaders:
+            name = inputs[key]
+            for ending in ("", *CHECKPOINT_SUFFIXES):
+                if name == public + ending:
+                    inputs[key] = served + ending
+                    break
         return orjson.dumps(doc)
 
     tap = _Tap(ctx)
-    await _run(ctx, node, model, body=body)
+    await _run(ctx, node, public, body=body)
     found = tap.doc()
     prompt_id = found.get("prompt_id") if isinstance(found, dict) else None
     _remember(ctx, node, COMFY, prompt_id if isinstance(prompt_id, str) and prompt_id else None)
@@ -505,8 +518,6 @@ def _output_files(doc: Any) -> list[str]:
 
 async def handle_comfy_view(ctx: Ctx, node: Node) -> None:
     """`/view?filename=`: the node whose history named the file, else the default model."""
-    from urllib.parse import parse_qs
-
     filename = parse_qs(_query(ctx)).get("filename", [""])[0]
     if filename:
         await _follow(ctx, node, COMFY_FILE, filename)

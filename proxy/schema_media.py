@@ -194,8 +194,8 @@ def _comfy_paths() -> dict[str, Schema]:
             {
                 "prompt": {
                     "type": "object",
-                    "description": "The workflow; its checkpoint loader's ckpt_name (a public"
-                    " image ID, a file ending allowed) names the model.",
+                    "description": "The workflow; its model loader's ckpt_name or unet_name (a"
+                    " public image ID, a file ending allowed) names the model.",
                 },
                 "model": _str("Public image ID, when the workflow names none."),
                 "client_id": _str(),

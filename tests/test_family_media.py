@@ -4,6 +4,7 @@ options, sd.cpp jobs and ComfyUI, on a standalone node and through a master to i
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -13,6 +14,7 @@ from tests.harness import (
     Cluster,
     ModelSpec,
     RouterNode,
+    running_node,
     sim_weights,
     start_cluster,
     start_node,
@@ -189,18 +191,29 @@ def test_a_comfyui_workflow_runs_on_its_checkpoint_and_its_output_is_served(
     assert resp.status_code == 200, resp.text
     prompt_id = resp.json()["prompt_id"]
     entry = finished_prompt(client, prompt_id)
-    assert image_backend_seen(client)[-1]["ckpt_name"] == f"{art}.safetensors"
+    assert image_backend_seen(client)[-1]["loads"] == f"{art}.safetensors"
     image = entry["outputs"]["9"]["images"][0]
     view = client.get("/view", params={"filename": image["filename"], "type": "output"})
     assert view.status_code == 200 and view.content.startswith(PNG_MAGIC)
-    # Model-less paths go to the default model, which another test may select: name it.
-    named = {"X-Tensors-Model": art}
-    queue = client.get("/queue", headers=named).json()
-    assert queue == {"queue_running": [], "queue_pending": []}
-    assert prompt_id in client.get("/history", headers=named).json()
+    # Model-less paths go to the default image model: the first by ID, with none selected.
+    assert art < ids[0]
+    assert client.get("/queue").json() == {"queue_running": [], "queue_pending": []}
+    assert prompt_id in client.get("/history").json()
     assert client.post("/interrupt", json={}).status_code == 200
     upload = client.post("/upload/image", files={"image": ("a.png", PNG_MAGIC, "image/png")})
     assert upload.status_code == 200 and upload.json()["type"] == "input"
+
+
+def test_a_diffusion_model_loader_names_the_model_too(
+    client: httpx.Client, ids: tuple[str, str]
+) -> None:
+    pic, _ = ids
+    flux = workflow(pic)
+    flux["prompt"]["4"] = {"class_type": "UNETLoader", "inputs": {"unet_name": f"{pic}.gguf"}}
+    resp = client.post("/prompt", json=flux)
+    assert resp.status_code == 200, resp.text
+    finished_prompt(client, resp.json()["prompt_id"])
+    assert image_backend_seen(client)[-1]["loads"] == f"{pic}.gguf"
 
 
 def test_a_workflow_naming_an_unknown_checkpoint_or_two_is_refused(
@@ -217,26 +230,36 @@ def test_a_workflow_naming_an_unknown_checkpoint_or_two_is_refused(
     assert resp.status_code == 400 and resp.json()["error"]["param"] == "prompt"
 
 
-def test_options_select_the_model_sdapi_requests_without_one_run_on(
-    client: httpx.Client, ids: tuple[str, str]
-) -> None:
-    pic, art = ids
-    # Two image models and nothing selected: a generation must name its model.
-    refused = client.post("/sdapi/v1/txt2img", json=small())
-    assert refused.status_code == 400 and refused.json()["error"]["param"] == "model"
-    unknown = client.post("/sdapi/v1/options", json={"sd_model_checkpoint": "nope"})
-    assert unknown.status_code == 404
-    assert unknown.json()["error"]["param"] == "sd_model_checkpoint"
-    assert client.post("/sdapi/v1/txt2img", json=small()).status_code == 400
-    for chosen in (art, pic):
-        resp = client.post("/sdapi/v1/options", json={"sd_model_checkpoint": chosen})
-        assert resp.status_code == 200, resp.text
-        assert client.get("/sdapi/v1/options").json()["sd_model_checkpoint"] == chosen
-        ran = client.post("/sdapi/v1/txt2img", json=small())
-        assert ran.status_code == 200, ran.text
-        assert image_backend_seen(client)[-1]["model"] == chosen
-        job = client.post("/sdcpp/v1/img_gen", json=small()).json()
-        assert job["model"] == chosen
+def test_options_select_the_model_sdapi_requests_without_one_run_on(tmp_path: Path) -> None:
+    # A node of its own: the selection stays for the node's life, and other tests need none.
+    with (
+        running_node(tmp_path, [painter("pic"), painter("art", 2)]) as fresh,
+        fresh.client() as client,
+    ):
+        pic = next(i for i in image_ids(client) if i.startswith("pic"))
+        art = next(i for i in image_ids(client) if i.startswith("art"))
+        # Two image models and nothing selected: a generation must name its model.
+        refused = client.post("/sdapi/v1/txt2img", json=small())
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "model"
+        loose = client.post("/prompt", json={"prompt": {"3": {"inputs": {"steps": 2}}}})
+        assert loose.status_code == 400 and loose.json()["error"]["param"] == "model"
+        unknown = client.post("/sdapi/v1/options", json={"sd_model_checkpoint": "nope"})
+        assert unknown.status_code == 404
+        assert unknown.json()["error"]["param"] == "sd_model_checkpoint"
+        assert client.post("/sdapi/v1/txt2img", json=small()).status_code == 400
+        for chosen in (art, pic):
+            resp = client.post("/sdapi/v1/options", json={"sd_model_checkpoint": chosen})
+            assert resp.status_code == 200, resp.text
+            assert client.get("/sdapi/v1/options").json()["sd_model_checkpoint"] == chosen
+            ran = client.post("/sdapi/v1/txt2img", json=small())
+            assert ran.status_code == 200, ran.text
+            assert image_backend_seen(client)[-1]["model"] == chosen
+            job = client.post("/sdcpp/v1/img_gen", json=small()).json()
+            assert job["model"] == chosen
+            prompt = client.post("/prompt", json={"prompt": {"3": {"inputs": {"steps": 2}}}})
+            assert prompt.status_code == 200, prompt.text
+            finished_prompt(client, prompt.json()["prompt_id"])
+            assert image_backend_seen(client)[-1]["model"] == chosen
 
 
 # -- a master and two slaves with the same image model -----------------------------------------
@@ -328,7 +351,7 @@ def test_a_suffixed_model_is_named_by_its_served_id_on_the_slave_and_back(
     prompt = master.post("/prompt", json=workflow(f"{public}.safetensors"))
     assert prompt.status_code == 200, prompt.text
     finished_prompt(master, prompt.json()["prompt_id"])
-    assert image_backend_seen(master, node_id)[-1]["ckpt_name"] == f"{served}.safetensors"
+    assert image_backend_seen(master, node_id)[-1]["loads"] == f"{served}.safetensors"
     img2img = master.post("/sdapi/v1/img2img", json=small(sd_model_checkpoint=public))
     assert img2img.status_code == 200, img2img.text
     assert image_backend_seen(master, node_id)[-1]["model"] == served

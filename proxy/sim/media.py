@@ -209,11 +209,13 @@ async def handle_sdcpp_cancel(request: web.Request) -> web.Response:
 # -- ComfyUI ---------------------------------------------------------------------------------
 
 
-def _checkpoint(workflow: dict[str, Any]) -> str | None:
+def _loaded_model(workflow: dict[str, Any]) -> str | None:
+    """What the workflow's model loader names (a checkpoint or a diffusion model)."""
     for graph_node in workflow.values():
         inputs = graph_node.get("inputs") if isinstance(graph_node, dict) else None
-        if isinstance(inputs, dict) and isinstance(inputs.get("ckpt_name"), str):
-            return str(inputs["ckpt_name"])
+        for key in ("ckpt_name", "unet_name"):
+            if isinstance(inputs, dict) and isinstance(inputs.get(key), str):
+                return str(inputs[key])
     return None
 
 
@@ -237,7 +239,7 @@ async def handle_comfy_prompt(request: web.Request) -> web.Response:
     if isinstance(duration, web.Response):
         return duration
     job = _Job(uuid.uuid4().hex, _model(state, parsed), "comfy", 1, workflow=workflow)
-    seen = {**server._seen(request, parsed), "ckpt_name": _checkpoint(workflow)}
+    seen = {**server._seen(request, parsed), "loads": _loaded_model(workflow)}
     _start(request, job, duration, seen)
     number = len(_jobs(request))
     return server._json({"prompt_id": job.ident, "number": number, "node_errors": {}})
