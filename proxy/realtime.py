@@ -168,6 +168,8 @@ class Relay:
         self.send = send
         self.from_node = from_node
         self.query = parse_qsl(scope.get("query_string", b"").decode("latin-1"))
+        self.client_gone = False
+        self.close_sent = False
         self.offered = [
             p for p in scope.get("subprotocols", ()) if not p.startswith(KEY_PREFIX_TEXT)
         ]
@@ -317,13 +319,21 @@ class Relay:
         up = asyncio.ensure_future(self._client_to_backend(backend, session))
         down = asyncio.ensure_future(self._backend_to_client(backend, session))
         try:
-            await asyncio.wait((up, down), return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait((up, down), return_when=asyncio.FIRST_COMPLETED)
+            if up in done and not self.client_gone:
+                # A client frame met a backend socket that is closing: the backend's close
+                # (code and reason) is what the client must get, and `down` is reading it.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(down), BACKEND_CLOSE_SECS)
         finally:
             for task in (up, down):
                 task.cancel()
             for task in (up, down):
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
+            if not self.client_gone and not self.close_sent:
+                # The relay failed under the session: the client is told, not left hanging.
+                await self.send({"type": "websocket.close", "code": INTERNAL_ERROR})
 
     async def _client_to_backend(
         self, backend: aiohttp.ClientWebSocketResponse, session: Session
@@ -340,6 +350,7 @@ class Relay:
                 else:
                     await backend.send_bytes(message.get("bytes") or b"")
             elif kind == "websocket.disconnect":
+                self.client_gone = True
                 code = sendable(message.get("code"))
                 await backend.close(code=code)
                 return
@@ -368,6 +379,7 @@ class Relay:
         if code is None or code == NO_CLOSE_FRAME:
             # A close frame without a code is a normal close; none at all is a failure.
             code = 1000 if code == NO_CLOSE_FRAME else INTERNAL_ERROR
+        self.close_sent = True
         await send(
             {
                 "type": "websocket.close",

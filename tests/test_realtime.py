@@ -170,6 +170,17 @@ def test_the_backends_close_code_and_reason_reach_the_client(
 
 
 @pytest.mark.parametrize(("model", "where", "served"), TARGETS)
+def test_a_backend_that_drops_its_socket_closes_the_session_with_1011(
+    cluster: Cluster, model: str, where: str, served: str
+) -> None:
+    with session(cluster, model) as ws:
+        ws.send(json.dumps({"type": "sim.drop"}))
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=RECV_SECS)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1011
+
+
+@pytest.mark.parametrize(("model", "where", "served"), TARGETS)
 def test_a_client_that_drops_its_connection_frees_the_backend_socket(
     cluster: Cluster, model: str, where: str, served: str
 ) -> None:

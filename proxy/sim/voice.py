@@ -7,7 +7,8 @@
 - `/v1/realtime` WebSocket: each text frame comes back as `{"model", "echo"}`, each binary
   frame as it came; the socket closes with the code the client closed it with. Two control
   frames let tests drive the backend side: `{"type": "sim.stream", "count": N}` sends N
-  frames in a row, `{"type": "sim.close", "code": C}` closes with code C. `realtime_open` in
+  frames in a row, `{"type": "sim.close", "code": C}` closes with code C, `{"type": "sim.drop"}`
+  drops the connection without a close frame. `realtime_open` in
   `/sim/stats` counts the sockets open now, `realtime_opened` every one accepted, and
   `realtime_last_close_code` is the code of the last close the client sent.
 """
@@ -125,7 +126,7 @@ async def handle_realtime(request: web.Request) -> web.StreamResponse:
             if msg.type == WSMsgType.BINARY:
                 await ws.send_bytes(msg.data)
             elif msg.type == WSMsgType.TEXT:
-                control = await _control(ws, model, msg.data)
+                control = await _control(request, ws, model, msg.data)
                 if control == "closed":
                     break
                 if control is None:
@@ -142,7 +143,9 @@ async def handle_realtime(request: web.Request) -> web.StreamResponse:
     return ws
 
 
-async def _control(ws: web.WebSocketResponse, model: str, text: str) -> str | None:
+async def _control(
+    request: web.Request, ws: web.WebSocketResponse, model: str, text: str
+) -> str | None:
     """Act on a test's control frame: "done", "closed" (the socket is), or None (no control)."""
     if '"sim.' not in text[:40]:
         return None
@@ -156,6 +159,12 @@ async def _control(ws: web.WebSocketResponse, model: str, text: str) -> str | No
         for index in range(int(doc.get("count", 1))):
             await ws.send_str(orjson.dumps({"model": model, "seq": index}).decode())
         return "done"
+    if doc.get("type") == "sim.drop":
+        # Gone without a close frame, as a backend that crashed.
+        transport = request.transport
+        if transport is not None:
+            transport.abort()
+        return "closed"
     if doc.get("type") == "sim.close":
         await ws.close(code=int(doc["code"]), message=str(doc.get("reason", "")).encode())
         return "closed"
