@@ -323,19 +323,34 @@ def _form_work(body: bytes, ctype: str) -> work.ImageWork:
 
 
 async def handle_generation(ctx: Ctx, node: Node) -> None:
-    """txt2img, img2img, and sd.cpp's img_gen and vid_gen (whose answers name a job)."""
+    """txt2img and img2img, as core's image path (after the selection); sd.cpp's img_gen and
+    vid_gen, whose answers name a job that must be found on this node later."""
     doc = parse_json_body(ctx)
-    if _body_model(doc) is None and _header_model(ctx) is None:
+    named = _body_model(doc) or _header_model(ctx)
+    if ctx.path.startswith("/sdcpp/"):
+        await _submit_job(ctx, node, doc, named)
+        return
+    if named is None:
         chosen = _selection_or_single(node)
         if chosen is not None:
             doc["model"] = chosen
             ctx.body = orjson.dumps(doc)
-        elif not ctx.path.startswith("/sdapi/"):
-            raise RouterError(400, "model is required", param="model")
-    tap = _Tap(ctx) if ctx.path.startswith("/sdcpp/") else None
     await handlers.handle_images(ctx, node)
-    if tap is not None:
-        _remember(ctx, node, SDCPP, _job_id(tap.doc()))
+
+
+async def _submit_job(ctx: Ctx, node: Node, doc: dict[str, Any], named: str | None) -> None:
+    try:
+        work.image_work(doc)  # a bad size or step count is refused here, not by the backend
+    except ValueError as exc:
+        raise RouterError(400, str(exc), param=getattr(exc, "param", None)) from exc
+    model = named or _selection_or_single(node)
+    if model is None:
+        raise RouterError(400, "model is required", param="model")
+    tap = _Tap(ctx)
+    # No image work is recorded: the submit returns before the job runs, and its time would
+    # teach the image cost fits that the work is nearly free. Never lent (see `_run`).
+    await _run(ctx, node, model)
+    _remember(ctx, node, SDCPP, _job_id(tap.doc()))
 
 
 def _job_id(doc: Any) -> str | None:

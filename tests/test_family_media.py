@@ -170,6 +170,12 @@ def test_an_sdcpp_job_is_pending_then_completed(client: httpx.Client, ids: tuple
     video = client.post("/sdcpp/v1/vid_gen", json=small(model=pic, video_frames=3))
     assert video.status_code == 200, video.text
     assert finished_job(client, video.json()["id"])["object"] == "video.job"
+    # The submit's few milliseconds are not the job's time: no image work for the cost fits.
+    rows = client.get("/router/v1/site/analytics", params={"kind": "requests"}).json()["records"]
+    submits = [r for r in rows if r["path"] in ("/sdcpp/v1/img_gen", "/sdcpp/v1/vid_gen")]
+    assert submits and all(r["image_steps"] == 0 for r in submits)
+    bad = client.post("/sdcpp/v1/img_gen", json=small(model=pic, size="huge"))
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "size"
 
 
 def test_an_unknown_job_goes_to_the_default_model_which_does_not_know_it(
