@@ -23,7 +23,7 @@ from django.conf import settings
 
 from proxy import observe
 from proxy.forwarding import JSON, ASGIApp, Ctx, Receive, Scope, Send
-from proxy.gate import Gate, Refusal, parse_address
+from proxy.gate import Gate, Refusal, inference_token, parse_address
 from proxy.handlers import Handler
 from proxy.node import Node, get_node
 from proxy.nodeapi import NODE_PREFIX, node_route
@@ -211,8 +211,7 @@ class ProxyApp:
         keys = node.config.auth.inference_keys
         if not keys:
             return
-        header = ctx.header(b"authorization") or b""
-        token = header[7:].strip() if header.startswith(b"Bearer ") else b""
+        token = inference_token(ctx.header)
         # Every key is compared, match or not, so timing says nothing about which one is close.
         ok = False
         for key in keys:

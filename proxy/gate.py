@@ -109,11 +109,14 @@ KEY_SUBPROTOCOL_PREFIX = b"openai-insecure-api-key."
 
 
 def inference_token(header: HeaderLookup) -> bytes:
-    """The inference key a request carries: its Bearer header, or the key subprotocol of a
-    WebSocket upgrade."""
+    """The inference key a request carries: its Bearer header, an `x-api-key` header (the
+    Anthropic SDK's, on `/v1/messages`), or the key subprotocol of a WebSocket upgrade."""
     token = _bearer(header(b"authorization"))
     if token:
         return token
+    api_key = (header(b"x-api-key") or b"").strip()
+    if api_key:
+        return api_key
     for offered in (header(b"sec-websocket-protocol") or b"").split(b","):
         offered = offered.strip()
         if offered.startswith(KEY_SUBPROTOCOL_PREFIX):

@@ -470,6 +470,18 @@ async def test_the_right_bearer_key_is_let_through(
     assert chat.json()["choices"][0]["message"]["content"] == "the quick"
 
 
+@pytest.mark.parametrize(
+    ("api_key", "status"), [(INFERENCE_KEY.encode(), 200), (b"sk-wrong", 401), (b" ", 401)]
+)
+async def test_the_anthropic_sdks_x_api_key_header_carries_the_inference_key(
+    make_node: NodeFactory, fallback: Fallback, api_key: bytes, status: int
+) -> None:
+    node = make_node(auth={"inference_keys": [INFERENCE_KEY]})
+    app = ProxyApp(fallback, node_getter=lambda: node)
+    answer = await request(app, "GET", "/v1/models", headers=[(b"x-api-key", api_key)])
+    assert answer.status == status
+
+
 async def test_ping_needs_no_inference_key(make_node: NodeFactory, fallback: Fallback) -> None:
     node = make_node(auth={"inference_keys": [INFERENCE_KEY]})
     app = ProxyApp(fallback, node_getter=lambda: node)
@@ -489,7 +501,8 @@ async def test_without_configured_keys_no_bearer_is_needed(
 # -- everything else --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("path", ["/admin/", "/api/v1/nodes", "/v1/chat/completions/", "/"])
+# Every `/v1/…` path is the text catch-all's (proxy/routes.py), so none of them is here.
+@pytest.mark.parametrize("path", ["/admin/", "/api/v1/nodes", "/v0/chat/completions", "/"])
 async def test_a_path_the_proxy_does_not_claim_goes_to_the_fallback(
     make_node: NodeFactory, fallback: Fallback, path: str
 ) -> None:
