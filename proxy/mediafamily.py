@@ -143,7 +143,8 @@ async def _run(
     it, so the node there does not choose again by its own default.
     """
     ctype = _request_type(ctx)
-    if ctx.header(MODEL_HEADER) is None:
+    # A header carries Latin-1 only; a model ID beyond ASCII travels in the body alone.
+    if ctx.header(MODEL_HEADER) is None and model.isascii():
         ctx.scope["headers"] = [*ctx.scope["headers"], (MODEL_HEADER, model.encode("latin-1"))]
 
     def serve(target: Replica) -> Awaitable[None]:
