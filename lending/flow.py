@@ -182,9 +182,7 @@ def queue_entry(node: ServingNode, job: RequestJob) -> Entry:
     context = profile.required_context(
         len(job.body), max_tokens, node.lending.settings.context_reserve
     )
-    return Entry(
-        job.model_id, now, work=(float(prompt), output), context=context, pinned=pinned
-    )
+    return Entry(job.model_id, now, work=(float(prompt), output), context=context, pinned=pinned)
 
 
 # -- owner ------------------------------------------------------------------------------------
