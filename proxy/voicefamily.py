@@ -125,6 +125,8 @@ async def handle_speech(ctx: Ctx, node: Node) -> None:
             path=ctx.path,
             body=body,
             shape=shape_speech,
+            # Speech rides the text lane but no text helper speaks: never lent.
+            lendable=False,
         )
 
     await _failover(ctx, node, model, "speech", replica, serve)
@@ -220,6 +222,7 @@ async def handle_voices(ctx: Ctx, node: Node) -> None:
             content_type=b"application/octet-stream",
             shape=shape_openai,
             query=query,
+            lendable=False,
         )
 
     await _failover(ctx, node, model, "speech", replica, serve)
