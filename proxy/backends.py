@@ -38,6 +38,9 @@ class Launch:
     family: str = ""
     paths: dict[str, str] = field(default_factory=dict)
     """Client path → backend path where the backend names an endpoint differently."""
+    form_fields: dict[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
+    """Client path → form fields a multipart body gets on its way to this backend (where one
+    endpoint serves two client paths and a field tells them apart)."""
 
     def backend_path(self, path: str) -> str:
         return self.paths.get(path, path)
@@ -159,9 +162,13 @@ def _whisper(cfg: ModelConfig, config: RouterConfig, host: str, port: int, base:
     argv = [_binary(config, "whispercpp"), "-m", _weights_for(cfg, "whisper"), "--host", host]
     argv += ["--port", str(port)]
     argv += [*config.whispercpp.extra_args, *cfg.extra_args]
-    # whisper-server serves transcription on /inference rather than the OpenAI path.
-    paths = {"/v1/audio/transcriptions": "/inference"}
-    return Launch(tuple(argv), base, "health", family="whispercpp", paths=paths)
+    # whisper-server serves transcription on /inference rather than the OpenAI path, and
+    # translation (to English) there too when the form says `translate`.
+    paths = {"/v1/audio/transcriptions": "/inference", "/v1/audio/translations": "/inference"}
+    fields: dict[str, tuple[tuple[str, str], ...]] = {
+        "/v1/audio/translations": (("translate", "true"),)
+    }
+    return Launch(tuple(argv), base, "health", family="whispercpp", paths=paths, form_fields=fields)
 
 
 def _vllm(cfg: ModelConfig, config: RouterConfig, host: str, port: int, base: str) -> Launch:

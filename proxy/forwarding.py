@@ -369,7 +369,7 @@ async def forward(ctx: Ctx, node: Node, job: Job, shape: Shaper) -> None:
             if job.query:
                 url += "?" + job.query
             session = get_session()
-            body = SentBody(_backend_body(job))
+            body = SentBody(_backend_body(job, launch))
             sent = time.monotonic()
             async with session.request(
                 job.method,
@@ -412,15 +412,18 @@ async def forward(ctx: Ctx, node: Node, job: Job, shape: Shaper) -> None:
         _record(ctx, node, job, failure)
 
 
-def _backend_body(job: Job) -> bytes:
-    """The body for the backend: under the model name it serves, and a text stream always
-    asks for its usage (streamusage.py)."""
+def _backend_body(job: Job, launch: Launch) -> bytes:
+    """The body for the backend: under the model name it serves, with the form fields its
+    endpoint needs, and a text stream always asks for its usage (streamusage.py)."""
     body = job.body
     served = job.cfg.upstream_model
     if served is not None and job.lane != "image" and served != job.model_id:
         # Set here, at the last step, so that everything before (pricing, lending, a body
         # lent to a helper) sees the router's own model IDs.
         body = _served_body(job, served)
+    fields = launch.form_fields.get(job.backend_path)
+    if fields:
+        body = work.with_multipart_fields(body, job.content_type.decode("latin-1"), fields) or body
     if not (
         job.stream and job.backend_path in TEXT_STREAM_PATHS and job.content_type.startswith(JSON)
     ):

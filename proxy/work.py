@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -182,6 +183,32 @@ def _part_name(headers: bytes) -> str | None:
             _, params = _header_params(value.decode("utf-8", "replace"))
             return params.get("name")
     return None
+
+
+def with_multipart_fields(
+    body: bytes, content_type: str, fields: Sequence[tuple[str, str]]
+) -> bytes | None:
+    """The multipart/form-data body with `fields` added as parts before its end; None when
+    the body is not one (no boundary, or no closing delimiter)."""
+    kind, params = _header_params(content_type or "")
+    boundary = params.get("boundary")
+    if kind != "multipart/form-data" or not boundary:
+        return None
+    closing = b"--" + boundary.encode("latin-1", "replace") + b"--"
+    at = body.rfind(closing)
+    if at < 0:
+        return None
+    delimiter = closing[:-2]
+    parts = b"".join(
+        delimiter
+        + b'\r\nContent-Disposition: form-data; name="'
+        + name.encode()
+        + b'"\r\n\r\n'
+        + value.encode()
+        + b"\r\n"
+        for name, value in fields
+    )
+    return body[:at] + parts + body[at:]
 
 
 def multipart_field(body: bytes, content_type: str, name: str) -> bytes | None:

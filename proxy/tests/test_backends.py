@@ -264,7 +264,10 @@ def test_a_whisper_launch_probes_health_and_maps_transcriptions_to_inference(
     )
     assert (launch.probe, launch.family) == ("health", "whispercpp")
     assert launch.backend_path("/v1/audio/transcriptions") == "/inference"
+    assert launch.backend_path("/v1/audio/translations") == "/inference"
     assert launch.backend_path("/v1/chat/completions") == "/v1/chat/completions"
+    # One endpoint serves both: the form tells whisper-server to translate.
+    assert launch.form_fields == {"/v1/audio/translations": (("translate", "true"),)}
 
 
 def test_a_text_launch_passes_client_paths_through_unchanged(layout: Layout) -> None:

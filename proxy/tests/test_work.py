@@ -18,6 +18,7 @@ from proxy.work import (
     prompt_tokens_for_bytes,
     requested_output_tokens,
     wav_duration_seconds,
+    with_multipart_fields,
 )
 
 FORM = "multipart/form-data; boundary=XyZ"
@@ -256,3 +257,25 @@ def test_a_large_upload_before_the_field_is_walked_past() -> None:
     big = b"\x00" * 5_000_000
     body = multipart([("file", big, "a.wav"), ("model", b"tiny", None)])
     assert multipart_field(body, FORM, "model") == b"tiny"
+
+
+def test_added_form_fields_come_before_the_end_and_keep_every_other_part() -> None:
+    body = multipart([("model", b"whisper-large", None), ("file", b"RIFF\r\n--data", "a.wav")])
+    content_type = "multipart/form-data; boundary=XyZ"
+
+    added = with_multipart_fields(body, content_type, [("translate", "true"), ("lang", "en")])
+
+    assert added is not None
+    assert multipart_field(added, content_type, "translate") == b"true"
+    assert multipart_field(added, content_type, "lang") == b"en"
+    assert multipart_field(added, content_type, "file") == b"RIFF\r\n--data"
+    assert multipart_field(added, content_type, "model") == b"whisper-large"
+    assert added.endswith(b"--XyZ--\r\n")
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type"),
+    [(b'{"model": "m"}', "application/json"), (b"--XyZ\r\n", "multipart/form-data; boundary=XyZ")],
+)
+def test_fields_are_not_added_to_what_is_not_a_whole_form(body: bytes, content_type: str) -> None:
+    assert with_multipart_fields(body, content_type, [("translate", "true")]) is None
