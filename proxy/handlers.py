@@ -257,6 +257,36 @@ async def _serve(
     await forward(ctx, node, job, shape)
 
 
+async def serve_named(
+    ctx: Ctx,
+    node: Node,
+    model: str,
+    *,
+    kind: Kind,
+    body: bytes,
+    shape: Shaper,
+    lendable: bool = True,
+) -> None:
+    """Serve a request that names `model` on the client's path: the usual replica choice,
+    and once more on another replica when it never reached the first."""
+    replica = resolve(node, model, kind, borrowed=ctx.borrowed)
+
+    def serve(target: Replica) -> Awaitable[None]:
+        return _serve(
+            ctx,
+            node,
+            target,
+            kind=kind,
+            public_id=model,
+            path=ctx.path,
+            body=body,
+            shape=shape,
+            lendable=lendable,
+        )
+
+    await _failover(ctx, node, model, kind, replica, serve)
+
+
 async def handle_ping(ctx: Ctx, node: Node) -> None:
     await ctx.json(200, {"status": "healthy"})
 
@@ -296,21 +326,7 @@ async def handle_embeddings(ctx: Ctx, node: Node) -> None:
         body = orjson.dumps(doc)
     else:
         model = ctx.model = require_model(doc)
-    replica = resolve(node, model, "embeddings", borrowed=ctx.borrowed)
-
-    def serve(target: Replica) -> Awaitable[None]:
-        return _serve(
-            ctx,
-            node,
-            target,
-            kind="embeddings",
-            public_id=model,
-            path=ctx.path,
-            body=body,
-            shape=shape_openai,
-        )
-
-    await _failover(ctx, node, model, "embeddings", replica, serve)
+    await serve_named(ctx, node, model, kind="embeddings", body=body, shape=shape_openai)
 
 
 def _default_embeddings(node: Node) -> str:

@@ -34,6 +34,7 @@ from proxy.handlers import (
     _failover,
     _serve,
     handle_transcriptions,
+    serve_named,
 )
 from proxy.node import Node
 from registry.cluster import Replica
@@ -113,23 +114,10 @@ async def handle_speech(ctx: Ctx, node: Node) -> None:
         # Named by query or header, or chosen here: the backend and a holder node read the
         # body, so the choice goes there.
         body = orjson.dumps({**doc, "model": model})
-    replica = resolve(node, model, "speech", borrowed=ctx.borrowed)
-
-    def serve(target: Replica) -> Awaitable[None]:
-        return _serve(
-            ctx,
-            node,
-            target,
-            kind="speech",
-            public_id=model,
-            path=ctx.path,
-            body=body,
-            shape=shape_speech,
-            # Speech rides the text lane but no text helper speaks: never lent.
-            lendable=False,
-        )
-
-    await _failover(ctx, node, model, "speech", replica, serve)
+    # Speech rides the text lane but no text helper speaks: never lent.
+    await serve_named(
+        ctx, node, model, kind="speech", body=body, shape=shape_speech, lendable=False
+    )
 
 
 def _kobold_audio(doc: dict[str, Any]) -> bytes:
@@ -167,21 +155,7 @@ async def handle_kobold_transcribe(ctx: Ctx, node: Node) -> None:
             raise RouterError(400, "model must be a string", param="model")
         ctx.model = model
         body = orjson.dumps({**doc, "model": model}) if doc.get("model") != model else ctx.body
-        replica = resolve(node, model, "voice", borrowed=ctx.borrowed)
-
-        def serve(target: Replica) -> Awaitable[None]:
-            return _serve(
-                ctx,
-                node,
-                target,
-                kind="voice",
-                public_id=model,
-                path=ctx.path,
-                body=body,
-                shape=shape_openai,
-            )
-
-        await _failover(ctx, node, model, "voice", replica, serve)
+        await serve_named(ctx, node, model, kind="voice", body=body, shape=shape_openai)
         return
     async with stt.reserve(node) as picked:
         ctx.model = picked.public_id
