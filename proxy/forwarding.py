@@ -264,6 +264,12 @@ def _backend_headers(job: Job) -> dict[str, str]:
     headers = {"Content-Type": job.content_type.decode("latin-1"), **auth_headers(job.cfg)}
     if job.model_header is not None:
         headers["X-Tensors-Model"] = job.model_header
+    if job.stream:
+        # llama-server closes the connection after every stream while its answer promises
+        # keep-alive; pooled, that connection would take the next request and drop it (a
+        # 502 "Server disconnected"). A stream gets its own connection: one loopback
+        # handshake, nothing next to a generation.
+        headers["Connection"] = "close"
     return headers
 
 

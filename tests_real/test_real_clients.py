@@ -130,3 +130,20 @@ def test_the_ollama_client_chats_generates_streams_embeds_and_shows(
     with pytest.raises(ollama.ResponseError) as info:
         olla.chat(model="no-such-model", messages=[{"role": "user", "content": "x"}])
     assert info.value.status_code == 404
+
+
+def test_a_request_right_after_a_stream_is_answered(olla: ollama.Client) -> None:
+    # llama-server closes the connection after each stream although its answer says
+    # keep-alive; a generate sent at once must not land on that dead pooled connection.
+    for _ in range(10):
+        parts = list(
+            olla.chat(
+                model=CHAT,
+                messages=[{"role": "user", "content": PROMPT}],
+                options={"num_predict": 2},
+                stream=True,
+            )
+        )
+        assert parts[-1].done
+        generated = olla.generate(model=CHAT, prompt=PROMPT, options={"num_predict": 2})
+        assert generated.done

@@ -5,6 +5,7 @@ is written to the decision log"), against real simulated backend processes."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,7 +17,7 @@ import yaml
 
 from lending.flow import Takeback, borrowed_acquire
 from lending.runtime import Lending
-from proxy.forwarding import Ctx, Job, forward, shape_openai
+from proxy.forwarding import Ctx, Job, _backend_headers, forward, shape_openai
 from proxy.node import Node, build_node
 from registry.httpclient import close_session
 from routerproject.config import load_config
@@ -161,3 +162,13 @@ async def test_an_unlinked_model_with_no_borrowed_work_ahead_logs_nothing(
     )
     assert client.messages[0]["status"] == 200
     assert rows == []
+
+
+@pytest.mark.parametrize(("stream", "connection"), [(True, "close"), (False, None)])
+async def test_a_stream_asks_its_backend_for_a_connection_of_its_own(
+    node: Node, stream: bool, connection: str | None
+) -> None:
+    # llama-server drops the connection after a stream although its answer says keep-alive:
+    # pooled, it would fail the next request sent on it.
+    streamed = dataclasses.replace(job(node, "mine"), stream=stream)
+    assert _backend_headers(streamed).get("Connection") == connection
