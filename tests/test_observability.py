@@ -265,17 +265,30 @@ def lending_cluster(tmp_path: Path) -> Iterator[Cluster]:
             }
             assert client.post("/router/v1/site/text-routing-groups", json=link).status_code == 200
             assert client.post("/router/v1/load", json={"model": "fast"}).status_code == 200
+        # The link reaches the owner with the master's next push: until then its requests
+        # skip the router queue, and a burst sent earlier would never wait in it.
+        wait_for(
+            lambda: any(
+                name == "router_queue_depth" and ("model", "big") in labels
+                for name, labels in samples(scrape(c.slaves["o"]))
+            ),
+            timeout=30,
+        )
         yield c
     finally:
         c.cleanup()
 
 
-def _burst(c: Cluster, n: int) -> list[httpx.Response]:
+def _burst(c: Cluster, n: int, max_tokens: int = 10) -> list[httpx.Response]:
     out: list[httpx.Response] = []
     lock = threading.Lock()
 
     def call() -> None:
-        body = {"model": "big", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10}
+        body = {
+            "model": "big",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": max_tokens,
+        }
         with c.slaves["o"].client(timeout=120) as client:
             resp = client.post("/v1/chat/completions", json=body)
         with lock:
@@ -406,7 +419,8 @@ def test_queue_depth_shows_held_and_lent_requests_while_they_wait(
     thread = threading.Thread(target=scraper)
     thread.start()
     try:
-        answers = _burst(c, 10)
+        # Two seconds a request on the owner: the queue stays deep for many scrapes.
+        answers = _burst(c, 10, max_tokens=50)
     finally:
         stop.set()
         thread.join()
