@@ -502,6 +502,26 @@ async def _shape_kobold_stream(ctx: Ctx, job: Job, resp: aiohttp.ClientResponse)
     job.usage = tracker.usage()
 
 
+async def _serve_kobold(
+    ctx: Ctx,
+    node: Node,
+    model: str,
+    replica: Replica,
+    translated: Callable[[Replica], Awaitable[None]],
+) -> None:
+    """Serve a Kobold extra on `model`, first on `replica`: a replica on another node gets the
+    client's own body (its node translates Kobold itself), a local one what `translated`
+    sends it."""
+
+    def serve(target: Replica) -> Awaitable[None]:
+        if target.cfg is None:
+            body = _with_model(ctx, target.local_id)
+            return _send(ctx, node, target, kind="llm", public_id=model, body=body, relay=_verbatim)
+        return translated(target)
+
+    await handlers._failover(ctx, node, model, "llm", replica, serve)
+
+
 async def handle_kobold_stream(ctx: Ctx, node: Node) -> None:
     """`/api/extra/generate/stream`: Kobold's generate as token events, on the text lane."""
     doc = parse_json_body(ctx)
@@ -510,11 +530,7 @@ async def handle_kobold_stream(ctx: Ctx, node: Node) -> None:
     if replica.cfg is not None:
         handlers._kobold_translated(doc)  # refused before anything runs, as generate is
 
-    def serve(target: Replica) -> Awaitable[None]:
-        if target.cfg is None:
-            # The holder translates Kobold itself.
-            body = _with_model(ctx, target.local_id)
-            return _send(ctx, node, target, kind="llm", public_id=model, body=body, relay=_verbatim)
+    def translated(target: Replica) -> Awaitable[None]:
         path, body_doc = handlers._kobold_translated(doc)
         body_doc.update(model=target.local_id, stream=True)
         return _send(
@@ -530,7 +546,7 @@ async def handle_kobold_stream(ctx: Ctx, node: Node) -> None:
             stream=True,
         )
 
-    await handlers._failover(ctx, node, model, "llm", replica, serve)
+    await _serve_kobold(ctx, node, model, replica, translated)
 
 
 TOKENIZE_PATH = "/tokenize"
@@ -559,12 +575,8 @@ async def handle_kobold_tokencount(ctx: Ctx, node: Node) -> None:
     if not isinstance(prompt, str):
         raise RouterError(400, "prompt must be a string", param="prompt")
     model = ctx.model = _kobold_model(node, doc)
-    replica = resolve(node, model, "llm", borrowed=ctx.borrowed)
 
-    def serve(target: Replica) -> Awaitable[None]:
-        if target.cfg is None:
-            body = _with_model(ctx, target.local_id)
-            return _send(ctx, node, target, kind="llm", public_id=model, body=body, relay=_verbatim)
+    def translated(target: Replica) -> Awaitable[None]:
         # llama-server reads `content`, vLLM `prompt`.
         body = orjson.dumps({"model": target.local_id, "content": prompt, "prompt": prompt})
         return _send(
@@ -579,7 +591,8 @@ async def handle_kobold_tokencount(ctx: Ctx, node: Node) -> None:
             backend_path=TOKENIZE_PATH,
         )
 
-    await handlers._failover(ctx, node, model, "llm", replica, serve)
+    replica = resolve(node, model, "llm", borrowed=ctx.borrowed)
+    await _serve_kobold(ctx, node, model, replica, translated)
 
 
 # -- music -----------------------------------------------------------------------------------
