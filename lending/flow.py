@@ -182,7 +182,26 @@ def queue_entry(node: ServingNode, job: RequestJob) -> Entry:
     context = profile.required_context(
         len(job.body), max_tokens, node.lending.settings.context_reserve
     )
-    return Entry(job.model_id, now, work=(float(prompt), output), context=context, pinned=pinned)
+    return Entry(
+        job.model_id,
+        now,
+        work=(float(prompt), output),
+        cached=cached_work(prompt, job.cached_prompt_bytes, len(job.body)),
+        context=context,
+        pinned=pinned,
+    )
+
+
+def cached_work(prompt_tokens: float, cached_bytes: int, body_bytes: int) -> tuple[float, ...]:
+    """The part of a text entry's work that the owner's prompt cache covers, as (prompt, 0).
+
+    The cached prefix is measured in bytes of the body (registry/affinity.py); the prompt's
+    tokens are taken to spread evenly over them. () when nothing is cached.
+    """
+    if cached_bytes <= 0 or body_bytes <= 0:
+        return ()
+    share = min(1.0, cached_bytes / body_bytes)
+    return (float(prompt_tokens) * share, 0.0)
 
 
 # -- owner ------------------------------------------------------------------------------------

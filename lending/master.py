@@ -588,6 +588,9 @@ def _endpoint(
         sized_context=int(queue.get("sized_context", 0)),
         backlog_count=int(queue.get("backlog_count", 0)),
         backlog_work=tuple(queue.get("backlog_work", ())),
+        # An owner build that does not report them has no cached prefixes to take out.
+        sized_cached=tuple(queue.get("sized_cached", ())),
+        backlog_cached=tuple(queue.get("backlog_cached", ())),
         displaced_configs=() if loaded else tuple(dict.fromkeys(held)),
     )
 

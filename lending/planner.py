@@ -87,6 +87,9 @@ class Endpoint:
     sized_context: int = 0
     backlog_count: int = 0
     backlog_work: tuple[float, ...] = ()
+    # Of sized_work and backlog_work, what this owner's prompt cache covers: () when none.
+    sized_cached: tuple[float, ...] = ()
+    backlog_cached: tuple[float, ...] = ()
     displaced_configs: tuple[str, ...] = ()
 
 
@@ -329,23 +332,34 @@ def _backlog_magnitude(owner: Endpoint) -> float:
     return sum(owner.backlog_work)
 
 
+def uncached(work: tuple[float, ...], cached: tuple[float, ...]) -> tuple[float, ...]:
+    """`work` less what the owner's cache covers; `cached` of another shape is ignored."""
+    if len(cached) != len(work):
+        return work
+    return tuple(max(0.0, w - c) for w, c in zip(work, cached, strict=True))
+
+
 def _demand(lane: str, owner: Endpoint, costs: CostTable) -> _Demand:
     # Unsized entries (no token profile, image without a size) carry zero work; averaging
     # over them as the reference does understates both the job price and the context the
     # queue needs, so the means use the sized entries whenever there are any.
+    cached: tuple[float, ...] = ()
     if owner.sized_count > 0:
         count, work, context = owner.sized_count, owner.sized_work, owner.sized_context
+        cached = owner.sized_cached
     else:
         count, work, context = owner.pending_count, owner.pending_work, owner.pending_context
         if not work:
             work = (0.0,) * _LANE_WORK_TERMS.get(lane, 1)
     mean_work = tuple(w / count for w in work)
     fit = costs.fit(owner.node_id, owner.model_id, lane)
+    # The owner prices its own work without the prompt prefixes its backend holds in cache;
+    # a helper has no cache for them, so its service price keeps the whole work (mean_work).
     keep_ms, job_ms = owner_demand(
         fit,
-        mean_work=mean_work,
+        mean_work=tuple(w / count for w in uncached(work, cached)),
         backlog_count=owner.backlog_count,
-        backlog_work=owner.backlog_work,
+        backlog_work=uncached(owner.backlog_work, owner.backlog_cached),
     )
     priced = keep_ms is not None and job_ms is not None
     return _Demand(

@@ -141,6 +141,11 @@ class RequestJob(Protocol):
     def lendable(self) -> bool: ...
 
     @property
+    def cached_prompt_bytes(self) -> int:
+        """Leading prompt bytes this node's backend holds in its prompt cache."""
+        ...
+
+    @property
     def stream(self) -> bool: ...
 
     @property

@@ -57,6 +57,9 @@ class Entry:
     model_id: str
     arrived_at: float
     work: tuple[float, ...] = ()
+    # The part of `work` the owner's own backend skips (a prompt prefix it holds in cache):
+    # the owner's price leaves it out, a helper's does not (it holds no cache for it).
+    cached: tuple[float, ...] = ()
     context: int = 0
     pinned: bool = False
     borrowed: bool = False
@@ -86,6 +89,8 @@ class QueueStats:
     lent_count: int
     # Waiting entries that may be lent: neither streams nor requests that came back.
     lendable_count: int = 0
+    # Of backlog_work, what the owner's prompt cache covers (Entry.cached); () when none.
+    backlog_cached: tuple[float, ...] = ()
 
 
 def _waiting(entry: Entry) -> bool:
@@ -106,6 +111,13 @@ def _live_head(dq: deque[Entry]) -> Entry | None:
     return None
 
 
+def _sum_or_none(pending: list[float], admitted: list[float]) -> tuple[float, ...]:
+    # Most queues hold nothing cached: they report (), as an owner that never counted it.
+    if not any(pending) and not any(admitted):
+        return ()
+    return tuple(p + a for p, a in zip(pending, admitted, strict=True))
+
+
 def _too_sparse(stored: int, live: int) -> bool:
     return stored > 2 * live + COMPACT_SLACK_ENTRIES
 
@@ -124,6 +136,7 @@ class _ModelQueue:
     """Native entries of one model waiting in arrival order, plus that model's counters."""
 
     __slots__ = (
+        "admitted_cached",
         "admitted_native",
         "admitted_sized",
         "admitted_work",
@@ -136,6 +149,7 @@ class _ModelQueue:
         "pending_count",
         "pinned",
         "pinned_live",
+        "sized_cached",
         "sized_context",
         "sized_count",
         "sized_work",
@@ -158,6 +172,9 @@ class _ModelQueue:
         self.admitted_native = 0
         self.admitted_sized = 0
         self.admitted_work: list[float] = [0.0] * (arity or 0)
+        # Cached parts (Entry.cached) of the sized sums above.
+        self.sized_cached: list[float] = [0.0] * (arity or 0)
+        self.admitted_cached: list[float] = [0.0] * (arity or 0)
         self.lent_count = 0
 
     def learn(self, entry: Entry) -> None:
@@ -165,6 +182,8 @@ class _ModelQueue:
             self.arity = len(entry.work)
             self.sized_work = [0.0] * self.arity
             self.admitted_work = [0.0] * self.arity
+            self.sized_cached = [0.0] * self.arity
+            self.admitted_cached = [0.0] * self.arity
 
     def is_sized(self, entry: Entry) -> bool:
         return self.arity is not None and len(entry.work) == self.arity
@@ -227,6 +246,8 @@ class _ModelQueue:
             self.sized_count += 1
             self.sized_context += entry.context
             _add_into(self.sized_work, entry.work, 1.0)
+            if entry.cached:
+                _add_into(self.sized_cached, entry.cached, 1.0)
 
     def remove_pending(self, entry: Entry) -> None:
         self.pending_count -= 1
@@ -235,23 +256,31 @@ class _ModelQueue:
             self.sized_count -= 1
             self.sized_context -= entry.context
             _add_into(self.sized_work, entry.work, -1.0)
+            if entry.cached:
+                _add_into(self.sized_cached, entry.cached, -1.0)
             if self.sized_count == 0:
                 # Float sums drift under add/subtract; an empty set is exactly zero.
                 self.sized_work = [0.0] * len(self.sized_work)
+                self.sized_cached = [0.0] * len(self.sized_cached)
 
     def add_admitted(self, entry: Entry) -> None:
         self.admitted_native += 1
         if self.is_sized(entry):
             self.admitted_sized += 1
             _add_into(self.admitted_work, entry.work, 1.0)
+            if entry.cached:
+                _add_into(self.admitted_cached, entry.cached, 1.0)
 
     def remove_admitted(self, entry: Entry) -> None:
         self.admitted_native -= 1
         if self.is_sized(entry):
             self.admitted_sized -= 1
             _add_into(self.admitted_work, entry.work, -1.0)
+            if entry.cached:
+                _add_into(self.admitted_cached, entry.cached, -1.0)
             if self.admitted_sized == 0:
                 self.admitted_work = [0.0] * len(self.admitted_work)
+                self.admitted_cached = [0.0] * len(self.admitted_cached)
 
     def natives_in_order(self) -> Iterable[Entry]:
         return heapq.merge(
@@ -478,6 +507,7 @@ class LaneQueue:
             backlog_work=backlog_work,
             lent_count=model.lent_count,
             lendable_count=model.lendable_live,
+            backlog_cached=_sum_or_none(model.sized_cached, model.admitted_cached),
         )
 
     def sized_pending(self, model_id: str) -> tuple[int, tuple[float, ...], int]:
@@ -489,6 +519,13 @@ class LaneQueue:
         if model is None:
             return 0, (0.0,) * LANE_WORK_ARITY.get(self.lane, 0), 0
         return model.sized_count, tuple(model.sized_work), model.sized_context
+
+    def sized_cached(self, model_id: str) -> tuple[float, ...]:
+        """Of sized_pending's work, the part the owner's prompt cache covers (Entry.cached)."""
+        model = self._models.get(model_id)
+        if model is None:
+            return (0.0,) * LANE_WORK_ARITY.get(self.lane, 0)
+        return tuple(model.sized_cached)
 
     def admitted(self, model_id: str | None = None) -> list[Entry]:
         """Admitted entries (borrowed ones included) in admission order."""

@@ -218,6 +218,10 @@ class Lending:
                     "sized_count": sized_count,
                     "sized_work": list(sized_work),
                     "sized_context": sized_context,
+                    # What the owner's prompt cache saves of the work above: its own price
+                    # leaves it out, a helper's keeps it.
+                    "sized_cached": list(queue.sized_cached(model_id)),
+                    "backlog_cached": list(stats.backlog_cached),
                 }
             )
         return out

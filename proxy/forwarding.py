@@ -34,6 +34,7 @@ from proxy.rewrite import (
 )
 from proxy.runtimes import Runtime
 from proxy.streamusage import TEXT_STREAM_PATHS, UsageStripper, ask_for_usage
+from registry.affinity import PrefixMatch
 from registry.bodies import InvalidRequestJSON, set_body_model
 from registry.cluster import Replica
 from registry.httpclient import get_session
@@ -92,6 +93,8 @@ class Ctx:
     sent_bytes: int = 0
     upstream_secs: float = 0.0
     """Time waiting on the model: queue, load, backend or the next node (not router work)."""
+    prefix_match: PrefixMatch | None = None
+    """The replica the routing choice picked for the prompt prefix it holds in cache."""
 
     def header(self, name: bytes) -> bytes | None:
         for key, value in self.scope["headers"]:
@@ -250,6 +253,9 @@ class Job:
     """Whether lending may run it on a linked helper: only the core generation paths, whose
     answers hold no state a later request must find on this node (a stored response, a job)
     and which every helper backend serves."""
+    cached_prompt_bytes: int = 0
+    """Leading bytes of the prompt this node's backend holds in its prompt cache (the routing
+    choice's prefix match): lending prices the owner's work without them."""
 
 
 async def _acquire(runtime: Runtime, job: Job, *, borrowed: bool = False) -> Launch:

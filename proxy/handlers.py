@@ -253,6 +253,11 @@ async def _serve(
         method=ctx.method,
         query=query,
         lendable=lendable,
+        cached_prompt_bytes=(
+            ctx.prefix_match.bytes_on(replica.node_id, replica.local_id)
+            if ctx.prefix_match is not None
+            else 0
+        ),
     )
     await forward(ctx, node, job, shape)
 
@@ -295,7 +300,10 @@ async def handle_openai_text(ctx: Ctx, node: Node) -> None:
     doc = parse_json_body(ctx)
     model = ctx.model = require_model(doc)
     prefix = affinity.fingerprints(doc) if node.cache_affinity else ()
-    replica = resolve(node, model, "llm", borrowed=ctx.borrowed, prefix=prefix)
+    ctx.prefix_match = affinity.PrefixMatch()
+    replica = resolve(
+        node, model, "llm", borrowed=ctx.borrowed, prefix=prefix, match=ctx.prefix_match
+    )
     has_image = body_has_image(doc)
 
     def run(target: Replica, restore: bool) -> Awaitable[None]:
@@ -449,7 +457,10 @@ async def handle_ollama(ctx: Ctx, node: Node) -> None:
     model = ctx.model = require_model(doc)
     # Ollama's messages and prompt have OpenAI's shape: the same fingerprints apply.
     prefix = affinity.fingerprints(doc) if node.cache_affinity else ()
-    replica = resolve(node, model, "llm", borrowed=ctx.borrowed, prefix=prefix)
+    ctx.prefix_match = affinity.PrefixMatch()
+    replica = resolve(
+        node, model, "llm", borrowed=ctx.borrowed, prefix=prefix, match=ctx.prefix_match
+    )
     kind = "chat" if ctx.path == "/api/chat" else "generate"
     try:
         if kind == "chat":
@@ -635,7 +646,10 @@ async def handle_kobold(ctx: Ctx, node: Node) -> None:
     if not isinstance(model, str):
         raise RouterError(400, "model must be a string", param="model")
     prefix = affinity.fingerprints(doc) if node.cache_affinity else ()
-    replica = resolve(node, model, "llm", borrowed=ctx.borrowed, prefix=prefix)
+    ctx.prefix_match = affinity.PrefixMatch()
+    replica = resolve(
+        node, model, "llm", borrowed=ctx.borrowed, prefix=prefix, match=ctx.prefix_match
+    )
     if replica.cfg is not None:
         _kobold_translated(doc)  # a request it cannot translate is refused before anything runs
 

@@ -89,6 +89,22 @@ class ReplicaKey(NamedTuple):
     local_id: str
 
 
+@dataclass(slots=True)
+class PrefixMatch:
+    """Filled by the routing choice: the replica it sent the request to because that replica
+    holds the request's prompt up to `prefix_bytes` (lending prices the owner's work without
+    it). Empty when the choice was not made for a cached prefix."""
+
+    replica: ReplicaKey | None = None
+    prefix_bytes: int = 0
+
+    def bytes_on(self, node_id: str, local_id: str) -> int:
+        """Cached prompt bytes on this replica (0 unless it is the one the match names)."""
+        if self.replica is None or self.replica != (node_id, local_id):
+            return 0
+        return self.prefix_bytes
+
+
 @dataclass
 class _Entry:
     replica: ReplicaKey

@@ -22,7 +22,7 @@ import math
 from collections.abc import Sequence
 from typing import Literal
 
-from registry.affinity import Fingerprint, ReplicaKey, prefers_cached
+from registry.affinity import Fingerprint, PrefixMatch, ReplicaKey, prefers_cached
 from registry.cluster import Replica
 from registry.kcpps import Lane
 from registry.ports import RoutingNode
@@ -96,10 +96,11 @@ def choose(
     kind: Kind,
     replicas: list[Replica],
     prefix: Sequence[Fingerprint] = (),
+    match: PrefixMatch | None = None,
 ) -> Replica:
     picked = _rotate(node, public_id, kind, replicas)
     if prefix and node.cache_affinity:
-        return _affine(node, public_id, lane_of(kind), replicas, prefix, picked)
+        return _affine(node, public_id, lane_of(kind), replicas, prefix, picked, match)
     return picked
 
 
@@ -110,8 +111,12 @@ def _affine(
     replicas: list[Replica],
     prefix: Sequence[Fingerprint],
     picked: Replica,
+    match: PrefixMatch | None = None,
 ) -> Replica:
     """The replica holding the longest cached prefix when that beats `picked` (the rotation's).
+
+    `match`, when given, is told which replica was chosen for its cached prefix and how long
+    that prefix is.
 
     Only replicas the rotation itself could pick qualify: a ready local lane, an available
     remote. Whatever is chosen is remembered as the holder of the request's whole prompt (its
@@ -160,6 +165,12 @@ def _affine(
                 table.count(public_id, "hits")
             else:
                 table.count(public_id, "overrides")
+    if (
+        found is not None
+        and match is not None
+        and ReplicaKey(chosen.node_id, chosen.local_id) == found[0]
+    ):
+        match.replica, match.prefix_bytes = found[0], found[1].prefix_bytes
     generation = node.replica_generation(chosen.node_id, chosen.local_id, lane)
     if generation is not None:
         table.remember(
@@ -239,6 +250,7 @@ def resolve(
     *,
     borrowed: bool = False,
     prefix: Sequence[Fingerprint] = (),
+    match: PrefixMatch | None = None,
 ) -> Replica:
     if node.recipes and not borrowed:
         picked = recipe_replica(node, public_id, kind)
@@ -259,7 +271,7 @@ def resolve(
         if not node.cluster.view_ready:
             raise view_not_ready(node)
         raise _not_found_for(node, public_id, kind)
-    return choose(node, public_id, kind, replicas, prefix)
+    return choose(node, public_id, kind, replicas, prefix, match)
 
 
 # What a model that exists but lacks the capability asked for is told it cannot do.

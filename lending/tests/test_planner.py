@@ -6,6 +6,7 @@ job's price is its base whatever its size; one image job's work is 20e6 (1 Mpx x
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import pytest
@@ -877,3 +878,74 @@ def test_template_traffic_with_another_prompt_is_unpriced() -> None:
     result = plan([(template_owner(4, 400, 50), [link(helper("h1"))])], costs, lane="text")
 
     assert only_row(result).reason == "owner_unpriced"
+
+
+# -- the owner's prompt cache ------------------------------------------------------------
+
+
+def cached_owner(held: int, *, cached_prompt: float) -> Endpoint:
+    """`held` text jobs of 1000 prompt and 100 output tokens, `cached_prompt` of each prompt
+    in the owner's prompt cache."""
+    work = (held * 1000.0, held * 100.0)
+    cached = (held * cached_prompt, 0.0)
+    return Endpoint(
+        node_id="own",
+        model_id="m",
+        config_filename="m.yaml",
+        loaded=True,
+        accepting_borrowed=False,
+        idle_for_ms=0.0,
+        context_capacity=0,
+        pending_count=held,
+        pending_work=work,
+        sized_count=held,
+        sized_work=work,
+        sized_cached=cached,
+        backlog_count=held,
+        backlog_work=work,
+        backlog_cached=cached,
+    )
+
+
+# Prompt-heavy: a whole job is 100 + 1000 x 2 + 100 x 5 = 2600 ms; with 900 prompt tokens
+# cached it is 100 + 100 x 2 + 500 = 800 ms.
+PROMPT_FIT = CostFit(base_ms=100.0, slopes_ms=(2.0, 5.0), samples=20)
+
+
+def test_the_owner_prices_its_work_without_the_cached_prefix_and_the_helper_with_it() -> None:
+    costs = table({("own", "m"): PROMPT_FIT, ("h1", "h"): PROMPT_FIT}, section="llm")
+    result = plan(
+        [(cached_owner(4, cached_prompt=900.0), [link(helper("h1"))])], costs, lane="text"
+    )
+
+    row = only_row(result)
+    assert row.owner_job_ms == 800
+    assert row.keep_ms == 3_200
+    # The helper holds no cache for these prompts: the whole 1000 tokens.
+    assert row.service_ms == 2_600
+    assert row.outcome == "granted"
+    assert result.leases[0].owner_job_ms == 800
+
+
+def test_a_cached_conversation_stays_home_where_lending_it_would_pay_without_the_cache() -> None:
+    costs = table({("own", "m"): PROMPT_FIT, ("h1", "h"): PROMPT_FIT}, section="llm")
+    uncached = plan(
+        [(cached_owner(2, cached_prompt=0.0), [link(helper("h1", idle=1_000))])], costs, lane="text"
+    )
+    cached = plan(
+        [(cached_owner(2, cached_prompt=900.0), [link(helper("h1", idle=1_000))])],
+        costs,
+        lane="text",
+    )
+
+    # Idle too briefly for a probe. 2 x 2600 ms at home against one 2600 ms job on the helper: lending pays.
+    assert (only_row(uncached).outcome, only_row(uncached).keep_ms) == ("granted", 5_200)
+    # 2 x 800 ms at home: the helper's 2600 ms no longer pays.
+    assert (only_row(cached).outcome, only_row(cached).reason) == ("skipped", "cost_rejected")
+    assert only_row(cached).keep_ms == 1_600
+
+
+def test_cached_work_of_another_shape_is_ignored() -> None:
+    costs = table({("own", "m"): PROMPT_FIT, ("h1", "h"): PROMPT_FIT}, section="llm")
+    odd = dataclasses.replace(cached_owner(2, cached_prompt=0.0), sized_cached=(900.0,))
+    assert only_row(plan([(odd, [link(helper("h1"))])], costs, lane="text")).keep_ms == 5_200

@@ -584,6 +584,30 @@ def test_sized_pending_excludes_entries_without_a_size_estimate():
     assert stats.backlog_work == (401.0, 41.0)
 
 
+def test_the_owners_cached_work_is_summed_beside_the_work_through_admission_and_leaving():
+    clock = FakeClock()
+    queue = make_queue(clock, depth=1)
+    first = arrive(queue, clock, work=(100.0, 10.0), cached=(60.0, 0.0))
+    arrive(queue, clock, work=(200.0, 20.0), cached=(150.0, 0.0))
+    arrive(queue, clock, work=(300.0, 30.0))
+    # The first is admitted (depth 1); the other two wait.
+    assert first.state is State.ADMITTED
+    assert queue.sized_cached("A") == (150.0, 0.0)
+    assert queue.stats("A").backlog_cached == (210.0, 0.0)
+    queue.complete(first)
+    # The second is admitted now: nothing cached waits, the admitted one still counts.
+    assert queue.sized_cached("A") == (0.0, 0.0)
+    assert queue.stats("A").backlog_cached == (150.0, 0.0)
+
+
+def test_a_queue_with_nothing_cached_reports_no_cached_work():
+    clock = FakeClock()
+    queue = make_queue(clock, depth=1)
+    arrive(queue, clock, work=(100.0, 10.0))
+    arrive(queue, clock, work=(200.0, 20.0))
+    assert queue.stats("A").backlog_cached == ()
+
+
 def test_image_work_is_summed_as_single_units():
     clock = FakeClock()
     queue = make_queue(clock, depth=1, lane="image")

@@ -26,6 +26,7 @@ class FakeJob:
     body: bytes = b"x" * 400
     max_tokens: int | None = 16
     image: FakeImage | None = None
+    cached_prompt_bytes: int = 0
 
 
 def node(profile: TokenProfile | None) -> Any:
@@ -58,3 +59,15 @@ def test_a_stream_or_an_unlendable_path_is_pinned(
     assert unsized.work == ()
     assert image.work == (float(512 * 512 * 20),)
     assert text.arrived_at == 12.5
+
+
+def test_the_prompt_prefix_the_owner_holds_in_cache_is_its_cached_work() -> None:
+    # 300 of the body's 400 bytes are cached: three quarters of its 100 prompt tokens.
+    entry = queue_entry(node(PROFILE), FakeJob("text", cached_prompt_bytes=300))  # type: ignore[arg-type]
+    whole = queue_entry(node(PROFILE), FakeJob("text", cached_prompt_bytes=4000))  # type: ignore[arg-type]
+    none = queue_entry(node(PROFILE), FakeJob("text"))  # type: ignore[arg-type]
+
+    assert entry.work == (100.0, 16.0)
+    assert entry.cached == (75.0, 0.0)
+    assert whole.cached == (100.0, 0.0)
+    assert none.cached == ()

@@ -267,3 +267,40 @@ def test_a_replica_that_is_not_loaded_holds_no_cache(ready: bool) -> None:
         del node.generations[cached]
     expected = cached if ready else ("b" if cached == "a" else "a")
     assert pick(node, body(2, "x")) == expected
+
+
+def test_the_match_names_the_replica_chosen_for_its_cache_and_the_prefix_it_holds() -> None:
+    node = make_node()
+    first = pick(node, body(1, "x"))
+    match = affinity.PrefixMatch()
+    doc = body(2, "x")
+    chosen = choose(
+        cast(RoutingNode, node),
+        MODEL,
+        "llm",
+        [replica("a"), replica("b")],
+        fingerprints(doc),
+        match,
+    )
+    assert chosen.node_id == first
+    held = fingerprints(body(1, "x"))[-1].prefix_bytes
+    assert match.replica == ReplicaKey(first, "m1")
+    assert match.bytes_on(first, "m1") == held
+    assert match.bytes_on("b" if first == "a" else "a", "m1") == 0
+
+
+def test_a_replica_chosen_over_the_cache_gets_no_match() -> None:
+    node = make_node(cost=(100.0, 2.0))
+    cached = pick(node, body(1, "x"))
+    node.busy[(cached, "m1", "text")] = 50
+    match = affinity.PrefixMatch()
+    chosen = choose(
+        cast(RoutingNode, node),
+        MODEL,
+        "llm",
+        [replica("a"), replica("b")],
+        fingerprints(body(2, "x")),
+        match,
+    )
+    assert chosen.node_id != cached
+    assert match.replica is None and match.bytes_on(chosen.node_id, "m1") == 0
