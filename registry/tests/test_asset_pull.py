@@ -15,14 +15,18 @@ import pytest
 
 from registry.assets import (
     COPY_BLOCK_BYTES,
+    DIRECT_ALIGN,
     AssetError,
     Transfer,
     _PartialFile,
     pull_blocking,
 )
+from registry.tests.conftest import Write
 
 # Longer than two copy blocks, so both buffers of the pull take turns.
 DATA = bytes(range(256)) * ((2 * COPY_BLOCK_BYTES + 12_345) // 256)
+# Ends off the O_DIRECT alignment, so its last bytes must be written buffered.
+ODD = DATA + b"tail"
 
 
 @dataclass
@@ -153,3 +157,39 @@ def test_a_stopped_pull_ends_with_an_error_not_a_short_file_taken_for_whole(
     stop.set()
     with pytest.raises(AssetError, match="stopped"):
         pull(url, tmp_path / "m.partial", transfer_for(DATA), stop)
+
+
+def test_a_pull_writes_its_whole_blocks_with_o_direct(
+    source: tuple[Source, str], direct_dir: Path, writes: list[Write]
+) -> None:
+    told, url = source
+    told.body = ODD
+    pull(url, direct_dir / "m.partial", transfer_for(ODD))
+    tail = len(ODD) - 2 * COPY_BLOCK_BYTES
+    aligned = tail - tail % DIRECT_ALIGN
+    assert writes == [
+        (0, COPY_BLOCK_BYTES, True),
+        (COPY_BLOCK_BYTES, COPY_BLOCK_BYTES, True),
+        (2 * COPY_BLOCK_BYTES, aligned, True),
+        (2 * COPY_BLOCK_BYTES + aligned, tail - aligned, False),
+    ]
+    assert (direct_dir / "m.partial").read_bytes() == ODD
+
+
+def test_a_pull_resumed_off_alignment_reads_a_short_block_to_align_the_rest(
+    source: tuple[Source, str], direct_dir: Path, writes: list[Write]
+) -> None:
+    told, url = source
+    have = COPY_BLOCK_BYTES + 7
+    (direct_dir / "m.partial").write_bytes(ODD[:have])
+    told.status, told.body = 206, ODD[have:]
+    told.content_range = f"bytes {have}-{len(ODD) - 1}/{len(ODD)}"
+    pull(url, direct_dir / "m.partial", transfer_for(ODD))
+    tail = len(ODD) - 2 * COPY_BLOCK_BYTES
+    aligned = tail - tail % DIRECT_ALIGN
+    assert writes == [
+        (have, 2 * COPY_BLOCK_BYTES - have, False),
+        (2 * COPY_BLOCK_BYTES, aligned, True),
+        (2 * COPY_BLOCK_BYTES + aligned, tail - aligned, False),
+    ]
+    assert (direct_dir / "m.partial").read_bytes() == ODD
