@@ -396,15 +396,19 @@ async def forward(ctx: Ctx, node: Node, job: Job, shape: Shaper) -> None:
             job.service_ms = _service_ms(runtime, launch, sent)
         except (TimeoutError, aiohttp.ClientError, ConnectionError) as exc:
             message = f"backend for model {job.public_id!r} failed: {type(exc).__name__}: {exc}"
-            if not ctx.started and (
-                never_sent(exc, body) or (_cut_off(exc) and await runtime.died(launch))
-            ):
-                # Never reached, or reached a backend process that is dead now: nothing of
-                # it can answer, so it runs once more. The next acquire starts the backend
-                # again rather than hand out the dead one.
-                runtime.backend_lost(launch, f"{type(exc).__name__}: {exc}")
-                job.not_sent = True
-                raise NotSent(502, message, type="backend_error", code="backend_failed") from exc
+            if not ctx.started:
+                died = _cut_off(exc) and await runtime.died(launch)
+                if never_sent(exc, body) or died:
+                    # Never reached, or reached a backend process that is dead now: nothing of
+                    # it can answer, so it runs once more.
+                    if backend_gone(exc, died=died):
+                        # The next acquire starts the backend again rather than hand out the
+                        # dead one.
+                        runtime.backend_lost(launch, f"{type(exc).__name__}: {exc}")
+                    job.not_sent = True
+                    raise NotSent(
+                        502, message, type="backend_error", code="backend_failed"
+                    ) from exc
             raise RouterError(502, message, type="backend_error", code="backend_failed") from exc
         finally:
             runtime.release()
@@ -607,6 +611,16 @@ async def shape_kobold(ctx: Ctx, job: Job, resp: aiohttp.ClientResponse) -> None
         raise RouterError(502, "backend returned invalid json", type="backend_error") from exc
     job.usage = doc.get("usage") if isinstance(doc, dict) else None
     await ctx.json(200, translate.openai_to_kobold(doc))
+
+
+def backend_gone(exc: BaseException, *, died: bool) -> bool:
+    """Whether a request that never reached its backend shows the backend itself is gone.
+
+    A refused connection or an exited process is; a pooled connection the backend had closed
+    (reset while the request was being written, the process still running) is not: that
+    backend is fine, and reloading it would cost a whole model load for nothing.
+    """
+    return died or isinstance(exc, aiohttp.ClientConnectorError)
 
 
 def _cut_off(exc: BaseException) -> bool:

@@ -15,7 +15,7 @@ import struct
 
 import aiohttp
 
-from proxy.forwarding import SentBody, never_sent
+from proxy.forwarding import SentBody, backend_gone, never_sent
 from proxy.inflight import Forwards, Requests
 
 WAIT_SECS = 10.0
@@ -83,6 +83,17 @@ async def test_a_connection_reset_while_the_body_is_written_was_never_sent() -> 
     assert isinstance(exc, aiohttp.ClientOSError)
     assert not sent.written
     assert never_sent(exc, sent)
+
+
+async def test_only_a_refused_connection_or_an_exited_process_means_the_backend_is_gone() -> None:
+    refused, _ = await asyncio.wait_for(_post(_closed_port(), b"{}"), WAIT_SECS)
+    assert backend_gone(refused, died=False)
+    # A pooled connection reset under the request, its backend still running: retried, the
+    # backend kept.
+    reset = aiohttp.ClientOSError(104, "Connection reset by peer")
+    assert not backend_gone(reset, died=False)
+    assert not backend_gone(aiohttp.ServerDisconnectedError(), died=False)
+    assert backend_gone(reset, died=True)
 
 
 class Clock:
