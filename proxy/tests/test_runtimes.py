@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from analytics.recorder import LoadEvent
+from proxy import runtimes
 from proxy.backends import Launch
 from proxy.runtimes import Runtime, RuntimeManager, free_port
 from registry.hashing import FileHasher
@@ -468,8 +469,12 @@ async def test_an_upstream_config_loads_nothing_and_records_no_load(
 
 
 async def test_the_lane_is_ready_only_while_a_loaded_backend_passes_its_probe(
-    node: Node, runtime: Runtime
+    node: Node, runtime: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # What is checked is how the lane follows the probe, not how often it runs or how long
+    # it waits: each wait for a hung backend's failed probe is an interval plus a timeout.
+    monkeypatch.setattr(runtimes, "LANE_PROBE_EVERY_SECS", 0.1)
+    monkeypatch.setattr(runtimes, "PROBE_TIMEOUT_SECS", 1.0)
     cfg = node.model("alpha")
     other = node.model("beta")
     # Nothing loaded: a request would queue behind the load, so the lane counts as ready.
