@@ -74,7 +74,7 @@ def test_the_demo_lends_within_its_first_minutes_and_ctrl_c_stops_everything(
                 return False
             return bool(doc.get("total_rows"))
 
-        wait_for(lent, timeout=180, interval=1)
+        wait_for(lent, timeout=180, interval=0.2)
         nodes = httpx.get(master + "/router/v1/site/nodes/state").json()["cluster"]["nodes"]
         assert sorted(n["node_id"] for n in nodes) == ["gpu-a", "gpu-b"]
         links = httpx.get(master + "/router/v1/site/text-routing-groups").json()["links"]
