@@ -68,15 +68,19 @@ def text_model(name: str, **costs: Any) -> ModelSpec:
 
 
 class _PgDatabase:
-    """A throwaway PostgreSQL database for one node, when the suite runs on PostgreSQL."""
+    """A throwaway PostgreSQL database for one node, when the suite runs on PostgreSQL.
 
-    def __init__(self, admin_url: str) -> None:
+    It is a copy of `template` when one is given: a database nobody is connected to.
+    """
+
+    def __init__(self, admin_url: str, template: str | None = None) -> None:
         import psycopg
 
         self.admin_url = admin_url
         self.name = f"router_it_{uuid.uuid4().hex[:12]}"
+        copy = f' TEMPLATE "{template}"' if template else ""
         with psycopg.connect(admin_url, autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{self.name}"')
+            conn.execute(f'CREATE DATABASE "{self.name}"{copy}')
         scheme, rest = admin_url.split("://", 1)
         base = rest.rsplit("/", 1)[0]
         self.url = f"{scheme}://{base}/{self.name}"
@@ -88,60 +92,72 @@ class _PgDatabase:
             conn.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
 
 
-def _sqlite_env() -> dict[str, str]:
+def _migrate(store: Path, database_url: str | None) -> None:
+    """`manage.py migrate` on a database of its own (the store's SQLite file by default)."""
+    config = store / "config.yaml"
+    config.write_text(
+        yaml.safe_dump({"cluster": {"store_dir": str(store)}, "models": {"config_dir": str(store)}})
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("ROUTER_CONFIG", "DATABASE_URL")}
-    return env
+    env["ROUTER_CONFIG"] = str(config)
+    if database_url is not None:
+        env["DATABASE_URL"] = database_url
+    done = subprocess.run(
+        [sys.executable, str(REPO / "manage.py"), "migrate", "--verbosity", "0"],
+        cwd=str(REPO),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    if done.returncode:
+        raise RuntimeError("migrate failed for the database template:\n" + done.stdout)
 
 
-class _SqliteTemplate:
-    """An SQLite database with every migration applied, made once per test run.
+class _Templates:
+    """Databases with every migration applied, made once per test run, one per back end.
 
     Applying the migrations to an empty database is about a fifth of a node's start. A new
-    node gets a copy in its store instead: its own `migrate` still runs and finds nothing
-    left to apply, as on any restart.
+    node gets a copy instead: its own `migrate` still runs and finds nothing left to apply,
+    as on any restart.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._path: Path | None = None
+        self._sqlite: Path | None = None
+        self._pg: dict[str, str] = {}
 
-    def path(self) -> Path:
+    def sqlite(self) -> Path:
         with self._lock:
-            if self._path is None:
-                self._path = self._make()
-            return self._path
+            if self._sqlite is None:
+                root = Path(tempfile.mkdtemp(prefix="router-db-template-"))
+                atexit.register(shutil.rmtree, root, ignore_errors=True)
+                _migrate(root, None)
+                path = root / DB_FILENAME
+                # Out of WAL mode, the whole database is in this one file, ready to copy;
+                # each node turns WAL back on when it opens its copy.
+                lite = sqlite3.connect(path)
+                try:
+                    lite.execute("PRAGMA journal_mode=DELETE")
+                finally:
+                    lite.close()
+                self._sqlite = path
+            return self._sqlite
 
-    def _make(self) -> Path:
-        root = Path(tempfile.mkdtemp(prefix="router-db-template-"))
-        atexit.register(shutil.rmtree, root, ignore_errors=True)
-        config = root / "config.yaml"
-        config.write_text(
-            yaml.safe_dump(
-                {"cluster": {"store_dir": str(root)}, "models": {"config_dir": str(root)}}
-            )
-        )
-        done = subprocess.run(
-            [sys.executable, str(REPO / "manage.py"), "migrate", "--verbosity", "0"],
-            cwd=str(REPO),
-            env={**_sqlite_env(), "ROUTER_CONFIG": str(config)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        if done.returncode:
-            raise RuntimeError("migrate failed for the database template:\n" + done.stdout)
-        path = root / DB_FILENAME
-        # Out of WAL mode, the whole database is in this one file, ready to copy; each node
-        # turns WAL back on when it opens its copy.
-        lite = sqlite3.connect(path)
-        try:
-            lite.execute("PRAGMA journal_mode=DELETE")
-        finally:
-            lite.close()
-        return path
+    def pg(self, admin_url: str) -> str:
+        """The template's name; `migrate` has exited, so nobody is connected to it."""
+        with self._lock:
+            if admin_url not in self._pg:
+                db = _PgDatabase(admin_url)
+                atexit.register(db.drop)
+                root = Path(tempfile.mkdtemp(prefix="router-db-template-"))
+                atexit.register(shutil.rmtree, root, ignore_errors=True)
+                _migrate(root, db.url)
+                self._pg[admin_url] = db.name
+            return self._pg[admin_url]
 
 
-_SQLITE_TEMPLATE = _SqliteTemplate()
+TEMPLATES = _Templates()
 
 
 @dataclass
@@ -268,7 +284,7 @@ def start_node(
     env.pop("ROUTER_CONFIG", None)
     suite_db = os.environ.get("DATABASE_URL", "")
     if suite_db.startswith(("postgres://", "postgresql://")):
-        db = db or _PgDatabase(suite_db)
+        db = db or _PgDatabase(suite_db, TEMPLATES.pg(suite_db))
         env["DATABASE_URL"] = db.url
     else:
         env.pop("DATABASE_URL", None)
@@ -276,7 +292,7 @@ def start_node(
     database = store / DB_FILENAME
     own_db = db is not None or "DATABASE_URL" in env or "database" in sections
     if not own_db and not database.exists():
-        shutil.copyfile(_SQLITE_TEMPLATE.path(), database)
+        shutil.copyfile(TEMPLATES.sqlite(), database)
     argv = [sys.executable, str(REPO / "manage.py"), "runrouter", "--config", str(config_path)]
     if not workers:
         argv.append("--no-workers")
