@@ -938,7 +938,8 @@ def test_a_cached_conversation_stays_home_where_lending_it_would_pay_without_the
         lane="text",
     )
 
-    # Idle too briefly for a probe. 2 x 2600 ms at home against one 2600 ms job on the helper: lending pays.
+    # The helper is idle too briefly for a probe. 2 x 2600 ms at home against one 2600 ms job
+    # on the helper: lending pays.
     assert (only_row(uncached).outcome, only_row(uncached).keep_ms) == ("granted", 5_200)
     # 2 x 800 ms at home: the helper's 2600 ms no longer pays.
     assert (only_row(cached).outcome, only_row(cached).reason) == ("skipped", "cost_rejected")
