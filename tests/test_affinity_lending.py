@@ -9,18 +9,16 @@ not: o's price leaves out the prefix its backend holds, the helper's price keeps
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 
-from tests.harness import CLUSTER_TOKEN, Cluster, start_cluster, text_model, wait_for
+from tests.harness import Cluster, start_cluster, text_model, wait_for
+from tests.lending_cluster import burst, priced, settled_decisions, status
 
 pytestmark = pytest.mark.integration
-AUTH = {"Authorization": f"Bearer {CLUSTER_TOKEN}"}
 SYSTEM_BYTES = 6000
 ANSWER_TOKENS = 20
 
@@ -58,19 +56,6 @@ def warmup(model: str, index: int) -> dict[str, Any]:
         "messages": [{"role": "user", "content": content}],
         "max_tokens": 4 + 3 * (index % 4),
     }
-
-
-def status(c: Cluster, node: str) -> dict[str, Any]:
-    with c.slaves[node].client() as client:
-        doc: dict[str, Any] = client.get("/router/v1/node/runtime-status", headers=AUTH).json()
-    return doc
-
-
-def priced(c: Cluster, node: str, model: str) -> bool:
-    found = status(c, node).get("costs", {})
-    fitted = any(m.get("model_id") == model for m in found.get("models", []))
-    profiled = any(t.get("model_id") == model for t in found.get("tokens", []))
-    return fitted and profiled
 
 
 @pytest.fixture(scope="module")
@@ -113,42 +98,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         c.cleanup()
 
 
-def burst(c: Cluster, bodies: list[dict[str, Any]]) -> list[httpx.Response]:
-    out: list[httpx.Response] = []
-    lock = threading.Lock()
-
-    def call(body: dict[str, Any]) -> None:
-        with c.slaves["o"].client(timeout=120) as client:
-            resp = client.post("/v1/chat/completions", json=body)
-        with lock:
-            out.append(resp)
-
-    threads = [threading.Thread(target=call, args=(b,)) for b in bodies]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return out
-
-
 def plans(c: Cluster, since_ms: int) -> list[dict[str, Any]]:
-    """Plan rows for A once two reads agree (rows reach the database in batches)."""
-
-    def read() -> list[dict[str, Any]]:
-        with c.master.client() as client:
-            doc = client.get(
-                "/router/v1/site/offload/decisions", params={"limit": "5000", "since_ms": since_ms}
-            ).json()
-        return [r for r in doc["records"] if r["kind"] == "plan" and r["owner_model_id"] == "A"]
-
-    seen = [read()]
-
-    def stable() -> bool:
-        seen.append(read())
-        return len(seen[-1]) == len(seen[-2]) and len(seen[-1]) > 0
-
-    wait_for(stable, timeout=15, interval=1.2)
-    return seen[-1]
+    rows = settled_decisions(c, since_ms)
+    return [r for r in rows if r["kind"] == "plan" and r["owner_model_id"] == "A"]
 
 
 def test_new_conversations_are_lent_and_cached_second_turns_stay_home(cluster: Cluster) -> None:
