@@ -292,6 +292,16 @@ async def serve_named(
     await _failover(ctx, node, model, kind, replica, serve)
 
 
+def _prefix_of(
+    node: Node, doc: dict[str, Any]
+) -> tuple[list[affinity.Fingerprint], affinity.PrefixMatch | None]:
+    """A text body's prefix fingerprints, and the match the replica choice fills; neither is
+    made with cache affinity off, so the hot path pays nothing for it."""
+    if not node.cache_affinity:
+        return [], None
+    return affinity.fingerprints(doc), affinity.PrefixMatch()
+
+
 async def handle_ping(ctx: Ctx, node: Node) -> None:
     await ctx.json(200, {"status": "healthy"})
 
@@ -299,8 +309,7 @@ async def handle_ping(ctx: Ctx, node: Node) -> None:
 async def handle_openai_text(ctx: Ctx, node: Node) -> None:
     doc = parse_json_body(ctx)
     model = ctx.model = require_model(doc)
-    prefix = affinity.fingerprints(doc) if node.cache_affinity else ()
-    ctx.prefix_match = affinity.PrefixMatch()
+    prefix, ctx.prefix_match = _prefix_of(node, doc)
     replica = resolve(
         node, model, "llm", borrowed=ctx.borrowed, prefix=prefix, match=ctx.prefix_match
     )
@@ -456,8 +465,7 @@ async def handle_ollama(ctx: Ctx, node: Node) -> None:
     doc = parse_json_body(ctx)
     model = ctx.model = require_model(doc)
     # Ollama's messages and prompt have OpenAI's shape: the same fingerprints apply.
-    prefix = affinity.fingerprints(doc) if node.cache_affinity else ()
-    ctx.prefix_match = affinity.PrefixMatch()
+    prefix, ctx.prefix_match = _prefix_of(node, doc)
     replica = resolve(
         node, model, "llm", borrowed=ctx.borrowed, prefix=prefix, match=ctx.prefix_match
     )
@@ -645,8 +653,7 @@ async def handle_kobold(ctx: Ctx, node: Node) -> None:
         model = _loaded_text_model(node)
     if not isinstance(model, str):
         raise RouterError(400, "model must be a string", param="model")
-    prefix = affinity.fingerprints(doc) if node.cache_affinity else ()
-    ctx.prefix_match = affinity.PrefixMatch()
+    prefix, ctx.prefix_match = _prefix_of(node, doc)
     replica = resolve(
         node, model, "llm", borrowed=ctx.borrowed, prefix=prefix, match=ctx.prefix_match
     )
