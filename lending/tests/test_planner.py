@@ -645,8 +645,12 @@ def test_an_empty_cost_table_still_allows_probes() -> None:
 TEXT_FIT = CostFit(base_ms=40.0, slopes_ms=(0.5, 20.0), samples=30)
 
 
-def text_owner(*, held: int, sized: int, sized_context: int, pending_context: int) -> Endpoint:
-    # Each sized request: 1000 prompt tokens, 100 output tokens; unsized ones add no work.
+def text_owner(
+    *, held: int, sized: int, sized_context: int, pending_context: int, cached_prompt: float = 0.0
+) -> Endpoint:
+    # Each sized request: 1000 prompt tokens, 100 output tokens, `cached_prompt` of its prompt
+    # in the owner's prompt cache; unsized ones add no work.
+    cached = (sized * cached_prompt, 0.0) if cached_prompt else ()
     return Endpoint(
         node_id="own",
         model_id="m",
@@ -663,6 +667,8 @@ def text_owner(*, held: int, sized: int, sized_context: int, pending_context: in
         sized_context=sized_context,
         backlog_count=held,
         backlog_work=(sized * 1000.0, sized * 100.0),
+        sized_cached=cached,
+        backlog_cached=cached,
     )
 
 
@@ -883,30 +889,6 @@ def test_template_traffic_with_another_prompt_is_unpriced() -> None:
 # -- the owner's prompt cache ------------------------------------------------------------
 
 
-def cached_owner(held: int, *, cached_prompt: float) -> Endpoint:
-    """`held` text jobs of 1000 prompt and 100 output tokens, `cached_prompt` of each prompt
-    in the owner's prompt cache."""
-    work = (held * 1000.0, held * 100.0)
-    cached = (held * cached_prompt, 0.0)
-    return Endpoint(
-        node_id="own",
-        model_id="m",
-        config_filename="m.yaml",
-        loaded=True,
-        accepting_borrowed=False,
-        idle_for_ms=0.0,
-        context_capacity=0,
-        pending_count=held,
-        pending_work=work,
-        sized_count=held,
-        sized_work=work,
-        sized_cached=cached,
-        backlog_count=held,
-        backlog_work=work,
-        backlog_cached=cached,
-    )
-
-
 # Prompt-heavy: a whole job is 100 + 1000 x 2 + 100 x 5 = 2600 ms; with 900 prompt tokens
 # cached it is 100 + 100 x 2 + 500 = 800 ms.
 PROMPT_FIT = CostFit(base_ms=100.0, slopes_ms=(2.0, 5.0), samples=20)
@@ -915,7 +897,16 @@ PROMPT_FIT = CostFit(base_ms=100.0, slopes_ms=(2.0, 5.0), samples=20)
 def test_the_owner_prices_its_work_without_the_cached_prefix_and_the_helper_with_it() -> None:
     costs = table({("own", "m"): PROMPT_FIT, ("h1", "h"): PROMPT_FIT}, section="llm")
     result = plan(
-        [(cached_owner(4, cached_prompt=900.0), [link(helper("h1"))])], costs, lane="text"
+        [
+            (
+                text_owner(
+                    held=4, sized=4, sized_context=0, pending_context=0, cached_prompt=900.0
+                ),
+                [link(helper("h1"))],
+            )
+        ],
+        costs,
+        lane="text",
     )
 
     row = only_row(result)
@@ -930,10 +921,24 @@ def test_the_owner_prices_its_work_without_the_cached_prefix_and_the_helper_with
 def test_a_cached_conversation_stays_home_where_lending_it_would_pay_without_the_cache() -> None:
     costs = table({("own", "m"): PROMPT_FIT, ("h1", "h"): PROMPT_FIT}, section="llm")
     uncached = plan(
-        [(cached_owner(2, cached_prompt=0.0), [link(helper("h1", idle=1_000))])], costs, lane="text"
+        [
+            (
+                text_owner(held=2, sized=2, sized_context=0, pending_context=0, cached_prompt=0.0),
+                [link(helper("h1", idle=1_000))],
+            )
+        ],
+        costs,
+        lane="text",
     )
     cached = plan(
-        [(cached_owner(2, cached_prompt=900.0), [link(helper("h1", idle=1_000))])],
+        [
+            (
+                text_owner(
+                    held=2, sized=2, sized_context=0, pending_context=0, cached_prompt=900.0
+                ),
+                [link(helper("h1", idle=1_000))],
+            )
+        ],
         costs,
         lane="text",
     )
@@ -948,5 +953,7 @@ def test_a_cached_conversation_stays_home_where_lending_it_would_pay_without_the
 
 def test_cached_work_of_another_shape_is_ignored() -> None:
     costs = table({("own", "m"): PROMPT_FIT, ("h1", "h"): PROMPT_FIT}, section="llm")
-    odd = dataclasses.replace(cached_owner(2, cached_prompt=0.0), sized_cached=(900.0,))
+    odd = dataclasses.replace(
+        text_owner(held=2, sized=2, sized_context=0, pending_context=0), sized_cached=(900.0,)
+    )
     assert only_row(plan([(odd, [link(helper("h1"))])], costs, lane="text")).keep_ms == 5_200
