@@ -357,12 +357,25 @@ class SimState:
 
     def cached_tokens(self, prompt: bytes) -> int:
         """Prompt tokens already processed: the longest common prefix with a remembered
-        prompt, in bytes/4 tokens; `prompt` is remembered in turn (oldest forgotten)."""
+        prompt, in bytes/4 tokens; `prompt` is remembered in turn (oldest forgotten).
+
+        As llama-server's prompt cache, a prompt takes the place of every remembered one it
+        extends (turn N of a chat supersedes turn N-1), and a prompt a remembered one already
+        extends adds nothing but is used again: one conversation holds one entry, so N
+        entries keep the latest turns of N conversations.
+        """
         size = self.weights.prompt_cache_entries
         if size <= 0:
             return 0
         best = max((_common_prefix(prompt, old) for old in self.prompts), default=0)
-        self.prompts.append(prompt)
+        holder = next((old for old in self.prompts if old.startswith(prompt)), None)
+        if holder is not None:
+            self.prompts.remove(holder)
+            self.prompts.append(holder)
+        else:
+            for old in [old for old in self.prompts if prompt.startswith(old)]:
+                self.prompts.remove(old)
+            self.prompts.append(prompt)
         while len(self.prompts) > size:
             self.prompts.popleft()
         return best // 4

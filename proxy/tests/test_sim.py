@@ -885,6 +885,50 @@ async def test_the_prompt_cache_makes_the_longest_common_prefix_free(
     )
 
 
+def _turns(tag: str, count: int) -> list[dict[str, str]]:
+    messages = [{"role": "system", "content": f"{tag} " * 100}]
+    for i in range(count):
+        if i:
+            messages.append({"role": "assistant", "content": f"{tag} answer {i} " * 20})
+        messages.append({"role": "user", "content": f"{tag} question {i} " * 20})
+    return messages
+
+
+async def test_a_prompt_takes_the_place_of_the_remembered_prompts_it_extends(
+    start_sim: Callable[..., Sim],
+) -> None:
+    from proxy.sim.server import prompt_text
+
+    sim = start_sim("slots", {**CACHE_WEIGHTS, "prompt_cache_entries": 2})
+    a1, a2, a3 = (_turns("a", n) for n in (1, 2, 3))
+    b1, b2 = (_turns("b", n) for n in (1, 2))
+    async with httpx.AsyncClient() as client:
+        for messages in (a1, b1, a2, a3):
+            await _chat(client, sim, messages)
+        # Turns 2 and 3 of "a" each replaced the turn they extend, so two entries still hold
+        # "b" beside "a": its second turn reuses its first.
+        b_second = await _chat(client, sim, b2)
+    reused = b_second["prompt_tokens_details"]["cached_tokens"]
+    assert reused == len(prompt_text({"messages": b1})) // 4
+
+
+async def test_a_prompt_a_remembered_one_extends_refreshes_it_instead_of_taking_an_entry(
+    start_sim: Callable[..., Sim],
+) -> None:
+    from proxy.sim.server import prompt_text
+
+    sim = start_sim("refresh", {**CACHE_WEIGHTS, "prompt_cache_entries": 2})
+    a1, a2 = _turns("a", 1), _turns("a", 2)
+    async with httpx.AsyncClient() as client:
+        for messages in (a2, _turns("b", 1), a1, _turns("c", 1)):
+            await _chat(client, sim, messages)
+        # Asking for "a"'s first turn again used the entry holding its second: "b", not "a",
+        # was the oldest when "c" came.
+        again = await _chat(client, sim, a2)
+    reused = again["prompt_tokens_details"]["cached_tokens"]
+    assert reused == len(prompt_text({"messages": a2})) // 4
+
+
 async def test_without_a_prompt_cache_usage_and_timing_are_unchanged(
     start_sim: Callable[..., Sim],
 ) -> None:
