@@ -193,20 +193,29 @@ class AffinityTable:
 
 def prefers_cached(
     *,
-    saving_ms: float | None,
+    cached_tokens: int,
+    uncached_tokens: int,
+    cost: tuple[float, float] | None,
     cached_busy: int,
     other_busy: int,
-    job_ms: float | None,
 ) -> bool:
-    """Whether the replica holding the prefix beats the rotation's pick.
+    """Whether the replica holding `cached_tokens` of the prompt beats the rotation's pick.
 
-    Priced (a cost fit's prompt slope): the prefill it saves must reach MIN_SAVING_MS and
-    exceed the extra wait behind its in-flight work, each in-flight job at `job_ms`.
-    Unpriced (no fit yet): stay only when that costs no extra wait.
+    Staying costs the extra wait behind the cached replica's surplus of in-flight work, each
+    in-flight job priced as a request like this one served from cache (its `uncached_tokens`
+    of prefill); leaving costs the prefill of the cached part again.
+
+    Priced (`cost`, a cost fit's `(base_ms, ms per prompt token)`): the prefill saved must
+    reach MIN_SAVING_MS and exceed that extra wait. Unpriced (no fit yet, as on a router that
+    has just started): both sides are counted in prompt tokens, which prices prefill at the
+    same rate on both sides and leaves out the fixed cost of a job.
     """
-    if saving_ms is None or job_ms is None:
-        return cached_busy <= other_busy
+    surplus = cached_busy - other_busy
+    if cost is None:
+        return surplus <= 0 or surplus * uncached_tokens < cached_tokens
+    base_ms, slope = cost
+    saving_ms = slope * cached_tokens
     if saving_ms < MIN_SAVING_MS:
         return False
-    extra_wait_ms = (cached_busy - other_busy) * job_ms
-    return extra_wait_ms < saving_ms
+    job_ms = base_ms + slope * uncached_tokens
+    return surplus * job_ms < saving_ms

@@ -13,7 +13,6 @@ were.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -167,7 +166,7 @@ class ClusterState:
         self.view: MergedView
         self.by_public_id: dict[str, list[Replica]] = {}
         self.by_public_image_id: dict[str, list[Replica]] = {}
-        self._rr: dict[str, itertools.count[int]] = {}
+        self._rr: dict[str, int] = {}
         self.health_listeners: list[Callable[[str, bool], None]] = []
         """Told (node ID, healthy) after every poll or registration outcome of a node. Upper
         layers register here (lending returns work lent to a node that stopped answering):
@@ -331,11 +330,12 @@ class ClusterState:
         }
         self.revision += 1
 
-    def next_rr(self, key: str) -> int:
-        counter = self._rr.get(key)
-        if counter is None:
-            counter = self._rr[key] = itertools.count()
-        return next(counter)
+    def next_rr(self, key: str, *, advance: bool = True) -> int:
+        """The round-robin counter of `key`; `advance=False` reads it without taking a turn."""
+        turn = self._rr.get(key, 0)
+        if advance:
+            self._rr[key] = turn + 1
+        return turn
 
     def records(self) -> list[dict[str, Any]]:
         return [dict(rec) for rec in self.view.records]

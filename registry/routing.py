@@ -98,10 +98,16 @@ def choose(
     prefix: Sequence[Fingerprint] = (),
     match: PrefixMatch | None = None,
 ) -> Replica:
-    picked = _rotate(node, public_id, kind, replicas)
-    if prefix and node.cache_affinity:
-        return _affine(node, public_id, lane_of(kind), replicas, prefix, picked, match)
-    return picked
+    if not (prefix and node.cache_affinity):
+        return _rotate(node, public_id, kind, replicas)
+    # A request sent back to the replica holding its prefix takes no turn of the rotation,
+    # which then places new conversations in turn: one replica collecting most of them would
+    # serve them from a cache too small to hold them all, and queue them behind each other.
+    picked = _rotate(node, public_id, kind, replicas, advance=False)
+    chosen, steered = _affine(node, public_id, lane_of(kind), replicas, prefix, picked, match)
+    if not steered and not picked.is_local:
+        node.cluster.next_rr(_rr_key(lane_of(kind), public_id))
+    return chosen
 
 
 def _affine(
@@ -112,8 +118,9 @@ def _affine(
     prefix: Sequence[Fingerprint],
     picked: Replica,
     match: PrefixMatch | None = None,
-) -> Replica:
-    """The replica holding the longest cached prefix when that beats `picked` (the rotation's).
+) -> tuple[Replica, bool]:
+    """The replica holding the longest cached prefix when that beats `picked` (the rotation's),
+    and whether the choice was made for that prefix (False: the rotation's pick stands).
 
     `match`, when given, is told which replica was chosen for its cached prefix and how long
     that prefix is.
@@ -146,40 +153,36 @@ def _affine(
         if cached is picked or ReplicaKey(picked.node_id, picked.local_id) == holder:
             table.count(public_id, "hits")
         else:
-            cost = node.prompt_cost(holder.node_id, holder.local_id, lane)
-            request_tokens = prefix[-1].tokens
-            if cost is None:
-                saving_ms, job_ms = None, None
-            else:
-                base_ms, slope = cost
-                saving_ms = slope * fp.tokens
-                # In-flight work there is priced as requests like this one, served from cache.
-                job_ms = base_ms + slope * max(0, request_tokens - fp.tokens)
             if prefers_cached(
-                saving_ms=saving_ms,
+                cached_tokens=fp.tokens,
+                uncached_tokens=max(0, prefix[-1].tokens - fp.tokens),
+                cost=node.prompt_cost(holder.node_id, holder.local_id, lane),
                 cached_busy=node.busy[(cached.node_id, cached.local_id, lane)],
                 other_busy=node.busy[(picked.node_id, picked.local_id, lane)],
-                job_ms=job_ms,
             ):
                 chosen = cached
                 table.count(public_id, "hits")
             else:
                 table.count(public_id, "overrides")
-    if (
-        found is not None
-        and match is not None
-        and ReplicaKey(chosen.node_id, chosen.local_id) == found[0]
-    ):
+    steered = found is not None and ReplicaKey(chosen.node_id, chosen.local_id) == found[0]
+    if found is not None and steered and match is not None:
         match.replica, match.prefix_bytes = found[0], found[1].prefix_bytes
     generation = node.replica_generation(chosen.node_id, chosen.local_id, lane)
     if generation is not None:
         table.remember(
             public_id, lane, prefix[-1:], ReplicaKey(chosen.node_id, chosen.local_id), generation
         )
-    return chosen
+    return chosen, steered
 
 
-def _rotate(node: RoutingNode, public_id: str, kind: Kind, replicas: list[Replica]) -> Replica:
+def _rr_key(lane: Lane, public_id: str) -> str:
+    return f"{lane}:{public_id}"
+
+
+def _rotate(
+    node: RoutingNode, public_id: str, kind: Kind, replicas: list[Replica], advance: bool = True
+) -> Replica:
+    """The rotation's pick; `advance=False` leaves the round-robin turn to be taken later."""
     lane = lane_of(kind)
     # A local replica whose lane is not ready (a hung backend failing its probe) is skipped.
     local = [r for r in replicas if r.cfg is not None and node.lane_ready(r.cfg, lane)]
@@ -188,7 +191,8 @@ def _rotate(node: RoutingNode, public_id: str, kind: Kind, replicas: list[Replic
             return replica
     remote = [r for r in replicas if not r.is_local and r.available]
     if remote:
-        return remote[node.cluster.next_rr(f"{lane}:{public_id}") % len(remote)]
+        turn = node.cluster.next_rr(_rr_key(lane, public_id), advance=advance)
+        return remote[turn % len(remote)]
     if local:
         return local[0]
     label = "image model" if kind == "image" else "model"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -51,10 +50,13 @@ class Clock:
 
 @dataclass
 class FakeCluster:
-    counters: dict[str, itertools.count[int]] = field(default_factory=dict)
+    counters: dict[str, int] = field(default_factory=dict)
 
-    def next_rr(self, key: str) -> int:
-        return next(self.counters.setdefault(key, itertools.count()))
+    def next_rr(self, key: str, *, advance: bool = True) -> int:
+        turn = self.counters.get(key, 0)
+        if advance:
+            self.counters[key] = turn + 1
+        return turn
 
 
 @dataclass
@@ -191,6 +193,25 @@ def test_turn_n_plus_1_lands_where_turn_n_ran() -> None:
     assert node.affinity.stats()[MODEL] == {"hits": 10, "misses": 2, "overrides": 0}
 
 
+def test_a_turn_sent_back_to_its_cache_takes_no_turn_of_the_rotation() -> None:
+    node = make_node()
+    placed = []
+    for tag in "uvwxyz":
+        placed.append(pick(node, body(1, tag)))
+        # Its second turn goes back to its cache before the next conversation starts.
+        assert pick(node, body(2, tag)) == placed[-1]
+    # New conversations alternate: a turn steered by the cache left the counter alone.
+    assert placed == ["a", "b", "a", "b", "a", "b"]
+
+
+def test_a_pick_the_cache_is_passed_over_for_takes_its_turn() -> None:
+    node = make_node(cost=(100.0, 2.0))
+    short = {"messages": [{"role": "user", "content": "hi"}]}
+    assert pick(node, short) == "a"
+    assert pick(node, short) == "b"  # an override: the rotation's pick, its turn taken
+    assert pick(node, body(1, "new")) == "a"
+
+
 def test_identical_short_single_shots_keep_rotating_when_priced() -> None:
     node = make_node(cost=(100.0, 2.0))
     short = {"messages": [{"role": "user", "content": "hi"}]}
@@ -223,18 +244,34 @@ def test_a_busy_cached_replica_loses_to_an_idle_one_when_the_saving_is_smaller()
 
 
 def test_the_rule_in_exact_numbers() -> None:
-    # The extra wait must be strictly below the saving.
-    assert prefers_cached(saving_ms=1000.0, cached_busy=1, other_busy=0, job_ms=999.0)
-    assert not prefers_cached(saving_ms=1000.0, cached_busy=1, other_busy=0, job_ms=1000.0)
-    # It is the difference of waits that counts.
-    assert prefers_cached(saving_ms=1000.0, cached_busy=3, other_busy=2, job_ms=999.0)
+    def stays(cached: int, uncached: int, cost: tuple[float, float] | None, busy: int = 1) -> bool:
+        return prefers_cached(
+            cached_tokens=cached,
+            uncached_tokens=uncached,
+            cost=cost,
+            cached_busy=busy + 2,
+            other_busy=2,
+        )
+
+    # Priced at 100 ms + 2 ms a token: 500 cached tokens save 1000 ms, and the extra wait
+    # (one job: 100 + 2 x uncached) must be strictly below it.
+    assert stays(500, 449, (100.0, 2.0))
+    assert not stays(500, 450, (100.0, 2.0))
+    # It is the difference of waits that counts: two jobs more wait twice as long.
+    assert stays(500, 199, (100.0, 2.0), busy=2)
+    assert not stays(500, 200, (100.0, 2.0), busy=2)
     # Savings under the threshold rotate even with nothing in flight.
     assert MIN_SAVING_MS == 50.0
-    assert prefers_cached(saving_ms=50.0, cached_busy=0, other_busy=0, job_ms=10.0)
-    assert not prefers_cached(saving_ms=49.9, cached_busy=0, other_busy=0, job_ms=10.0)
-    # Unpriced: stay only when it costs no extra wait.
-    assert prefers_cached(saving_ms=None, cached_busy=1, other_busy=1, job_ms=None)
-    assert not prefers_cached(saving_ms=None, cached_busy=2, other_busy=1, job_ms=None)
+    assert stays(100, 0, (0.0, 0.5), busy=0)
+    assert not stays(99, 0, (0.0, 0.5), busy=0)
+    # Unpriced: counted in prompt tokens, one job more waits its uncached prompt.
+    assert stays(1000, 999, None)
+    assert not stays(1000, 1000, None)
+    assert stays(1000, 499, None, busy=2)
+    assert not stays(1000, 500, None, busy=2)
+    # With no extra wait it stays however little is cached.
+    assert stays(1, 10_000, None, busy=0)
+    assert stays(1, 10_000, None, busy=-1)
 
 
 def test_affinity_is_dropped_when_the_model_is_switched() -> None:
