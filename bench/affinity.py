@@ -226,17 +226,16 @@ def _start(root: Path, on: bool, setup: Setup) -> Cluster:
         per_slave_sections={name: real_sections(binary) for name in ("s1", "s2")},
     )
     # Load both before timing anything: a first turn must not pay for a model load.
-    with httpx.Client(timeout=600) as http:
-        for name in ("s1", "s2"):
-            node = c.slaves[name]
-            warm = {
-                "model": MODEL,
-                "messages": [{"role": "user", "content": "hi"}],
-                "max_tokens": 1,
-            }
-            resp = http.post(node.base_url + "/v1/chat/completions", json=warm)
-            if resp.status_code != 200:
-                raise RuntimeError(f"{name} could not load {MODEL}: {resp.text}")
+    warm = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    try:
+        with httpx.Client(timeout=600) as http:
+            for name in ("s1", "s2"):
+                resp = http.post(c.slaves[name].base_url + "/v1/chat/completions", json=warm)
+                if resp.status_code != 200:
+                    raise RuntimeError(f"{name} could not load {MODEL}: {resp.text}")
+    except BaseException:
+        c.cleanup()
+        raise
     return c
 
 

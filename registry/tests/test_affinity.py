@@ -182,6 +182,16 @@ def test_with_the_setting_off_replicas_keep_their_rotation() -> None:
     assert node.affinity.stats() == {}
 
 
+def test_prompts_with_no_shared_prefix_follow_the_rotation_exactly() -> None:
+    def unrelated(i: int) -> dict[str, Any]:
+        return {"messages": [{"role": "user", "content": f"{i:06d} unrelated " * 300}]}
+
+    on, off = make_node(), make_node(cache_affinity=False)
+    with_affinity = [pick(on, unrelated(i)) for i in range(8)]
+    assert with_affinity == [pick(off, unrelated(i)) for i in range(8)]
+    assert on.affinity.stats()[MODEL] == {"hits": 0, "misses": 8, "overrides": 0}
+
+
 def test_turn_n_plus_1_lands_where_turn_n_ran() -> None:
     node = make_node()
     first = pick(node, body(1, "x"))
