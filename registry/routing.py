@@ -103,10 +103,11 @@ def choose(
     # A request sent back to the replica holding its prefix takes no turn of the rotation,
     # which then places new conversations in turn: one replica collecting most of them would
     # serve them from a cache too small to hold them all, and queue them behind each other.
+    lane = lane_of(kind)
     picked = _rotate(node, public_id, kind, replicas, advance=False)
-    chosen, steered = _affine(node, public_id, lane_of(kind), replicas, prefix, picked, match)
+    chosen, steered = _affine(node, public_id, lane, replicas, prefix, picked, match)
     if not steered and not picked.is_local:
-        node.cluster.next_rr(_rr_key(lane_of(kind), public_id))
+        node.cluster.next_rr(_rr_key(lane, public_id))
     return chosen
 
 

@@ -373,9 +373,8 @@ class SimState:
             self.prompts.remove(holder)
             self.prompts.append(holder)
         else:
-            for old in [old for old in self.prompts if prompt.startswith(old)]:
-                self.prompts.remove(old)
-            self.prompts.append(prompt)
+            kept = [old for old in self.prompts if not prompt.startswith(old)]
+            self.prompts = collections.deque([*kept, prompt])
         while len(self.prompts) > size:
             self.prompts.popleft()
         return best // 4
