@@ -65,10 +65,16 @@ class Command(BaseCommand):
         parser.add_argument(
             "--no-workers", action="store_true", help="Do not start the django-q2 workers."
         )
+        parser.add_argument(
+            "--no-migrate",
+            action="store_true",
+            help="Skip `migrate`: the database is known to carry every migration already.",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         config = settings.ROUTER
-        call_command("migrate", interactive=False, verbosity=0)
+        if not options["no_migrate"]:
+            call_command("migrate", interactive=False, verbosity=0)
         call_command("setup_schedules", stdout=io.StringIO())
         runner = NodeRunner(config=config, workers=not options["no_workers"])
         code = runner.run()
