@@ -14,7 +14,7 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from registry.assets import (
+from registry.assets.service import (
     LOOKUP_MAX_HASHES,
     AssetService,
     local_bind,
@@ -367,7 +367,7 @@ class AssetLookupView(SiteAPIView):
         },
     )
     async def get(self, request: Request, sha256: str) -> Response:
-        from registry.assets import LOOKUP_PATH, check_sha256
+        from registry.assets.service import LOOKUP_PATH, check_sha256
 
         check_sha256(sha256, "sha256")
         query = dict(request.query_params.items())

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from registry.assets import DIRECT_ALIGN, _PartialFile
+from registry.assets.service import DIRECT_ALIGN, _PartialFile
 from registry.tests.conftest import Write
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from registry.assets import (
+from registry.assets.service import (
     COPY_BLOCK_BYTES,
     DIRECT_ALIGN,
     AssetError,

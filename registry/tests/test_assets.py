@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from registry.assets import (
+from registry.assets.service import (
     LOOKUP_MAX_HASHES,
     RANGE_HEADER_MAX_CHARS,
     AssetError,

@@ -1,0 +1,1 @@
+"""Model assets: the hash index, portable configs, resolution and verified peer transfers."""
