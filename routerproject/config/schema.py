@@ -68,7 +68,7 @@ ENV_DATABASE_URL = "DATABASE_URL"
 
 DEFAULT_CONFIG_FILENAME = "config.yaml"
 DEFAULT_DATABASE_FILENAME = "router.sqlite3"
-REPO_DIR = Path(__file__).resolve().parent.parent
+REPO_DIR = Path(__file__).resolve().parents[2]
 BUILTIN_MODELS_CONFIG_DIR = REPO_DIR / "demo" / "kcpps"
 
 DEFAULT_MAX_BODY_BYTES = 33_554_432
