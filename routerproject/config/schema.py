@@ -1,30 +1,20 @@
-"""The router's YAML configuration: schema, validation with file lines, env overrides.
+"""The config's schema: one pydantic model per section, the rules that span keys or
+sections, and the whole ``RouterConfig``.
 
 The grammar is the reference router's (operators keep their ``config.yaml``), so keys,
-defaults and rules follow the reference notes. Every problem is reported as a
-``ConfigError`` that names the dotted key and, where the key is in the file, its line:
-a node that refuses to start must say exactly what to fix.
-
-Loading is two-staged: the YAML node tree is walked to plain Python values while the
-line of every key is remembered, then each section is validated by a pydantic model and
-the rules that span keys or sections run over the validated sections. Collecting all
-section errors before raising lets one start attempt report every mistake at once.
+defaults and rules follow the reference notes.
 """
 
 from __future__ import annotations
 
-import difflib
 import ipaddress
-import math
 import os
 import re
-import stat
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
-from urllib.parse import urlsplit, urlunsplit
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
-import yaml
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -32,44 +22,38 @@ from pydantic import (
     Field,
     StrictBool,
     StrictInt,
-    ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
 )
-from pydantic_core import ErrorDetails
-from yaml.constructor import SafeConstructor
-from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from lending.keys import KEYS_BY_NAME, LENDING_KEYS, LendingSettingError, canonical_value
-from routerproject.durations import NS_PER_SEC, format_duration, parse_duration_ns
+from routerproject.config.errors import ConfigError
+from routerproject.config.values import (
+    AllowedHost,
+    Cidr,
+    CommandArg,
+    NonNegativeDuration,
+    OptionalUrl,
+    PositiveDuration,
+    RequiredUrl,
+    ResolvedPath,
+    SecretKey,
+    base_dir_of,
+    check_database_url,
+    choice,
+    is_loopback_host,
+    is_placeholder,
+    require_str,
+    resolve_path,
+    split_bind,
+    type_name,
+    validate_bind,
+    validate_database_url,
+)
 
-__all__ = [
-    "AnalyticsConfig",
-    "AuthConfig",
-    "BackendConfig",
-    "ClusterConfig",
-    "ConfigError",
-    "DatabaseConfig",
-    "FamilyConfig",
-    "ModelsConfig",
-    "RouterConfig",
-    "SecurityConfig",
-    "ServerConfig",
-    "config_to_dict",
-    "load_config",
-    "resolve_config_path",
-]
-
-ENV_CONFIG_PATH = "ROUTER_CONFIG"
-ENV_CLUSTER_TOKEN = "ROUTER_CLUSTER_TOKEN"
-ENV_CLUSTER_TOKEN_FILE = "ROUTER_CLUSTER_TOKEN_FILE"
 ENV_DATABASE_URL = "DATABASE_URL"
-
-DEFAULT_CONFIG_FILENAME = "config.yaml"
 DEFAULT_DATABASE_FILENAME = "router.sqlite3"
-REPO_DIR = Path(__file__).resolve().parents[2]
-BUILTIN_MODELS_CONFIG_DIR = REPO_DIR / "demo" / "kcpps"
 
 DEFAULT_MAX_BODY_BYTES = 33_554_432
 MAX_BODY_BYTES_LIMIT = 2**31
@@ -79,355 +63,10 @@ DEFAULT_BODY_MIN_RATE = 4096
 # Enough for a master's pooled connections or a busy client; a single address past it is
 # holding connections, not using them.
 DEFAULT_MAX_CONNECTIONS_PER_CLIENT = 1024
-MAX_PORT = 65_535
 NODE_ID_MAX_CHARS = 64
 SYNC_CONCURRENCY_MAX = 128
-# A token file holds one short secret; refusing big files avoids reading a wrong path
-# (a log, an image) into memory and into an error message.
-TOKEN_FILE_MAX_BYTES = 64 * 1024
-# Deep enough for any real config; stops a self-referencing YAML alias from recursing.
-YAML_MAX_DEPTH = 32
-
-REDACTED = "***"
-PLACEHOLDER_SECRETS = frozenset({"change-me", "changeme", "replace-me", "replace_me"})
-DURATION_HINT = "use a duration like 500ms, 1.5s, 2m"
 
 _NODE_ID_RE = re.compile(r"[A-Za-z0-9._-]+")
-_HOSTNAME_RE = re.compile(
-    r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-    r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?"
-)
-_PORT_RE = re.compile(r"[0-9]{1,5}")
-
-# Validation context keys. ``from_yaml`` tightens types to what a YAML file must hold
-# (durations as strings); ``base_dir`` anchors relative paths at the config file.
-_CTX_FROM_YAML = "from_yaml"
-_CTX_BASE_DIR = "base_dir"
-
-
-# --------------------------------------------------------------------------- errors
-
-
-class ConfigError(Exception):
-    """An invalid configuration, naming the dotted key and file line where known.
-
-    When several problems were found, this error describes the first one (by file line)
-    and ``problems`` holds all of them; ``str()`` prints one per line.
-    """
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        key: str | None = None,
-        line: int | None = None,
-        path: Path | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.key = key
-        self.line = line
-        self.path = path
-        self.problems: tuple[ConfigError, ...] = (self,)
-
-    def describe(self) -> str:
-        """This single problem as ``file:line: key: message``."""
-        if self.path is not None:
-            location = f"{self.path}:{self.line}: " if self.line else f"{self.path}: "
-        elif self.line:
-            location = f"line {self.line}: "
-        else:
-            location = ""
-        key = f"{self.key}: " if self.key else ""
-        return f"{location}{key}{self.message}"
-
-    def __str__(self) -> str:
-        return "\n".join(problem.describe() for problem in self.problems)
-
-
-def _combine(problems: list[ConfigError]) -> ConfigError:
-    # Report in file order so "the first error" is the one a reader meets first.
-    ordered = sorted(problems, key=lambda p: (p.line is None, p.line or 0))
-    first = ordered[0]
-    first.problems = tuple(ordered)
-    return first
-
-
-# ----------------------------------------------------------------- value helpers
-
-
-def _type_name(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, Mapping):
-        return "a mapping"
-    if isinstance(value, list | tuple):
-        return "a list"
-    return f"a {type(value).__name__}"
-
-
-def _from_yaml(info: ValidationInfo) -> bool:
-    return bool(info.context and info.context.get(_CTX_FROM_YAML))
-
-
-def _base_dir(info: ValidationInfo) -> Path:
-    if info.context and isinstance(info.context.get(_CTX_BASE_DIR), Path):
-        base: Path = info.context[_CTX_BASE_DIR]
-        return base
-    return Path.cwd()
-
-
-def _require_str(value: Any) -> str:
-    if not isinstance(value, str):
-        raise ValueError(f"must be a string (got {_type_name(value)})")
-    return value
-
-
-def _is_placeholder(value: str) -> bool:
-    return value.strip().lower() in PLACEHOLDER_SECRETS
-
-
-def _choice(literal: Any) -> BeforeValidator:
-    """Validator giving a readable message for a value outside a ``Literal``'s choices."""
-    choices: tuple[str, ...] = get_args(literal)
-
-    def check(value: Any) -> Any:
-        if not isinstance(value, str) or value not in choices:
-            shown = repr(value) if isinstance(value, str | int | float) else _type_name(value)
-            raise ValueError(f"must be one of {', '.join(choices)} (got {shown})")
-        return value
-
-    return BeforeValidator(check)
-
-
-class _DurationMarker:
-    """Annotation marking a float-seconds field that YAML spells as a Go duration."""
-
-
-_DURATION = _DurationMarker()
-
-
-def _duration_validator(*, allow_zero: bool) -> Callable[[Any, ValidationInfo], float]:
-    def validate(value: Any, info: ValidationInfo) -> float:
-        if isinstance(value, str):
-            try:
-                ns = parse_duration_ns(value.strip())
-            except ValueError as exc:
-                raise ValueError(str(exc)) from None
-        elif (
-            isinstance(value, int | float)
-            and not isinstance(value, bool)
-            and not _from_yaml(info)
-            and math.isfinite(value)
-        ):
-            # Python callers may pass seconds; a YAML file must spell the unit out.
-            ns = round(value * NS_PER_SEC)
-        else:
-            raise ValueError(f"{DURATION_HINT} (got {_type_name(value)} {value!r})")
-        if ns < 0 or (ns == 0 and not allow_zero):
-            raise ValueError(f"must be greater than 0 ({DURATION_HINT})")
-        return ns / NS_PER_SEC
-
-    return validate
-
-
-PositiveDuration = Annotated[
-    float, BeforeValidator(_duration_validator(allow_zero=False)), _DURATION
-]
-NonNegativeDuration = Annotated[
-    float, BeforeValidator(_duration_validator(allow_zero=True)), _DURATION
-]
-
-
-def _resolve_path(text: str, base: Path) -> Path:
-    path = Path(text).expanduser()
-    if not path.is_absolute():
-        path = base / path
-    return path.resolve()
-
-
-def _validate_path(value: Any, info: ValidationInfo) -> Path:
-    if isinstance(value, Path) and not _from_yaml(info):
-        text = str(value)
-    else:
-        text = _require_str(value).strip()
-    if not text:
-        raise ValueError("must not be empty")
-    return _resolve_path(text, _base_dir(info))
-
-
-ResolvedPath = Annotated[Path, BeforeValidator(_validate_path)]
-
-
-def _check_http_url(text: str) -> str:
-    # Messages never echo the URL: a rejected one may carry credentials.
-    if any(ch.isspace() for ch in text):
-        raise ValueError("must be a URL without spaces")
-    parts = urlsplit(text)
-    if parts.scheme not in ("http", "https"):
-        raise ValueError("must be an absolute http:// or https:// URL")
-    if "@" in parts.netloc:
-        raise ValueError("must not contain a user name or password")
-    if not parts.hostname:
-        raise ValueError("must name a host, e.g. http://10.0.0.2:8080")
-    try:
-        _ = parts.port
-    except ValueError:
-        raise ValueError("has an invalid port") from None
-    return text
-
-
-def _validate_required_url(value: Any) -> str:
-    return _check_http_url(_require_str(value).strip())
-
-
-def _validate_optional_url(value: Any) -> str:
-    text = _require_str(value).strip()
-    return _check_http_url(text) if text else ""
-
-
-RequiredUrl = Annotated[str, BeforeValidator(_validate_required_url)]
-OptionalUrl = Annotated[str, BeforeValidator(_validate_optional_url)]
-
-
-def _validate_secret_key(value: Any) -> str:
-    text = _require_str(value).strip()
-    if not text:
-        raise ValueError("must not be blank")
-    if _is_placeholder(text):
-        raise ValueError("is a placeholder value; set a real secret")
-    return text
-
-
-SecretKey = Annotated[str, BeforeValidator(_validate_secret_key)]
-
-
-def _validate_arg(value: Any) -> str:
-    # Command-line arguments are text; a YAML "8" after "--threads" is meant as "8".
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return str(value)
-    return _require_str(value)
-
-
-CommandArg = Annotated[str, BeforeValidator(_validate_arg)]
-
-
-def _validate_cidr(value: Any) -> str:
-    text = _require_str(value).strip()
-    if "/" not in text:
-        raise ValueError(f"must be a CIDR such as 10.0.0.0/8 or 192.168.1.0/24 (got {text!r})")
-    try:
-        ipaddress.ip_network(text, strict=False)
-    except ValueError:
-        raise ValueError(
-            f"must be a CIDR such as 10.0.0.0/8 or 192.168.1.0/24 (got {text!r})"
-        ) from None
-    return text
-
-
-Cidr = Annotated[str, BeforeValidator(_validate_cidr)]
-
-
-def _validate_allowed_host(value: Any) -> str:
-    text = _require_str(value).strip()
-    if text == "*":
-        return text
-    bare = text[1:-1] if text.startswith("[") and text.endswith("]") else text
-    if not (_is_ip_address(bare) or _HOSTNAME_RE.fullmatch(bare)):
-        raise ValueError(
-            f"must be a host name or IP address without port, or * for any (got {text!r})"
-        )
-    return bare
-
-
-AllowedHost = Annotated[str, BeforeValidator(_validate_allowed_host)]
-
-
-def _split_bind(text: str) -> tuple[str, int]:
-    """Split ``host:port`` / ``[v6]:port``; an empty host means every interface."""
-    hint = "must be host:port, e.g. 127.0.0.1:8080, 0.0.0.0:8080 or [::1]:8080"
-    if text.startswith("["):
-        end = text.find("]")
-        if end < 0 or text[end + 1 : end + 2] != ":":
-            raise ValueError(f"{hint} (got {text!r})")
-        host, port_text = text[1:end], text[end + 2 :]
-        try:
-            ipaddress.IPv6Address(host)
-        except ValueError:
-            raise ValueError(f"{hint}; brackets hold an IPv6 address (got {text!r})") from None
-    else:
-        host, sep, port_text = text.rpartition(":")
-        if not sep:
-            raise ValueError(f"{hint} (got {text!r})")
-        if ":" in host:
-            raise ValueError(f"an IPv6 address must be in brackets, e.g. [::1]:8080 (got {text!r})")
-        if host and not (_is_ip_address(host) or _HOSTNAME_RE.fullmatch(host)):
-            raise ValueError(f"{hint}; {host!r} is not a host name or IP address")
-    if not _PORT_RE.fullmatch(port_text) or not 1 <= int(port_text) <= MAX_PORT:
-        raise ValueError(f"port must be a number from 1 to {MAX_PORT} (got {port_text!r})")
-    return host, int(port_text)
-
-
-def _is_ip_address(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
-
-
-def _is_loopback_host(host: str) -> bool:
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _validate_bind(value: Any) -> str:
-    text = _require_str(value).strip()
-    _split_bind(text)
-    return text
-
-
-def _check_database_url(text: str, base: Path | None) -> str:
-    """Validate a database URL; with ``base``, anchor a relative sqlite path there.
-
-    ``sqlite:///rel/path`` is relative and ``sqlite:////abs/path`` absolute, the
-    convention of dj-database-url and SQLAlchemy.
-    """
-    scheme, sep, rest = text.partition("://")
-    scheme = scheme.lower()
-    if not sep or scheme not in ("sqlite", "postgres", "postgresql"):
-        shown = f" (got scheme {scheme!r})" if sep else ""
-        raise ValueError(f"must start with sqlite:///, postgres:// or postgresql://{shown}")
-    if scheme != "sqlite":
-        if not rest:
-            raise ValueError("must name a server or database after postgres://")
-        return text
-    if rest == ":memory:":
-        return text
-    if not rest.startswith("/") or rest == "/":
-        raise ValueError("a sqlite URL looks like sqlite:///path/to/router.sqlite3")
-    if base is None:
-        return text
-    return f"sqlite:///{_resolve_path(rest[1:], base)}"
-
-
-def _validate_database_url(value: Any, info: ValidationInfo) -> str:
-    text = _require_str(value).strip()
-    if not text:
-        return ""
-    return _check_database_url(text, _base_dir(info))
 
 
 def _validate_lending_value(value: Any, info: ValidationInfo) -> str | None:
@@ -438,7 +77,7 @@ def _validate_lending_value(value: Any, info: ValidationInfo) -> str | None:
     elif isinstance(value, int | float | str):
         text = str(value)
     else:
-        raise ValueError(f"must be a string, number or boolean (got {_type_name(value)})")
+        raise ValueError(f"must be a string, number or boolean (got {type_name(value)})")
     field = info.field_name or ""
     try:
         return canonical_value(field, text)
@@ -465,7 +104,7 @@ class _Section(BaseModel):
 
 
 class ServerConfig(_Section):
-    bind: Annotated[str, BeforeValidator(_validate_bind)] = "127.0.0.1:8080"
+    bind: Annotated[str, BeforeValidator(validate_bind)] = "127.0.0.1:8080"
     allowed_cidrs: list[Cidr] = Field(default_factory=list)
     # Peers whose X-Forwarded-For names the client (a reverse proxy); none by default, so a
     # client cannot pick its own address with a header.
@@ -488,16 +127,16 @@ class ServerConfig(_Section):
     @property
     def host(self) -> str:
         """Listen host; ``:8080`` (Go's every-interface form) becomes ``0.0.0.0``."""
-        host = _split_bind(self.bind)[0]
+        host = split_bind(self.bind)[0]
         return host or "0.0.0.0"
 
     @property
     def port(self) -> int:
-        return _split_bind(self.bind)[1]
+        return split_bind(self.bind)[1]
 
     @property
     def is_loopback(self) -> bool:
-        return _is_loopback_host(_split_bind(self.bind)[0])
+        return is_loopback_host(split_bind(self.bind)[0])
 
     @property
     def allowed_networks(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
@@ -518,7 +157,7 @@ class ServerConfig(_Section):
             if "*" in self.allowed_hosts:
                 return None
             return tuple(host.lower() for host in self.allowed_hosts)
-        host = _split_bind(self.bind)[0]
+        host = split_bind(self.bind)[0]
         if host in ("", "0.0.0.0", "::"):
             return None
         names = ["localhost", "127.0.0.1", "::1", host.lower()]
@@ -537,14 +176,14 @@ SecurityProfile = Literal["secure", "trusted_lan"]
 
 
 class SecurityConfig(_Section):
-    profile: Annotated[SecurityProfile, _choice(SecurityProfile)] = "secure"
+    profile: Annotated[SecurityProfile, choice(SecurityProfile)] = "secure"
 
 
 ClusterRole = Literal["standalone", "master", "slave"]
 
 
 def _validate_node_id(value: Any) -> str:
-    text = _require_str(value).strip()
+    text = require_str(value).strip()
     if not text:
         raise ValueError("must not be blank")
     if len(text) > NODE_ID_MAX_CHARS:
@@ -556,14 +195,14 @@ def _validate_node_id(value: Any) -> str:
 
 def _validate_token(value: Any) -> str:
     # Never echo the value: it is a secret even when it is wrong.
-    text = _require_str(value).strip()
-    if _is_placeholder(text):
+    text = require_str(value).strip()
+    if is_placeholder(text):
         raise ValueError("is a placeholder value; set a real secret")
     return text
 
 
 class ClusterConfig(_Section):
-    role: Annotated[ClusterRole, _choice(ClusterRole)] = "standalone"
+    role: Annotated[ClusterRole, choice(ClusterRole)] = "standalone"
     node_id: Annotated[str, BeforeValidator(_validate_node_id)] = "local"
     token: Annotated[str, BeforeValidator(_validate_token)] = Field(default="", repr=False)
     public_url: OptionalUrl = ""
@@ -617,7 +256,7 @@ if _LENDING_FIELDS_MISSING:  # pragma: no cover - guards future edits
 
 class ModelsConfig(_Section):
     config_dir: ResolvedPath = _yaml_default("./kcpps")
-    startup_model: Annotated[str, BeforeValidator(_require_str)] = ""
+    startup_model: Annotated[str, BeforeValidator(require_str)] = ""
     shared_dir: str = ""
     hash_workers: Annotated[StrictInt, Field(ge=1)] = 1
     concurrent_asset_transfers: Annotated[StrictInt, Field(ge=1)] = 2
@@ -642,22 +281,22 @@ class ModelsConfig(_Section):
     @classmethod
     def _resolve_shared_dir(cls, value: Any, info: ValidationInfo) -> str:
         # Empty keeps its meaning ("<store_dir>/model-assets"), so it stays a string.
-        text = _require_str(value).strip()
-        return str(_resolve_path(text, _base_dir(info))) if text else ""
+        text = require_str(value).strip()
+        return str(resolve_path(text, base_dir_of(info))) if text else ""
 
 
 BackendMode = Literal["kobold", "llama_sdcpp", "vllm", "sim"]
 
 
 def _validate_listen_host(value: Any) -> str:
-    text = _require_str(value).strip()
+    text = require_str(value).strip()
     if not text or any(ch.isspace() for ch in text):
         raise ValueError("must be a host name or IP address")
     return text
 
 
 class BackendConfig(_Section):
-    mode: Annotated[BackendMode, _choice(BackendMode)] = "kobold"
+    mode: Annotated[BackendMode, choice(BackendMode)] = "kobold"
     load_timeout: PositiveDuration = _yaml_default("10m")
     request_timeout: PositiveDuration = _yaml_default("30m")
     host: Annotated[str, BeforeValidator(_validate_listen_host)] = "127.0.0.1"
@@ -666,13 +305,13 @@ class BackendConfig(_Section):
 class FamilyConfig(_Section):
     """One backend family (``llama``, ``sdcpp``, ``whispercpp``, ``kobold``, ``vllm``)."""
 
-    binary_path: Annotated[str, BeforeValidator(_require_str)] = ""
+    binary_path: Annotated[str, BeforeValidator(require_str)] = ""
     backend_url: OptionalUrl = ""
     extra_args: list[CommandArg] = Field(default_factory=list)
 
 
 class DatabaseConfig(_Section):
-    url: Annotated[str, BeforeValidator(_validate_database_url)] = Field(default="", repr=False)
+    url: Annotated[str, BeforeValidator(validate_database_url)] = Field(default="", repr=False)
 
 
 class AnalyticsConfig(_Section):
@@ -687,8 +326,8 @@ BACKEND_LOG_MAX_BYTES_LIMIT = 1 << 40
 
 class LoggingConfig(_Section):
     # json: one object per line (python-json-logger), for log shippers.
-    format: Annotated[LogFormat, _choice(LogFormat)] = "text"
-    level: Annotated[LogLevel, _choice(LogLevel)] = "INFO"
+    format: Annotated[LogFormat, choice(LogFormat)] = "text"
+    level: Annotated[LogLevel, choice(LogLevel)] = "INFO"
     # Backend and worker output files are cut at this size (kept: `backend_log_backups`).
     backend_log_max_bytes: Annotated[StrictInt, Field(ge=1024, le=BACKEND_LOG_MAX_BYTES_LIMIT)] = (
         64 * 1024 * 1024
@@ -710,7 +349,7 @@ def _duplicate_problems(prefix: str, values: list[str]) -> list[tuple[str, str]]
     return problems
 
 
-def _cross_problems(
+def cross_problems(
     server: ServerConfig | None,
     auth: AuthConfig | None,
     security: SecurityConfig | None,
@@ -785,7 +424,7 @@ class RouterConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check_cross_rules(self) -> RouterConfig:
-        problems = _cross_problems(self.server, self.auth, self.security, self.cluster)
+        problems = cross_problems(self.server, self.auth, self.security, self.cluster)
         if problems:
             raise ValueError("; ".join(f"{key}: {message}" for key, message in problems))
         return self
@@ -797,7 +436,7 @@ class RouterConfig(BaseModel):
         from_env = env.get(ENV_DATABASE_URL, "").strip()
         if from_env:
             try:
-                return _check_database_url(from_env, None)
+                return check_database_url(from_env, None)
             except ValueError as exc:
                 raise ConfigError(str(exc), key=ENV_DATABASE_URL) from None
         if self.database.url:
@@ -831,351 +470,3 @@ SECTION_MODELS: dict[str, type[_Section]] = {
     "analytics": AnalyticsConfig,
     "logging": LoggingConfig,
 }
-
-
-# -------------------------------------------------------------------------- YAML
-
-
-class _YamlTree:
-    """Turns a composed YAML node tree into plain values, remembering key lines."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.lines: dict[str, int] = {}
-        self._constructor = SafeConstructor()
-
-    def _error(self, message: str, node: Node, key: str | None) -> ConfigError:
-        return ConfigError(message, key=key or None, line=node.start_mark.line + 1, path=self.path)
-
-    def convert(self, node: Node, key: str, depth: int = 0) -> Any:
-        if depth > YAML_MAX_DEPTH:
-            raise self._error("nested too deeply", node, key)
-        if isinstance(node, MappingNode):
-            return self._mapping(node, key, depth)
-        if isinstance(node, SequenceNode):
-            items = []
-            for index, item in enumerate(node.value):
-                child = f"{key}[{index}]"
-                self.lines[child] = item.start_mark.line + 1
-                items.append(self.convert(item, child, depth + 1))
-            return items
-        try:
-            return self._constructor.construct_object(node, deep=True)
-        except yaml.MarkedYAMLError as exc:
-            raise self._error(f"invalid value: {exc.problem}", node, key) from None
-
-    def _mapping(self, node: MappingNode, key: str, depth: int) -> dict[str, Any]:
-        try:
-            self._constructor.flatten_mapping(node)
-        except yaml.MarkedYAMLError as exc:
-            raise self._error(f"invalid merge: {exc.problem}", node, key) from None
-        result: dict[str, Any] = {}
-        seen: set[str] = set()
-        for key_node, value_node in node.value:
-            name = (
-                self._constructor.construct_object(key_node)
-                if isinstance(key_node, ScalarNode)
-                else None
-            )
-            if not isinstance(name, str):
-                raise self._error("keys must be plain names", key_node, key)
-            child = f"{key}.{name}" if key else name
-            if name in seen:
-                raise self._error("duplicate key", key_node, child)
-            seen.add(name)
-            self.lines[child] = key_node.start_mark.line + 1
-            value = self.convert(value_node, child, depth + 1)
-            # "key:" with nothing after it means "not set" (as in the Go reference),
-            # which also makes an empty section mean all defaults.
-            if value is not None:
-                result[name] = value
-        return result
-
-
-def _parse_yaml(text: str, path: Path) -> tuple[dict[str, Any], dict[str, int]]:
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        detail = exc.problem or exc.context or "syntax error"
-        line = mark.line + 1 if mark is not None else None
-        raise ConfigError(f"invalid YAML: {detail}", line=line, path=path) from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"invalid YAML: {exc}", path=path) from None
-    if root is None:
-        return {}, {}
-    if not isinstance(root, MappingNode):
-        raise ConfigError(
-            "the top level must be a mapping of sections (server:, cluster:, models:, ...)",
-            line=root.start_mark.line + 1,
-            path=path,
-        )
-    tree = _YamlTree(path)
-    data = tree.convert(root, "")
-    return data, tree.lines
-
-
-def _read_config_text(path: Path) -> str:
-    try:
-        # utf-8-sig: editors on some systems prepend a byte-order mark.
-        return path.read_text(encoding="utf-8-sig")
-    except FileNotFoundError:
-        raise ConfigError("config file does not exist", path=path) from None
-    except UnicodeDecodeError:
-        raise ConfigError("config file is not valid UTF-8 text", path=path) from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file: {exc.strerror}", path=path) from None
-
-
-# --------------------------------------------------------------------- env, paths
-
-
-def _token_from_env(env: Mapping[str, str], path: Path | None) -> str | None:
-    direct = env.get(ENV_CLUSTER_TOKEN, "")
-    file_name = env.get(ENV_CLUSTER_TOKEN_FILE, "")
-    if direct and file_name:
-        raise ConfigError(
-            f"set ${ENV_CLUSTER_TOKEN} or ${ENV_CLUSTER_TOKEN_FILE}, not both",
-            key="cluster.token",
-            path=path,
-        )
-    if direct:
-        return direct
-    if not file_name:
-        return None
-
-    def fail(reason: str) -> ConfigError:
-        return ConfigError(
-            f"${ENV_CLUSTER_TOKEN_FILE} ({file_name}) {reason}", key="cluster.token", path=path
-        )
-
-    secret_path = Path(file_name).expanduser()
-    try:
-        info = secret_path.stat()
-    except OSError as exc:
-        raise fail(f"cannot be read: {exc.strerror}") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise fail("is not a regular file")
-    if info.st_size > TOKEN_FILE_MAX_BYTES:
-        raise fail(f"is larger than {TOKEN_FILE_MAX_BYTES} bytes")
-    try:
-        value = secret_path.read_text(encoding="utf-8").strip()
-    except UnicodeDecodeError:
-        raise fail("is not UTF-8 text") from None
-    except OSError as exc:
-        raise fail(f"cannot be read: {exc.strerror}") from None
-    if not value:
-        raise fail("is empty")
-    if "\n" in value or "\r" in value:
-        raise fail("must hold a single value on one line")
-    return value
-
-
-def resolve_config_path(
-    explicit: str | None,
-    *,
-    environ: Mapping[str, str] | None = None,
-    cwd: Path | None = None,
-) -> Path | None:
-    """Which config file to use: ``--config``, then ``$ROUTER_CONFIG``, then
-    ``./config.yaml`` if present; ``None`` means the built-in default."""
-    env = os.environ if environ is None else environ
-    base = Path.cwd() if cwd is None else cwd
-    if explicit:
-        candidate, source = Path(explicit), "--config"
-    elif env.get(ENV_CONFIG_PATH):
-        candidate, source = Path(env[ENV_CONFIG_PATH]), f"${ENV_CONFIG_PATH}"
-    else:
-        default = base / DEFAULT_CONFIG_FILENAME
-        return default if default.exists() else None
-    candidate = candidate.expanduser()
-    if not candidate.is_absolute():
-        candidate = base / candidate
-    if not candidate.exists():
-        raise ConfigError(f"config file given by {source} does not exist", path=candidate)
-    if not candidate.is_file():
-        raise ConfigError(f"config file given by {source} is not a file", path=candidate)
-    return candidate
-
-
-# ---------------------------------------------------------------------- loading
-
-
-def _parent_key(key: str) -> str:
-    if key.endswith("]"):
-        return key[: key.rfind("[")]
-    return key.rpartition(".")[0]
-
-
-def _line_for(key: str, lines: Mapping[str, int]) -> int | None:
-    """Line of ``key``, else of its nearest enclosing key present in the file."""
-    while key:
-        if key in lines:
-            return lines[key]
-        key = _parent_key(key)
-    return None
-
-
-def _key_from_loc(section: str, loc: Iterable[int | str]) -> str:
-    key = section
-    for part in loc:
-        key += f"[{part}]" if isinstance(part, int) else f".{part}"
-    return key
-
-
-def _message_for(error: ErrorDetails, model: type[BaseModel]) -> str:
-    kind = error["type"]
-    ctx = error.get("ctx") or {}
-    value = error.get("input")
-    if kind == "value_error" and "error" in ctx:
-        return str(ctx["error"])
-    if kind == "extra_forbidden":
-        name = str(error["loc"][-1]) if error["loc"] else ""
-        close = difflib.get_close_matches(name, list(model.model_fields), n=1)
-        return f"unknown key (did you mean {close[0]!r}?)" if close else "unknown key"
-    if kind == "string_type":
-        return f"must be a string (got {_type_name(value)})"
-    if kind == "int_type":
-        return f"must be a whole number (got {_type_name(value)})"
-    if kind == "bool_type":
-        return f"must be true or false (got {_type_name(value)})"
-    if kind == "list_type":
-        return f"must be a list (got {_type_name(value)})"
-    if kind in ("model_type", "dict_type"):
-        return f"must be a mapping of keys (got {_type_name(value)})"
-    if kind == "greater_than_equal":
-        return f"must be at least {ctx.get('ge')} (got {value!r})"
-    if kind == "less_than_equal":
-        return f"must be at most {ctx.get('le')} (got {value!r})"
-    return str(error["msg"])
-
-
-def _validate_sections(
-    raw: Mapping[str, Any],
-    lines: Mapping[str, int],
-    base_dir: Path,
-    path: Path | None,
-    env_keys: Mapping[str, str],
-    env: Mapping[str, str],
-) -> RouterConfig:
-    problems: list[ConfigError] = []
-
-    def add(key: str, message: str) -> None:
-        if key in env_keys:
-            # The value came from the environment, so a file line would mislead.
-            problems.append(
-                ConfigError(f"{message} (value from {env_keys[key]})", key=key, path=path)
-            )
-        else:
-            problems.append(ConfigError(message, key=key, line=_line_for(key, lines), path=path))
-
-    for name in raw:
-        if name not in SECTION_MODELS:
-            close = difflib.get_close_matches(name, list(SECTION_MODELS), n=1)
-            add(name, f"unknown key (did you mean {close[0]!r}?)" if close else "unknown key")
-
-    context = {_CTX_FROM_YAML: path is not None, _CTX_BASE_DIR: base_dir}
-    sections: dict[str, Any] = {}
-    for name, model in SECTION_MODELS.items():
-        data = raw.get(name, {})
-        if not isinstance(data, dict):
-            add(name, f"must be a mapping of keys (got {_type_name(data)})")
-            continue
-        try:
-            sections[name] = model.model_validate(data, context=context)
-        except ValidationError as exc:
-            for error in exc.errors(include_url=False):
-                add(_key_from_loc(name, error["loc"]), _message_for(error, model))
-
-    for key, message in _cross_problems(
-        sections.get("server"),
-        sections.get("auth"),
-        sections.get("security"),
-        sections.get("cluster"),
-    ):
-        add(key, message)
-
-    env_database_url = env.get(ENV_DATABASE_URL, "").strip()
-    if env_database_url:
-        try:
-            _check_database_url(env_database_url, None)
-        except ValueError as exc:
-            problems.append(ConfigError(str(exc), key=ENV_DATABASE_URL))
-
-    if problems:
-        raise _combine(problems)
-    return RouterConfig(**sections, source_path=path)
-
-
-def load_config(path: Path | None, *, environ: Mapping[str, str] | None = None) -> RouterConfig:
-    """Load, validate and resolve the configuration; ``None`` gives the built-in default.
-
-    Raises ``ConfigError`` naming the key (and file line) of every problem found.
-    """
-    env = os.environ if environ is None else environ
-    raw: dict[str, Any]
-    if path is None:
-        # A standalone node that runs out of the box: simulated backend, demo models.
-        raw = {"backend": {"mode": "sim"}, "models": {"config_dir": str(BUILTIN_MODELS_CONFIG_DIR)}}
-        lines: dict[str, int] = {}
-        base_dir = Path.cwd()
-    else:
-        path = Path(path)
-        if path.exists() and not path.is_file():
-            raise ConfigError("config path is not a file", path=path)
-        raw, lines = _parse_yaml(_read_config_text(path), path)
-        base_dir = path.absolute().parent
-
-    env_keys: dict[str, str] = {}
-    token = _token_from_env(env, path)
-    if token is not None:
-        cluster = raw.setdefault("cluster", {})
-        if isinstance(cluster, dict):
-            cluster["token"] = token
-            source = ENV_CLUSTER_TOKEN if env.get(ENV_CLUSTER_TOKEN) else ENV_CLUSTER_TOKEN_FILE
-            env_keys["cluster.token"] = f"${source}"
-    return _validate_sections(raw, lines, base_dir, path, env_keys, env)
-
-
-# ------------------------------------------------------------------- diagnostics
-
-
-def _redact_url(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.netloc.rpartition("@")[2]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:{REDACTED}@{host}"))
-
-
-def _section_to_dict(section: BaseModel) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name, field in type(section).model_fields.items():
-        value = getattr(section, name)
-        if value is None:
-            continue
-        if any(isinstance(meta, _DurationMarker) for meta in field.metadata):
-            out[name] = format_duration(value)
-        elif isinstance(value, Path):
-            out[name] = str(value)
-        elif isinstance(value, list):
-            out[name] = [str(item) if isinstance(item, Path) else item for item in value]
-        else:
-            out[name] = value
-    return out
-
-
-def config_to_dict(cfg: RouterConfig) -> dict[str, Any]:
-    """The configuration as JSON-able data for logs and diagnostics, secrets redacted.
-
-    Durations are printed in their canonical Go form, so apart from the redactions and
-    ``source_path`` the result reads like a config file.
-    """
-    out: dict[str, Any] = {name: _section_to_dict(getattr(cfg, name)) for name in SECTION_MODELS}
-    out["cluster"]["token"] = REDACTED if cfg.cluster.token else ""
-    out["auth"]["inference_keys"] = [REDACTED for _ in cfg.auth.inference_keys]
-    out["auth"]["admin_keys"] = [REDACTED for _ in cfg.auth.admin_keys]
-    out["database"]["url"] = _redact_url(cfg.database.url)
-    out["source_path"] = str(cfg.source_path) if cfg.source_path is not None else None
-    return out
