@@ -430,8 +430,6 @@ def decisions_fold(
     Each fold has the signature fields, its row `count`, `first_at`/`last_at`, the count of
     each trigger, and per measure its `[min, max]`; folds come newest `last_at` first.
     """
-    from django.db.models import Count, Max, Min
-
     rows = _filtered(
         lane=lane,
         outcome=outcome,
@@ -442,6 +440,33 @@ def decisions_fold(
         request_id=request_id,
         node_id=node_id,
     )
+    # One group per signature and trigger; the triggers are folded together below, so the
+    # limit is on those finer groups, newest first.
+    grouped = (
+        rows.values(*FOLD_SIGNATURE, "trigger")
+        .annotate(**_fold_aggregates())
+        .order_by("-last_at")[: max_folds * 4 + 1]
+    )
+    fine = list(grouped)
+    truncated = len(fine) > max_folds * 4
+    folds: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for g in fine[: max_folds * 4]:
+        _fold_in(folds, g)
+    out = sorted(folds.values(), key=lambda f: (-f["last_at"], f["node_id"]))
+    if len(out) > max_folds:
+        out, truncated = out[:max_folds], True
+    for fold in out:
+        # Measures that were 0 throughout say nothing about this decision.
+        fold["measures"] = {m: v for m, v in fold["measures"].items() if v != [0, 0]}
+        fold["request_ids"] = sorted(fold["request_ids"])[:REQUEST_ID_SAMPLE]
+    total = sum(f["count"] for f in out)
+    return {"folds": out, "rows": total, "truncated": truncated}
+
+
+def _fold_aggregates() -> dict[str, Any]:
+    """What the database computes for each group of rows."""
+    from django.db.models import Count, Max, Min
+
     aggregates: dict[str, Any] = {
         "n": Count("id"),
         "first_at": Min("recorded_at"),
@@ -458,59 +483,44 @@ def decisions_fold(
     for m in FOLD_MEASURES:
         aggregates[f"{m}__min"] = Min(m)
         aggregates[f"{m}__max"] = Max(m)
-    # One group per signature and trigger; the triggers are folded together below, so the
-    # limit is on those finer groups, newest first.
-    grouped = (
-        rows.values(*FOLD_SIGNATURE, "trigger")
-        .annotate(**aggregates)
-        .order_by("-last_at")[: max_folds * 4 + 1]
-    )
-    fine = list(grouped)
-    truncated = len(fine) > max_folds * 4
-    folds: dict[tuple[Any, ...], dict[str, Any]] = {}
-    for g in fine[: max_folds * 4]:
-        key = tuple(g[k] for k in FOLD_SIGNATURE)
-        fold = folds.get(key)
-        if fold is None:
-            fold = {k: g[k] for k in FOLD_SIGNATURE}
-            fold.update(
-                count=0,
-                first_at=g["first_at"],
-                last_at=g["last_at"],
-                triggers={},
-                measures={},
-                router_versions=[],
-                service_sources=[],
-                request_ids=[],
-            )
-            folds[key] = fold
-        fold["count"] += g["n"]
-        fold["first_at"] = min(fold["first_at"], g["first_at"])
-        fold["last_at"] = max(fold["last_at"], g["last_at"])
-        if g["trigger"]:
-            fold["triggers"][g["trigger"]] = fold["triggers"].get(g["trigger"], 0) + g["n"]
-        for m in FOLD_MEASURES:
-            lo, hi = g[f"{m}__min"], g[f"{m}__max"]
-            have = fold["measures"].get(m)
-            fold["measures"][m] = [lo, hi] if have is None else [min(have[0], lo), max(have[1], hi)]
-        fields = (
-            ("router_versions", "version"),
-            ("service_sources", "source"),
-            ("request_ids", "request"),
+    return aggregates
+
+
+def _fold_in(folds: dict[tuple[Any, ...], dict[str, Any]], g: Mapping[str, Any]) -> None:
+    """Add one group (one signature and trigger) to the fold of its signature."""
+    key = tuple(g[k] for k in FOLD_SIGNATURE)
+    fold = folds.get(key)
+    if fold is None:
+        fold = {k: g[k] for k in FOLD_SIGNATURE}
+        fold.update(
+            count=0,
+            first_at=g["first_at"],
+            last_at=g["last_at"],
+            triggers={},
+            measures={},
+            router_versions=[],
+            service_sources=[],
+            request_ids=[],
         )
-        for field, names in fields:
-            for value in (g[f"{names}_min"], g[f"{names}_max"]):
-                if value and value not in fold[field]:
-                    fold[field].append(value)
-    out = sorted(folds.values(), key=lambda f: (-f["last_at"], f["node_id"]))
-    if len(out) > max_folds:
-        out, truncated = out[:max_folds], True
-    for fold in out:
-        # Measures that were 0 throughout say nothing about this decision.
-        fold["measures"] = {m: v for m, v in fold["measures"].items() if v != [0, 0]}
-        fold["request_ids"] = sorted(fold["request_ids"])[:REQUEST_ID_SAMPLE]
-    total = sum(f["count"] for f in out)
-    return {"folds": out, "rows": total, "truncated": truncated}
+        folds[key] = fold
+    fold["count"] += g["n"]
+    fold["first_at"] = min(fold["first_at"], g["first_at"])
+    fold["last_at"] = max(fold["last_at"], g["last_at"])
+    if g["trigger"]:
+        fold["triggers"][g["trigger"]] = fold["triggers"].get(g["trigger"], 0) + g["n"]
+    for m in FOLD_MEASURES:
+        lo, hi = g[f"{m}__min"], g[f"{m}__max"]
+        have = fold["measures"].get(m)
+        fold["measures"][m] = [lo, hi] if have is None else [min(have[0], lo), max(have[1], hi)]
+    fields = (
+        ("router_versions", "version"),
+        ("service_sources", "source"),
+        ("request_ids", "request"),
+    )
+    for field, names in fields:
+        for value in (g[f"{names}_min"], g[f"{names}_max"]):
+            if value and value not in fold[field]:
+                fold[field].append(value)
 
 
 def merge_folds(

@@ -37,10 +37,11 @@ from lending.pricing import LANES, CostTable, Lane
 from registry.bodies import set_body_model
 from registry.eligibility import record_text_ineligible_reason
 from registry.httpclient import get_session
-from registry.nodeclient import NodeCallError
+from registry.nodeclient import NodeCallError, NodeClient
 
 if TYPE_CHECKING:
     from lending.ports import ServingNode
+    from registry.cluster import RemoteNode
 
 logger = logging.getLogger(__name__)
 
@@ -390,6 +391,43 @@ class MasterLending:
         )
         return RelayRefused(reason, f"lent request refused: {reason}")
 
+    def _relay_target(
+        self, lane: str, owner_node: str, owner_model: str, request_id: str
+    ) -> tuple[Lease, RemoteNode, NodeClient]:
+        """The live lease of the owner's model, its helper node and the client to reach it;
+        RelayRefused (after logging `relay_refused`) when there is none to relay to."""
+        lease = self.lease_for(lane, owner_node, owner_model)
+        if lease is None:
+            raise self._refuse(lane, owner_node, owner_model, "no_live_lease", None, request_id)
+        node = self.node
+        if lease.helper_node_id == node.node_id:
+            raise self._refuse(lane, owner_node, owner_model, "helper_is_master", lease, request_id)
+        remote = node.cluster.nodes.get(lease.helper_node_id)
+        client = node.client
+        if remote is None or not remote.healthy or remote.node_id in self.silent or client is None:
+            raise self._refuse(
+                lane, owner_node, owner_model, "helper_unreachable", lease, request_id
+            )
+        return lease, remote, client
+
+    @staticmethod
+    def _relay_headers(
+        lease: Lease, authorization: str, content_type: str, request_id: str
+    ) -> dict[str, str]:
+        """The headers of a lent request to its helper: what the lease asks of the helper model."""
+        headers = {
+            "Content-Type": content_type,
+            "Authorization": authorization,
+            "X-Tensors-Offload": "1",
+        }
+        if request_id:
+            headers["X-Request-Id"] = request_id
+        if lease.load_helper_model:
+            headers["X-Tensors-Offload-Load"] = "1"
+        if lease.restore_helper_model:
+            headers["X-Tensors-Offload-Restore"] = "1"
+        return headers
+
     @contextlib.asynccontextmanager
     async def open_helper(
         self,
@@ -407,33 +445,12 @@ class MasterLending:
         Raises RelayRefused (after logging `relay_refused`) when there is no live lease, the
         helper cannot be reached, or forwarding fails before the helper answers.
         """
-        lease = self.lease_for(lane, owner_node, owner_model)
-        if lease is None:
-            raise self._refuse(lane, owner_node, owner_model, "no_live_lease", None, request_id)
-        node = self.node
-        if lease.helper_node_id == node.node_id:
-            raise self._refuse(lane, owner_node, owner_model, "helper_is_master", lease, request_id)
-        remote = node.cluster.nodes.get(lease.helper_node_id)
-        client = node.client
-        if remote is None or not remote.healthy or remote.node_id in self.silent or client is None:
-            raise self._refuse(
-                lane, owner_node, owner_model, "helper_unreachable", lease, request_id
-            )
+        lease, remote, client = self._relay_target(lane, owner_node, owner_model, request_id)
         try:
             body = set_body_model(body, lease.helper_model_id)
         except ValueError:
             pass  # not JSON: the helper sees the body as the owner sent it
-        headers = {
-            "Content-Type": content_type,
-            "Authorization": client.authorization,
-            "X-Tensors-Offload": "1",
-        }
-        if request_id:
-            headers["X-Request-Id"] = request_id
-        if lease.load_helper_model:
-            headers["X-Tensors-Offload-Load"] = "1"
-        if lease.restore_helper_model:
-            headers["X-Tensors-Offload-Restore"] = "1"
+        headers = self._relay_headers(lease, client.authorization, content_type, request_id)
         helper = lease.helper_node_id
         task = asyncio.current_task()
         assert task is not None

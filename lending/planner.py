@@ -491,6 +491,35 @@ def _node_order(candidate: _Candidate) -> tuple[str, str]:
     return helper.node_id, helper.model_id
 
 
+def _grant(
+    lane: str,
+    owner: Endpoint,
+    demand: _Demand,
+    best: _Candidate,
+    choice: _Choice,
+    claimed: dict[str, _Claim],
+    settings: Settings,
+) -> Lease:
+    """The lease of the chosen candidate; its helper node is claimed for the rest of the plan,
+    with every slot granted on it so far."""
+    chosen = best.target.helper
+    before = claimed.get(chosen.node_id)
+    claimed[chosen.node_id] = _Claim(
+        chosen.model_id,
+        choice.slots + (before.slots if before is not None else 0),
+        choice.outcome == OUTCOME_PROBE,
+    )
+    return _lease(
+        lane=lane,
+        owner=owner,
+        demand=demand,
+        candidate=best,
+        slots=choice.slots,
+        probe=choice.outcome == OUTCOME_PROBE,
+        settings=settings,
+    )
+
+
 def _lease(
     *,
     lane: str,
@@ -698,24 +727,7 @@ def plan_lane(
         )
         if choice.index is not None:
             best = candidates[choice.index]
-            chosen = best.target.helper
-            before = claimed.get(chosen.node_id)
-            claimed[chosen.node_id] = _Claim(
-                chosen.model_id,
-                choice.slots + (before.slots if before is not None else 0),
-                choice.outcome == OUTCOME_PROBE,
-            )
-            leases.append(
-                _lease(
-                    lane=lane,
-                    owner=owner,
-                    demand=demand,
-                    candidate=best,
-                    slots=choice.slots,
-                    probe=choice.outcome == OUTCOME_PROBE,
-                    settings=settings,
-                )
-            )
+            leases.append(_grant(lane, owner, demand, best, choice, claimed, settings))
             continue
         # Nothing granted: wake the master again once some helper has idled long enough.
         wait = _probe_wait(candidates)

@@ -79,10 +79,30 @@ def _bucket(since: int, step: int, n: int, at_ms: int) -> int | None:
 
 def timeline_local(*, node_id: str, since_ms: int, until_ms: int, step_ms: int) -> dict[str, Any]:
     """This node's series for the window (its own database only)."""
-    from analytics.models import RequestRecord
-    from lending.models import OffloadDecision
-
     n = math.ceil((until_ms - since_ms) / step_ms)
+    own, borrowed = _busy_ms(node_id, since_ms, until_ms, step_ms, n)
+    lent, owners = _lending(node_id, since_ms, until_ms, step_ms, n)
+    return {
+        "since_ms": since_ms,
+        "until_ms": until_ms,
+        "step_ms": step_ms,
+        "node": {
+            "node_id": node_id,
+            "own_ms": [round(v) for v in own],
+            "borrowed_ms": [round(v) for v in borrowed],
+            "lent": lent,
+        },
+        "owners": [owners[k] for k in sorted(owners)],
+    }
+
+
+def _busy_ms(
+    node_id: str, since_ms: int, until_ms: int, step_ms: int, n: int
+) -> tuple[list[float], list[float]]:
+    """Milliseconds of each bucket this node's backends spent on its own requests and on
+    borrowed ones."""
+    from analytics.models import RequestRecord
+
     own = [0.0] * n
     borrowed = [0.0] * n
     since_dt = datetime.fromtimestamp(since_ms / 1000, tz=UTC)
@@ -98,6 +118,16 @@ def timeline_local(*, node_id: str, since_ms: int, until_ms: int, step_ms: int) 
             started.timestamp() * 1000,
             finished.timestamp() * 1000,
         )
+    return own, borrowed
+
+
+def _lending(
+    node_id: str, since_ms: int, until_ms: int, step_ms: int, n: int
+) -> tuple[list[int], dict[tuple[str, str, str], dict[str, Any]]]:
+    """How many of this node's requests it lent in each bucket, and each owner's series from
+    the decision rows here: the deepest hold planned and the requests lent."""
+    from lending.models import OffloadDecision
+
     lent = [0] * n
     owners: dict[tuple[str, str, str], dict[str, Any]] = {}
 
@@ -135,18 +165,7 @@ def timeline_local(*, node_id: str, since_ms: int, until_ms: int, step_ms: int) 
         elif kind == "plan":
             entry = owner(owner_node, owner_model, lane)
             entry["held_max"][i] = max(entry["held_max"][i], pending)
-    return {
-        "since_ms": since_ms,
-        "until_ms": until_ms,
-        "step_ms": step_ms,
-        "node": {
-            "node_id": node_id,
-            "own_ms": [round(v) for v in own],
-            "borrowed_ms": [round(v) for v in borrowed],
-            "lent": lent,
-        },
-        "owners": [owners[k] for k in sorted(owners)],
-    }
+    return lent, owners
 
 
 def merge_timelines(

@@ -197,6 +197,60 @@ def bursts(
     for (prev, _), (at, _) in itertools.pairwise(arrivals):
         if at - prev > gap_secs:
             starts.append(at)
+    recorded = _recorded(requests, pick)
+    waited = decisions[
+        (decisions["kind"] == "helper")
+        & (decisions["outcome"] == "native_waited_behind_borrowed")
+        & (decisions["node_id"] == pick.helper_node)
+    ]
+    out: list[Burst] = []
+    for index, start in enumerate(starts):
+        end = starts[index + 1] if index + 1 < len(starts) else math.inf
+        base = start
+        members = [
+            Request((at - base) * MS, work, index) for at, work in arrivals if start <= at < end
+        ]
+        helper_own_rows = recorded.helper_own_rows
+        own_in = helper_own_rows[
+            (helper_own_rows["started_at"] >= start) & (helper_own_rows["started_at"] < end)
+        ]
+        helper_own = [
+            Request((float(at) - base) * MS, (float(d),), index)
+            for at, d in zip(own_in["started_at"], own_in["duration_ms"], strict=True)
+        ]
+        out.append(
+            _actual(
+                _pair_at(recorded, pick, settings, loads, start),
+                index,
+                start,
+                end,
+                members,
+                helper_own,
+                recorded.owner_rows,
+                recorded.helper_rows,
+                decisions,
+                waited,
+                pick,
+            )
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class _Recorded:
+    """The analytics rows of a pick's two models, and what the whole record says of them."""
+
+    owner_rows: pd.DataFrame
+    helper_rows: pd.DataFrame
+    helper_own_rows: pd.DataFrame
+    """The helper's rows of its own requests (not borrowed ones)."""
+    owner_config: str
+    helper_config: str
+    owner_truth: CostFit
+    helper_truth: CostFit | None
+
+
+def _recorded(requests: pd.DataFrame, pick: Selection) -> _Recorded:
     owner_rows = _model_rows(requests, pick.owner_node, pick.owner_model)
     helper_rows = _model_rows(requests, pick.helper_node, pick.helper_model)
     owner_truth = _fit(owner_rows, pick.lane, 2)
@@ -208,73 +262,57 @@ def bursts(
     owner_config = str(owner_rows["config_filename"].iloc[0]) if len(owner_rows) else ""
     helper_config = str(helper_rows["config_filename"].iloc[0]) if len(helper_rows) else ""
     helper_own_rows = helper_rows[~_bools(helper_rows["borrowed"])]
-    waited = decisions[
-        (decisions["kind"] == "helper")
-        & (decisions["outcome"] == "native_waited_behind_borrowed")
-        & (decisions["node_id"] == pick.helper_node)
-    ]
+    return _Recorded(
+        owner_rows=owner_rows,
+        helper_rows=helper_rows,
+        helper_own_rows=helper_own_rows,
+        owner_config=owner_config,
+        helper_config=helper_config,
+        owner_truth=owner_truth,
+        helper_truth=helper_truth,
+    )
+
+
+def _pair_at(
+    recorded: _Recorded,
+    pick: Selection,
+    settings: EffectiveSettings,
+    loads: pd.DataFrame,
+    start: float,
+) -> Pair:
+    """The pair as the master knew it when a burst began at `start`: the costs fitted from the
+    rows finished before, the helper's loaded state and how long it had idled."""
     section = SECTIONS[pick.lane]
-    out: list[Burst] = []
-    for index, start in enumerate(starts):
-        end = starts[index + 1] if index + 1 < len(starts) else math.inf
-        base = start
-        members = [
-            Request((at - base) * MS, work, index) for at, work in arrivals if start <= at < end
-        ]
-        own_in = helper_own_rows[
-            (helper_own_rows["started_at"] >= start) & (helper_own_rows["started_at"] < end)
-        ]
-        helper_own = [
-            Request((float(at) - base) * MS, (float(d),), index)
-            for at, d in zip(own_in["started_at"], own_in["duration_ms"], strict=True)
-        ]
-        before_owner = owner_rows[owner_rows["finished_at"] < start]
-        before_helper = helper_rows[helper_rows["finished_at"] < start]
-        fits: dict[tuple[str, str, str], CostFit] = {}
-        for node, model, rows in (
-            (pick.owner_node, pick.owner_model, before_owner),
-            (pick.helper_node, pick.helper_model, before_helper),
-        ):
-            fit = _fit(rows, pick.lane, settings.min_samples) if len(rows) else None
-            if fit is not None:
-                fits[(node, model, section)] = fit
-        helper_before = helper_own_rows[helper_own_rows["finished_at"] < start]
-        idle_ms = (
-            (start - float(helper_before["finished_at"].max())) * MS
-            if len(helper_before)
-            else NEVER_MS
-        )
-        pair = Pair(
-            lane=pick.lane,
-            owner_node=pick.owner_node,
-            owner_model=pick.owner_model,
-            owner_config=owner_config,
-            helper_node=pick.helper_node,
-            helper_model=pick.helper_model,
-            helper_config=helper_config,
-            known=CostTable(fits=fits, loads=_loads_table(loads, start)),
-            owner_truth=owner_truth,
-            helper_truth=helper_truth,
-            helper_loaded=_helper_loaded(loads, pick, helper_config, start),
-            context_capacity=CONTEXT_UNKNOWN,
-            helper_idle_ms=idle_ms,
-        )
-        out.append(
-            _actual(
-                pair,
-                index,
-                start,
-                end,
-                members,
-                helper_own,
-                owner_rows,
-                helper_rows,
-                decisions,
-                waited,
-                pick,
-            )
-        )
-    return out
+    before_owner = recorded.owner_rows[recorded.owner_rows["finished_at"] < start]
+    before_helper = recorded.helper_rows[recorded.helper_rows["finished_at"] < start]
+    fits: dict[tuple[str, str, str], CostFit] = {}
+    for node, model, rows in (
+        (pick.owner_node, pick.owner_model, before_owner),
+        (pick.helper_node, pick.helper_model, before_helper),
+    ):
+        fit = _fit(rows, pick.lane, settings.min_samples) if len(rows) else None
+        if fit is not None:
+            fits[(node, model, section)] = fit
+    helper_own_rows = recorded.helper_own_rows
+    helper_before = helper_own_rows[helper_own_rows["finished_at"] < start]
+    idle_ms = (
+        (start - float(helper_before["finished_at"].max())) * MS if len(helper_before) else NEVER_MS
+    )
+    return Pair(
+        lane=pick.lane,
+        owner_node=pick.owner_node,
+        owner_model=pick.owner_model,
+        owner_config=recorded.owner_config,
+        helper_node=pick.helper_node,
+        helper_model=pick.helper_model,
+        helper_config=recorded.helper_config,
+        known=CostTable(fits=fits, loads=_loads_table(loads, start)),
+        owner_truth=recorded.owner_truth,
+        helper_truth=recorded.helper_truth,
+        helper_loaded=_helper_loaded(loads, pick, recorded.helper_config, start),
+        context_capacity=CONTEXT_UNKNOWN,
+        helper_idle_ms=idle_ms,
+    )
 
 
 def _actual(

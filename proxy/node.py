@@ -32,7 +32,7 @@ from proxy.inflight import Forwards, Requests
 from proxy.runtimes import RuntimeManager
 from proxy.sticky import StickyIds
 from registry.affinity import AffinityTable
-from registry.assets import AssetService
+from registry.assets.service import AssetService
 from registry.catalog import LocalCatalog
 from registry.cluster import MINIMUM_PROTOCOL_VERSION, PROTOCOL_VERSION, ClusterState
 from registry.httpclient import CONNECT_TIMEOUT_SECS
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from analytics.ports import AnalyticsNode
     from guardians.ports import GuardiansNode
     from lending.ports import LendingNode, ServingNode
-    from registry.assets import AssetNode
+    from registry.assets.service import AssetNode
     from registry.ports import RegistryNode
 
 

@@ -312,14 +312,14 @@ def _model_id(doc: dict[str, Any]) -> str:
 
 
 async def handle_assets_lookup(ctx: Ctx, node: Node) -> None:
-    from registry.assets import parse_hashes
+    from registry.assets.routes import parse_hashes
 
     hashes = parse_hashes(parse_json_body(ctx), body_bytes=len(ctx.body))
     await ctx.json(200, {"assets": await node.assets.lookup_local(hashes)})
 
 
 async def handle_assets_lookup_cluster(ctx: Ctx, node: Node) -> None:
-    from registry.assets import parse_hashes
+    from registry.assets.routes import parse_hashes
 
     if node.role != "master":
         raise RouterError(409, "only the master answers for the cluster", code="not_master")
@@ -329,7 +329,8 @@ async def handle_assets_lookup_cluster(ctx: Ctx, node: Node) -> None:
 
 async def handle_asset_stream(ctx: Ctx, node: Node) -> None:
     """One verified file of this node, whole or from one byte range on (a resumed pull)."""
-    from registry.assets import STREAM_PREFIX, parse_range
+    from registry.assets.pull import STREAM_PREFIX
+    from registry.assets.routes import parse_range
 
     found = await node.assets.open_for_serving(ctx.path[len(STREAM_PREFIX) :])
     header = ctx.header(b"range")
@@ -365,7 +366,7 @@ async def handle_site_asset_export(ctx: Ctx, node: Node) -> None:
 
 
 async def handle_site_asset_resolve(ctx: Ctx, node: Node) -> None:
-    from registry.assets import local_resolve
+    from registry.assets.routes import local_resolve
 
     doc = parse_json_body(ctx)
     _this_node(node, doc)
@@ -376,7 +377,7 @@ async def handle_site_asset_resolve(ctx: Ctx, node: Node) -> None:
 
 
 async def handle_site_asset_bind(ctx: Ctx, node: Node) -> None:
-    from registry.assets import local_bind
+    from registry.assets.routes import local_bind
 
     doc = parse_json_body(ctx)
     _this_node(node, doc)
@@ -384,7 +385,7 @@ async def handle_site_asset_bind(ctx: Ctx, node: Node) -> None:
 
 
 async def handle_site_asset_substitute(ctx: Ctx, node: Node) -> None:
-    from registry.assets import local_substitute
+    from registry.assets.substitute import local_substitute
 
     doc = parse_json_body(ctx)
     _this_node(node, doc)
@@ -396,7 +397,7 @@ async def handle_site_asset_jobs(ctx: Ctx, node: Node) -> None:
 
 
 async def handle_site_asset_job(ctx: Ctx, node: Node) -> None:
-    from registry.assets import local_job
+    from registry.assets.routes import local_job
 
     await ctx.json(200, local_job(node.assets, ctx.path.rsplit("/", 1)[1]))
 

@@ -49,7 +49,7 @@ def _records_of(node: RegistryNode, node_id: str) -> list[Mapping[str, Any]]:
 
 
 def _check_node(node: RegistryNode, comp: Mapping[str, Any], param: str) -> str:
-    from registry.assets import target_node
+    from registry.assets.routes import target_node
 
     node_id = comp.get("node_id")
     if not isinstance(node_id, str) or not node_id:

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 # The reasons stay importable from here, where the model records are built.
 from registry.eligibility import REASON_CONCURRENT as REASON_CONCURRENT
@@ -28,11 +28,11 @@ from registry.hashing import (
     FileHasher,
     config_hash,
     is_sha256_hex,
-    looks_like_path,
     model_hash,
     path_base_name,
     resolve_model_path,
 )
+from registry.options import sanitise_options
 
 BACKEND_MODES = ("kobold", "llama_sdcpp", "vllm", "sim", "upstream")
 # The node's runtime sides a config can be served on; the config's capabilities say which.
@@ -72,13 +72,7 @@ PORTABLE_HF_SUFFIX = "_hf"
 PORTABLE_FILENAME_MAX_CHARS = 255
 
 
-# Credentials that a koboldcpp config may carry; they are dropped from the `options` that
-# travel to other nodes and to the WebUI.
-SECRET_OPTION_KEYS = frozenset({"password", "hordekey", "api_key", "apikey", "token"})
-SECRET_OPTION_SUFFIXES = ("_password", "_api_key", "_apikey", "_token", "_secret")
-
 _LOCAL_ID_RE = re.compile(r"[A-Za-z0-9._-]+")
-_URL_SCHEME_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 _UNSAFE_FILENAME_CHARS_RE = re.compile(r'[\\/:"<>|?*\x00-\x1f\x7f]')
 _WINDOWS_DEVICE_NAMES = frozenset(
     {"CON", "PRN", "AUX", "NUL"}
@@ -272,23 +266,9 @@ class ModelConfig:
         if image_id is not None:
             record["image_id"] = image_id
             record["public_image_id"] = image_id
+        record.update(self._described(reported_vision))
         record.update(
             {
-                "filename": self.filename,
-                "created": self.created,
-                "size": self.size,
-                "has_llm": self.has_llm,
-                "has_image": self.has_image,
-                "has_embeddings": self.has_embeddings,
-                "has_multimodal": self.has_multimodal or (self.has_llm and reported_vision),
-                "has_voice": self.has_voice,
-                "has_tts": self.has_tts,
-                "has_music": False,
-                "model_hash": self.model_hash,
-                "config_hash": self.config_hash,
-                "capabilities": self.capabilities(),
-                "options": sanitise_options(self.raw),
-                "backend_mode": self.backend_mode,
                 "source": source,
                 "node_id": node_id,
                 "node_url": node_url,
@@ -312,6 +292,26 @@ class ModelConfig:
             record["asset_state"] = "unresolved"
             record["unresolved_fields"] = list(self.unresolved_fields)
         return record
+
+    def _described(self, reported_vision: bool) -> dict[str, Any]:
+        """The record's account of the config itself: its file, models, hashes and options."""
+        return {
+            "filename": self.filename,
+            "created": self.created,
+            "size": self.size,
+            "has_llm": self.has_llm,
+            "has_image": self.has_image,
+            "has_embeddings": self.has_embeddings,
+            "has_multimodal": self.has_multimodal or (self.has_llm and reported_vision),
+            "has_voice": self.has_voice,
+            "has_tts": self.has_tts,
+            "has_music": False,
+            "model_hash": self.model_hash,
+            "config_hash": self.config_hash,
+            "capabilities": self.capabilities(),
+            "options": sanitise_options(self.raw),
+            "backend_mode": self.backend_mode,
+        }
 
 
 def _weights_stem(name: str) -> str:
@@ -346,40 +346,6 @@ def _field_file_names(raw: Mapping[str, Any], name: str) -> list[str]:
     if isinstance(portable, list):
         return [item for item in portable if isinstance(item, str) and item != ""]
     return []
-
-
-def _is_secret_key(key: str) -> bool:
-    lowered = key.lower()
-    return lowered in SECRET_OPTION_KEYS or lowered.endswith(SECRET_OPTION_SUFFIXES)
-
-
-def _sanitise_url(value: str) -> str:
-    # Userinfo, query and fragment are where URLs carry credentials.
-    parts = urlsplit(value)
-    netloc = parts.netloc.rpartition("@")[2]
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
-
-
-def _sanitise_value(value: Any, *, path_field: bool) -> Any:
-    if isinstance(value, Mapping):
-        return sanitise_options(value)
-    if isinstance(value, list | tuple):
-        return [_sanitise_value(item, path_field=path_field) for item in value]
-    if isinstance(value, str) and value != "":
-        if _URL_SCHEME_RE.match(value) and not path_field:
-            return _sanitise_url(value)
-        if path_field or looks_like_path(value):
-            return path_base_name(value)
-    return value
-
-
-def sanitise_options(raw: Mapping[str, Any]) -> dict[str, Any]:
-    """The config as shown to other nodes: file names instead of paths, and no credentials."""
-    return {
-        str(key): _sanitise_value(value, path_field=str(key) in PATH_FIELDS)
-        for key, value in raw.items()
-        if not _is_secret_key(str(key))
-    }
 
 
 def _is_int(value: object) -> bool:

@@ -149,22 +149,7 @@ def _affine(
     if found is None:
         table.count(public_id, "misses")
     else:
-        holder, fp = found
-        cached = able[holder]
-        if cached is picked or ReplicaKey(picked.node_id, picked.local_id) == holder:
-            table.count(public_id, "hits")
-        else:
-            if prefers_cached(
-                cached_tokens=fp.tokens,
-                uncached_tokens=max(0, prefix[-1].tokens - fp.tokens),
-                cost=node.prompt_cost(holder.node_id, holder.local_id, lane),
-                cached_busy=node.busy[(cached.node_id, cached.local_id, lane)],
-                other_busy=node.busy[(picked.node_id, picked.local_id, lane)],
-            ):
-                chosen = cached
-                table.count(public_id, "hits")
-            else:
-                table.count(public_id, "overrides")
+        chosen = _cached_or_picked(node, public_id, lane, prefix, found, able[found[0]], picked)
     steered = found is not None and ReplicaKey(chosen.node_id, chosen.local_id) == found[0]
     if found is not None and steered and match is not None:
         match.replica, match.prefix_bytes = found[0], found[1].prefix_bytes
@@ -174,6 +159,35 @@ def _affine(
             public_id, lane, prefix[-1:], ReplicaKey(chosen.node_id, chosen.local_id), generation
         )
     return chosen, steered
+
+
+def _cached_or_picked(
+    node: RoutingNode,
+    public_id: str,
+    lane: Lane,
+    prefix: Sequence[Fingerprint],
+    found: tuple[ReplicaKey, Fingerprint],
+    cached: Replica,
+    picked: Replica,
+) -> Replica:
+    """`cached`, the holder of the longest cached prefix (`found`), when sending the request
+    to its cache beats the rotation's `picked`; else `picked`. Counts a hit or an override."""
+    table = node.affinity
+    holder, fp = found
+    if cached is picked or ReplicaKey(picked.node_id, picked.local_id) == holder:
+        table.count(public_id, "hits")
+        return picked
+    if prefers_cached(
+        cached_tokens=fp.tokens,
+        uncached_tokens=max(0, prefix[-1].tokens - fp.tokens),
+        cost=node.prompt_cost(holder.node_id, holder.local_id, lane),
+        cached_busy=node.busy[(cached.node_id, cached.local_id, lane)],
+        other_busy=node.busy[(picked.node_id, picked.local_id, lane)],
+    ):
+        table.count(public_id, "hits")
+        return cached
+    table.count(public_id, "overrides")
+    return picked
 
 
 def _rr_key(lane: Lane, public_id: str) -> str:

@@ -276,7 +276,7 @@ def node_state(*, node: RegistryNode) -> dict[str, Any]:
 
 def _asset_transfers(node: RegistryNode) -> list[dict[str, Any]]:
     """Peer and hub copies of model assets on this node: running ones, then the last few."""
-    service = getattr(node, "assets", None)  # proxy.node.Node.assets (registry/assets.py)
+    service = getattr(node, "assets", None)  # proxy.node.Node.assets (registry/assets/service.py)
     if service is None:
         return []
     transfers = list(service.transfers.values())

@@ -1,4 +1,4 @@
-"""Django settings, built from the node's YAML config (see routerproject/config.py).
+"""Django settings, built from the node's YAML config (see routerproject/config/).
 
 The config file is chosen by `--config` (manage.py copies it into ROUTER_CONFIG before Django
 starts), then ROUTER_CONFIG, then ./config.yaml, then the built-in standalone default.

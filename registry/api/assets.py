@@ -14,16 +14,16 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from registry.assets import (
+from registry.assets.routes import (
     LOOKUP_MAX_HASHES,
-    AssetService,
     local_bind,
     local_job,
     local_resolve,
-    local_substitute,
     remote_call,
     target_node,
 )
+from registry.assets.service import AssetService
+from registry.assets.substitute import local_substitute
 from registry.ports import running_node
 from routerproject.api import (
     BodySerializer,
@@ -367,7 +367,8 @@ class AssetLookupView(SiteAPIView):
         },
     )
     async def get(self, request: Request, sha256: str) -> Response:
-        from registry.assets import LOOKUP_PATH, check_sha256
+        from registry.assets.service import LOOKUP_PATH
+        from registry.assets.store import check_sha256
 
         check_sha256(sha256, "sha256")
         query = dict(request.query_params.items())

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from registry.assets import DIRECT_ALIGN, _PartialFile
+from registry.assets.partial import DIRECT_ALIGN, PartialFile
 from registry.tests.conftest import Write
 
 
@@ -29,7 +29,7 @@ def test_aligned_spans_go_direct_and_the_tail_buffered(
     direct_dir: Path, writes: list[Write]
 ) -> None:
     partial = direct_dir / "m.partial"
-    writer = _PartialFile.open(partial, len(DATA))
+    writer = PartialFile.open(partial, len(DATA))
     buffer, view = page_aligned(DATA)
     try:
         writer.write(view, page_aligned=True)
@@ -47,7 +47,7 @@ def test_an_unaligned_offset_or_unaligned_memory_is_written_buffered(
 ) -> None:
     partial = direct_dir / "m.partial"
     partial.write_bytes(DATA[:10])
-    writer = _PartialFile.open(partial, len(DATA))
+    writer = PartialFile.open(partial, len(DATA))
     try:
         writer.write(DATA[10 : 10 + DIRECT_ALIGN], page_aligned=True)  # the offset is 10
         writer.write(DATA[10 + DIRECT_ALIGN :])  # bytes of unknown alignment
@@ -69,7 +69,7 @@ def test_a_file_system_that_refuses_o_direct_gets_buffered_writes(
 
     monkeypatch.setattr(fcntl, "fcntl", refusing)
     partial = tmp_path / "m.partial"
-    writer = _PartialFile.open(partial, len(DATA))
+    writer = PartialFile.open(partial, len(DATA))
     buffer, view = page_aligned(DATA)
     try:
         writer.write(view[: 2 * DIRECT_ALIGN], page_aligned=True)
@@ -96,7 +96,7 @@ def test_a_direct_write_refused_is_written_buffered_and_direct_stops(
 
     monkeypatch.setattr(os, "write", refusing_direct)
     partial = direct_dir / "m.partial"
-    writer = _PartialFile.open(partial, len(DATA))
+    writer = PartialFile.open(partial, len(DATA))
     buffer, view = page_aligned(DATA)
     try:
         writer.write(view[:DIRECT_ALIGN], page_aligned=True)

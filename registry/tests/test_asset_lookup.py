@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from proxy.node import Node, build_node
-from registry.assets import LOOKUP_CACHE_SECS, AssetService
+from registry.assets.service import LOOKUP_CACHE_SECS, AssetService
 from registry.nodeclient import AllowList, NodeClient
 from routerproject.config import load_config
 

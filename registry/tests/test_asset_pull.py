@@ -13,14 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from registry.assets import (
-    COPY_BLOCK_BYTES,
-    DIRECT_ALIGN,
-    AssetError,
-    Transfer,
-    _PartialFile,
-    pull_blocking,
-)
+from registry.assets.partial import DIRECT_ALIGN, PartialFile
+from registry.assets.pull import Transfer, pull_blocking
+from registry.assets.store import COPY_BLOCK_BYTES, AssetError
 from registry.tests.conftest import Write
 
 # Longer than two copy blocks, so both buffers of the pull take turns.
@@ -78,7 +73,7 @@ def transfer_for(data: bytes) -> Transfer:
 
 
 def pull(url: str, partial: Path, transfer: Transfer, stop: threading.Event | None = None) -> None:
-    writer = _PartialFile.open(partial, transfer.size)
+    writer = PartialFile.open(partial, transfer.size)
     headers = {"Range": f"bytes={writer.offset}-"} if writer.offset else {}
     try:
         pull_blocking(url, headers, 5.0, transfer, writer, stop or threading.Event())

@@ -7,17 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from registry.assets import (
+from registry.assets.partial import PartialFile
+from registry.assets.routes import (
     LOOKUP_MAX_HASHES,
     RANGE_HEADER_MAX_CHARS,
-    AssetError,
-    _PartialFile,
-    asset_path,
-    check_filename,
-    ensure_asset_dir,
     parse_hashes,
     parse_range,
 )
+from registry.assets.store import AssetError, asset_path, check_filename, ensure_asset_dir
 from registry.hashing import config_hash
 from routerproject.errors import RouterError
 
@@ -106,7 +103,7 @@ def test_a_partial_file_resumes_after_re_hashing_what_it_holds(tmp_path: Path) -
     data = bytes(range(256)) * 40
     partial = tmp_path / "m.gguf.partial"
     partial.write_bytes(data[:1000])
-    writer = _PartialFile.open(partial, len(data))
+    writer = PartialFile.open(partial, len(data))
     try:
         assert writer.offset == 1000
         writer.write(data[1000:])
@@ -119,7 +116,7 @@ def test_a_partial_file_resumes_after_re_hashing_what_it_holds(tmp_path: Path) -
 def test_a_partial_file_longer_than_the_asset_starts_over(tmp_path: Path) -> None:
     partial = tmp_path / "m.partial"
     partial.write_bytes(b"x" * 11)
-    writer = _PartialFile.open(partial, 10)
+    writer = PartialFile.open(partial, 10)
     writer.close()
     assert writer.offset == 0 and partial.read_bytes() == b""
 
@@ -129,7 +126,7 @@ def test_a_symlink_in_place_of_the_partial_file_is_not_followed(tmp_path: Path) 
     target.write_bytes(b"keep")
     (tmp_path / "m.partial").symlink_to(target)
     with pytest.raises(OSError):
-        _PartialFile.open(tmp_path / "m.partial", 10)
+        PartialFile.open(tmp_path / "m.partial", 10)
     assert target.read_bytes() == b"keep"
 
 
