@@ -595,11 +595,9 @@ def _endpoint(
     )
 
 
-_masters: dict[int, MasterLending] = {}
-
-
 def get_master(node: ServingNode) -> MasterLending:
-    master = _masters.get(id(node))
+    """The node's own master side, built with the node: it lives and dies with the node."""
+    master = node.master
     if master is None:
-        master = _masters[id(node)] = MasterLending(node)
+        raise RuntimeError(f"node {node.node_id} is a {node.role}: it plans no leases")
     return master

@@ -127,7 +127,8 @@ async def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator
     client = FakeClient()
     assert node.client is not None
     monkeypatch.setattr(node.client, "call_ok", client.call_ok)
-    master = MasterLending(node)
+    master = node.master
+    assert master is not None
     grants: list[Lease] = []
     granted = asyncio.Event()
 

@@ -178,7 +178,8 @@ async def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator
     monkeypatch.setattr(node.decisions, "record", lambda **fields: rows.append(fields))
     # Plans must be the only askers unless a test says otherwise.
     monkeypatch.setattr(master_module, "REPROBE_INTERVAL_SECS", 3600.0)
-    master = MasterLending(node)
+    master = node.master
+    assert master is not None
     try:
         yield Site(node, master, owner, helper, rows)
     finally:
