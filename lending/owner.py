@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-EVENT_TIMEOUT_SECS = 10.0
 # Reason on a `lent` row written when a finished lent request's slot was filled at once.
 REFILLED = "refilled"
 
@@ -339,7 +338,7 @@ class OwnerLending:
                 node.config.cluster.master_url,
                 "/router/v1/node/offload/event",
                 json=body,
-                timeout=EVENT_TIMEOUT_SECS,
+                timeout=node.config.cluster.lending_event_timeout,
             )
         except NodeCallError as exc:
             # The master is down: no answer, so the lease (if any) lapses at its TTL and the

@@ -1,4 +1,6 @@
-"""The master's side of lending belongs to its node: built with it, and collected with it."""
+"""The master's side of lending belongs to its node: built with it, and collected with it.
+
+And an owner asks the master with its own node's `cluster.lending_event_timeout`."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from routerproject.config import load_config
 TOKEN = "cluster-secret-for-master-owner-tests"
 
 
-def node_of(tmp_path: Path, role: str) -> Node:
+def node_of(tmp_path: Path, role: str, **timers: str) -> Node:
     (tmp_path / "kcpps").mkdir(exist_ok=True)
     cluster: dict[str, Any] = {
         "role": role,
@@ -25,6 +27,7 @@ def node_of(tmp_path: Path, role: str) -> Node:
         "token": TOKEN,
         "public_url": "http://127.0.0.1:18994",
         "store_dir": str(tmp_path / "store"),
+        **timers,
     }
     if role == "slave":
         cluster["master_url"] = "http://127.0.0.1:18993"
@@ -75,3 +78,21 @@ def test_a_standalone_node_has_one_for_its_metrics(tmp_path: Path) -> None:
 
     assert get_master(node) is node.master
     assert node.master is not None and node.master.node is node
+
+
+async def test_an_owner_waits_for_the_master_s_answer_as_long_as_its_config_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = node_of(tmp_path, "slave", lending_event_timeout="1.5s")
+    assert node.client is not None
+    asked: list[Any] = []
+
+    async def call_json(method: str, base_url: str, path: str, **kwargs: Any) -> Any:
+        asked.append((path, kwargs.get("timeout")))
+        return 200, {}
+
+    monkeypatch.setattr(node.client, "call_json", call_json)
+
+    assert await node.owner._ask("text", "big", "enqueued") == (None, True)
+    assert asked == [("/router/v1/node/offload/event", 1.5)]
+    await node.client.aclose()
