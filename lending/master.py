@@ -538,8 +538,12 @@ class MasterLending:
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
+            try:
                 await task
+            except asyncio.CancelledError:
+                pass  # what the cancel above asked for
+            except Exception:
+                logger.exception("a lending task of the master failed as it closed")
 
 
 def _settle(waiter: asyncio.Future[Lease | None], task: asyncio.Task[Lease | None]) -> None:

@@ -16,7 +16,6 @@ the head of the queue with its first arrival time and the owner runs it itself.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -361,8 +360,12 @@ class OwnerLending:
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
+            try:
                 await task
+            except asyncio.CancelledError:
+                pass  # what the cancel above asked for
+            except Exception:
+                logger.exception("an offload event report failed as the owner closed")
 
     def snapshot(self) -> list[dict[str, Any]]:
         now = self.node.lending.clock()

@@ -4,6 +4,7 @@ And an owner asks the master with its own node's `cluster.lending_event_timeout`
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import weakref
 from pathlib import Path
@@ -96,3 +97,30 @@ async def test_an_owner_waits_for_the_master_s_answer_as_long_as_its_config_says
     assert await node.owner._ask("text", "big", "enqueued") == (None, True)
     assert asked == [("/router/v1/node/offload/event", 1.5)]
     await node.client.aclose()
+
+
+async def test_a_task_that_fails_as_the_master_closes_is_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    node = node_of(tmp_path, "master")
+    master = get_master(node)
+    started = asyncio.Event()
+
+    async def fails_when_cancelled() -> None:
+        try:
+            started.set()
+            await asyncio.Event().wait()
+        finally:
+            raise RuntimeError("a clean-up bug")
+
+    task = asyncio.ensure_future(fails_when_cancelled())
+    master._tasks.add(task)
+    await started.wait()
+
+    await master.close()
+
+    (record,) = [r for r in caplog.records if r.name == "lending.master" and r.exc_info]
+    assert "failed as it closed" in record.getMessage()
+    assert "a clean-up bug" in caplog.text
+    if node.client is not None:
+        await node.client.aclose()
