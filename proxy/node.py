@@ -1,7 +1,7 @@
 """The router process's node state: catalog, runtimes, cluster registry, analytics recorder.
 
 One instance per router process, created lazily from settings on first use (Daphne has no
-startup hook), and replaced by `reset_for_tests()`. The django-q2 workers never touch it.
+startup hook), and replaced by `set_node()`. The django-q2 workers never touch it.
 """
 
 from __future__ import annotations
@@ -354,7 +354,3 @@ def set_node(node: Node | None) -> None:
     """Install a node built elsewhere (tests, or runrouter with its persisted state)."""
     global _node
     _node = node
-
-
-def reset_for_tests() -> None:
-    set_node(None)
