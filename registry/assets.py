@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import dataclasses
 import errno
 import fcntl
@@ -723,8 +722,11 @@ class AssetService:
         except asyncio.CancelledError:
             # The partial file is closed by the caller: the thread must be done with it first.
             stop.set()
-            with contextlib.suppress(Exception):
+            try:
                 await pull
+            except Exception as exc:
+                # Abandoned anyway; what the thread ended on still says why, in the log.
+                logger.info("cancelled transfer from %s ended with %r", transfer.node_url, exc)
             raise
 
     async def _take_body(self, transfer: Transfer, writer: _PartialFile, response: Any) -> None:
@@ -1227,16 +1229,6 @@ def _find_named(roots: list[Path], filename: str) -> list[Path]:
                 except OSError:
                     continue
     return found
-
-
-def portable_fields_of(raw: Mapping[str, Any]) -> list[str]:
-    """Path fields of a config given in portable form."""
-    return [
-        name
-        for name in sorted(PATH_FIELDS)
-        if raw.get(name + PORTABLE_HASH_SUFFIX) is not None
-        or raw.get(name + PORTABLE_FILENAME_SUFFIX) is not None
-    ]
 
 
 # -- the routes' work (site routes on a master or standalone; node routes on every node) ------
