@@ -230,11 +230,9 @@ class Relay:
         if self.client_gone or self.close_sent:
             return
         if not self.accepted:
-            await self._refuse(
-                RouterError(
-                    500, "the realtime relay failed; see the router's log", type="server_error"
-                )
-            )
+            message = "the realtime relay failed; see the router's log"
+            failure = RouterError(500, message, type="server_error")
+            await self._refuse(failure)
             return
         self.close_sent = True
         await self.send({"type": "websocket.close", "code": INTERNAL_ERROR})
