@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import random
+import select
 import shutil
 import signal
 import subprocess
@@ -97,7 +98,50 @@ def start(config: Path, log: Path) -> subprocess.Popen[bytes]:
         )
 
 
-def wait_ready(procs: dict[str, subprocess.Popen[bytes]], logs: dict[str, Path]) -> None:
+class Stopped(Exception):
+    """SIGINT or SIGTERM arrived while the demo was still starting."""
+
+
+class StopSignals:
+    """SIGINT (Ctrl-C) and SIGTERM ask the demo to stop; every wait of the demo watches this.
+
+    Installed explicitly rather than left to Python's KeyboardInterrupt: a process started in
+    the background of a non-interactive shell inherits SIGINT ignored, and Python then installs
+    no handler of its own, so Ctrl-C sent to such a demo would leave its nodes running. The
+    handler raises nothing either: an exception between starting a node and recording it would
+    leave that node behind.
+    """
+
+    def __init__(self) -> None:
+        self.requested = False
+        # A pipe, not a threading.Event: a handler that took the Event's lock while the
+        # interrupted main thread held it would wait forever.
+        self._wake_read, self._wake_write = os.pipe()
+        os.set_blocking(self._wake_write, False)
+
+    def install(self) -> None:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self.requested = True
+        try:
+            os.write(self._wake_write, b"x")
+        except BlockingIOError:
+            pass  # the pipe is full of earlier wake-ups: the waiter wakes all the same
+
+    def pause(self, secs: float) -> None:
+        """Wait `secs` between two looks at a condition, or raise Stopped when asked to stop."""
+        if not self.requested:
+            # A signal that lands before the select has already written to the pipe.
+            select.select([self._wake_read], [], [], secs)
+        if self.requested:
+            raise Stopped
+
+
+def wait_ready(
+    procs: dict[str, subprocess.Popen[bytes]], logs: dict[str, Path], stop: StopSignals
+) -> None:
     deadline = time.monotonic() + 120
     pending = set(procs)
     while pending:
@@ -107,10 +151,11 @@ def wait_ready(procs: dict[str, subprocess.Popen[bytes]], logs: dict[str, Path])
                 pending.discard(name)
             elif procs[name].poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"demo: node {name} did not start:\n{text[-3000:]}")
-        time.sleep(0.2)
+        if pending:
+            stop.pause(0.2)
 
 
-def setup_cluster(master: str) -> None:
+def setup_cluster(master: str, stop: StopSignals) -> None:
     with httpx.Client(base_url=master, timeout=30) as client:
         # The master sees both slaves before it links their models.
         deadline = time.monotonic() + 60
@@ -120,7 +165,7 @@ def setup_cluster(master: str) -> None:
                 break
             if time.monotonic() > deadline:
                 raise SystemExit(f"demo: the slaves did not join: {nodes}")
-            time.sleep(0.3)
+            stop.pause(0.3)
         settings = client.post("/router/v1/site/offload/settings", json={"values": SETTINGS})
         settings.raise_for_status()
         link = {
@@ -168,9 +213,23 @@ def traffic(master: str, stop: threading.Event, seed: int) -> None:
         stop.wait(rng.uniform(2.0, 5.0))
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    # SIGTERM stops the demo as Ctrl-C does.
-    raise KeyboardInterrupt
+def stop_nodes(procs: dict[str, subprocess.Popen[bytes]]) -> None:
+    """SIGTERM to every node (each stops its backends), then wait for all of them; a node still
+    running after 30 s is killed with its whole process group."""
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    for name, proc in procs.items():
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            print(f"demo: node {name} ignored SIGTERM; killing it", file=sys.stderr, flush=True)
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass  # it exited between the wait and the kill
+            proc.wait()
 
 
 def main() -> int:
@@ -186,17 +245,26 @@ def main() -> int:
     configs = {name: write_node(root, name, port, ports) for name, port in ports.items()}
     logs = {name: root / f"{name}.log" for name in ports}
     procs: dict[str, subprocess.Popen[bytes]] = {}
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, _interrupt)
+    stop = StopSignals()
+    stop.install()
+    traffic_stop = threading.Event()
+
+    def launch(name: str) -> None:
+        procs[name] = start(configs[name], logs[name])
+        # Each pid as soon as it exists, so that whoever stops the demo knows every node.
+        print(f"demo: started {name} pid={procs[name].pid}", flush=True)
+
     try:
-        procs["master"] = start(configs["master"], logs["master"])
-        wait_ready({"master": procs["master"]}, logs)
+        launch("master")
+        wait_ready({"master": procs["master"]}, logs, stop)
         for name in ("gpu-a", "gpu-b"):
-            procs[name] = start(configs[name], logs[name])
-        wait_ready(procs, logs)
+            launch(name)
+        wait_ready(procs, logs, stop)
         master = f"http://127.0.0.1:{ports['master']}"
-        setup_cluster(master)
-        threading.Thread(target=traffic, args=(master, stop, args.seed), daemon=True).start()
+        setup_cluster(master, stop)
+        threading.Thread(
+            target=traffic, args=(master, traffic_stop, args.seed), daemon=True
+        ).start()
         print(
             f"demo: master {master} with slaves gpu-a (:{ports['gpu-a']}) and gpu-b "
             f"(:{ports['gpu-b']}); gpu-a/chat lends to gpu-b/chat-fast, traffic is running.\n"
@@ -205,23 +273,16 @@ def main() -> int:
             "demo: node pids: " + " ".join(f"{n}={p.pid}" for n, p in procs.items()),
             flush=True,
         )
+        # Until a signal asks it to stop, or a node exits on its own.
         while all(p.poll() is None for p in procs.values()):
-            time.sleep(0.5)
+            stop.pause(0.5)
         print("demo: a node exited; stopping the rest", file=sys.stderr, flush=True)
         return 1
-    except KeyboardInterrupt:
+    except Stopped:
         return 0
     finally:
-        stop.set()
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in procs.values():
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        traffic_stop.set()
+        stop_nodes(procs)
         if not args.keep and args.dir is None:
             shutil.rmtree(root, ignore_errors=True)
         print("demo: stopped", flush=True)

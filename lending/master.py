@@ -45,15 +45,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# A node answers runtime status from its event loop without any I/O, in milliseconds over
-# loopback or a LAN. Every plan waits for its slowest poll, and a plan sits on an owner's request
-# path, so a node that takes longer than this is treated as not answering, not waited for.
-STATUS_TIMEOUT_SECS = 0.5
-# A silent node is asked again in the background, never by a plan. The wait is long because a
-# stopped process answers nothing until it resumes, and then at once: a short one would only
-# reconnect more often.
-REPROBE_TIMEOUT_SECS = 10.0
-REPROBE_INTERVAL_SECS = 1.0
+# The stall loop never wakes more often than this, however short the stall timeout: a loop
+# that woke at once would take the event loop from the requests it watches.
+STALL_CHECK_FLOOR_SECS = 0.05
 
 
 class RelayRefused(Exception):
@@ -191,11 +185,14 @@ class MasterLending:
         client = node.client
         if client is None:
             return statuses
+        # A node answers runtime status from its event loop without any I/O, in milliseconds
+        # over loopback or a LAN; every plan waits for its slowest poll.
+        timeout = node.config.cluster.lending_status_timeout
 
         async def one(node_id: str, url: str) -> tuple[str, Any]:
             try:
                 doc = await client.call_ok(
-                    "GET", url, "/router/v1/node/runtime-status", timeout=STATUS_TIMEOUT_SECS
+                    "GET", url, "/router/v1/node/runtime-status", timeout=timeout
                 )
             except NodeCallError as exc:
                 return node_id, exc
@@ -254,8 +251,11 @@ class MasterLending:
 
     async def _reprobe(self, node_id: str) -> None:
         node = self.node
+        timers = node.config.cluster
         while node_id in self.silent:
-            await asyncio.sleep(REPROBE_INTERVAL_SECS)
+            # Spaced out: a node whose port refuses fails at once, and would be asked in a
+            # tight loop.
+            await asyncio.sleep(timers.lending_reprobe_interval)
             remote = node.cluster.nodes.get(node_id)
             if remote is None or node.client is None:
                 self.silent.discard(node_id)  # gone from the cluster: nothing left to skip
@@ -265,7 +265,7 @@ class MasterLending:
                     "GET",
                     remote.node_url,
                     "/router/v1/node/runtime-status",
-                    timeout=REPROBE_TIMEOUT_SECS,
+                    timeout=timers.lending_reprobe_timeout,
                 )
             except NodeCallError:
                 continue
@@ -509,7 +509,8 @@ class MasterLending:
     async def _stall_loop(self) -> None:
         while any(self.relays.values()):
             timeout = self.node.lending.settings.lent_stall_timeout_secs
-            await asyncio.sleep(max(0.05, min(timeout / 4, 5.0)))
+            every = min(timeout / 4, self.node.config.cluster.lending_stall_check_interval)
+            await asyncio.sleep(max(STALL_CHECK_FLOOR_SECS, every))
             now = time.monotonic()
             for helper, tasks in list(self.relays.items()):
                 if tasks and now - self.relay_changed.get(helper, now) >= timeout:
@@ -525,7 +526,7 @@ class MasterLending:
                 "GET",
                 remote.node_url,
                 "/router/v1/node/offload/borrowed",
-                timeout=STATUS_TIMEOUT_SECS,
+                timeout=node.config.cluster.lending_status_timeout,
             )
         except NodeCallError as exc:
             if exc.kind in ("timeout", "transport"):
@@ -554,8 +555,12 @@ class MasterLending:
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
+            try:
                 await task
+            except asyncio.CancelledError:
+                pass  # what the cancel above asked for
+            except Exception:
+                logger.exception("a lending task of the master failed as it closed")
 
 
 def _settle(waiter: asyncio.Future[Lease | None], task: asyncio.Task[Lease | None]) -> None:
@@ -612,11 +617,9 @@ def _endpoint(
     )
 
 
-_masters: dict[int, MasterLending] = {}
-
-
 def get_master(node: ServingNode) -> MasterLending:
-    master = _masters.get(id(node))
+    """The node's own master side, built with the node: it lives and dies with the node."""
+    master = node.master
     if master is None:
-        master = _masters[id(node)] = MasterLending(node)
+        raise RuntimeError(f"node {node.node_id} is a {node.role}: it plans no leases")
     return master

@@ -16,7 +16,6 @@ the head of the queue with its first arrival time and the owner runs it itself.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,7 +30,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-EVENT_TIMEOUT_SECS = 10.0
 # Reason on a `lent` row written when a finished lent request's slot was filled at once.
 REFILLED = "refilled"
 
@@ -339,7 +337,7 @@ class OwnerLending:
                 node.config.cluster.master_url,
                 "/router/v1/node/offload/event",
                 json=body,
-                timeout=EVENT_TIMEOUT_SECS,
+                timeout=node.config.cluster.lending_event_timeout,
             )
         except NodeCallError as exc:
             # The master is down: no answer, so the lease (if any) lapses at its TTL and the
@@ -362,8 +360,12 @@ class OwnerLending:
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
+            try:
                 await task
+            except asyncio.CancelledError:
+                pass  # what the cancel above asked for
+            except Exception:
+                logger.exception("an offload event report failed as the owner closed")
 
     def snapshot(self) -> list[dict[str, Any]]:
         now = self.node.lending.clock()

@@ -18,6 +18,7 @@ from registry.ports import ClusterMember
 from routerproject import node_slot
 
 if TYPE_CHECKING:
+    from lending.master import MasterLending
     from lending.owner import OwnerLending
     from lending.restore import Restorer
 
@@ -62,6 +63,12 @@ class ServingNode(LendingNode, Protocol):
 
     @property
     def restore(self) -> Restorer: ...
+
+    @property
+    def master(self) -> MasterLending | None:
+        """The master's side of lending, built with the node; None on a slave, which plans
+        nothing."""
+        ...
 
     @property
     def runtimes(self) -> LendingRuntimes: ...

@@ -14,6 +14,7 @@ transport (TLS, a test transport) gets Twisted's own `FileSender`.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from typing import Any, BinaryIO
 
@@ -22,6 +23,8 @@ from twisted.internet.error import ConnectionDone
 from twisted.internet.tcp import Connection
 from twisted.protocols.basic import FileSender
 from twisted.web.http import NO_BODY_CODES
+
+logger = logging.getLogger(__name__)
 
 EXTENSION = "http.response.pathsend"
 # Blocks read per producer turn: large enough that the per-block cost is noise next to the copy.
@@ -182,8 +185,6 @@ def advertise(scope: dict[str, Any]) -> None:
 
 async def send_path(request: Any, message: dict[str, Any]) -> None:
     """Send `message["path"]` (from `offset`, `length` bytes) as the body and finish."""
-    from twisted.internet import reactor
-
     offset = int(message.get("offset", 0))
     fd = os.open(message["path"], os.O_RDONLY | os.O_NOFOLLOW)
     with os.fdopen(fd, "rb", buffering=0) as handle:
@@ -193,6 +194,8 @@ async def send_path(request: Any, message: dict[str, Any]) -> None:
         transport = _tcp_transport(request)
         framed = not request.chunked and request.method != b"HEAD"
         if transport is not None and framed and request.code not in NO_BODY_CODES:
+            from twisted.internet import reactor
+
             sender = SpanSender(request, transport, handle.fileno(), offset, length, reactor)
             sender.start()
             deferred = sender.deferred
@@ -201,7 +204,12 @@ async def send_path(request: Any, message: dict[str, Any]) -> None:
             deferred = _BlockSender().beginFileTransfer(_Span(handle, length), request)
         try:
             await deferred.asFuture(asyncio.get_running_loop())
-        except Exception:
-            # The peer went away (the transport stopped the producer): nothing more to send.
+        except Exception as exc:
+            # The peer went away (the transport stopped the producer), or the file ended short
+            # (the connection was dropped): either way nothing more can be sent, and a body
+            # cut short must not be finished as if whole.
+            logger.warning(
+                "sending %s (%d bytes from %d) stopped: %s", message["path"], length, offset, exc
+            )
             return
     request.finish()

@@ -188,10 +188,6 @@ class Gate:
 
     # -- browsers ------------------------------------------------------------------------------
 
-    def browser_refusal(self, method: str, path: str, header: HeaderLookup) -> Refusal | None:
-        """Host, content-type and origin rules for what a browser reaches; `None` elsewhere."""
-        return self.host_refusal(path, header) or self.write_refusal(method, path, header)
-
     def host_refusal(self, path: str, header: HeaderLookup) -> Refusal | None:
         """`server.allowed_hosts`, for what a browser reaches (not inference or node routes)."""
         if (

@@ -1,7 +1,7 @@
 """The router process's node state: catalog, runtimes, cluster registry, analytics recorder.
 
 One instance per router process, created lazily from settings on first use (Daphne has no
-startup hook), and replaced by `reset_for_tests()`. The django-q2 workers never touch it.
+startup hook), and replaced by `set_node()`. The django-q2 workers never touch it.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from guardians.store import Guardians
 from lending.decisions import DecisionLog
 from lending.flow import RequestLending
 from lending.hold import HoldPolicy
+from lending.master import MasterLending
 from lending.owner import OwnerLending
 from lending.restore import Restorer
 from lending.runtime import Lending
@@ -64,6 +65,9 @@ class Node:
     decisions: DecisionLog = field(init=False)
     owner: OwnerLending = field(init=False)
     restore: Restorer = field(init=False)
+    master: MasterLending | None = None
+    """The master's side of lending (lending/master.py); None on a slave. Held here, not in a
+    registry of its own, so that it goes when the node goes."""
     lending_gate: RequestLending = field(init=False)
     """What the request path asks lending, once per request (lending/flow.py)."""
     client: NodeClient | None = None
@@ -287,6 +291,9 @@ def build_node(
     node.lending.hold_policy = lambda lane: HoldPolicy(node, lane)
     node.lending.lease_live = lambda lane, model_id: node.owner.live(lane, model_id) is not None
     node.restore = Restorer(node)
+    if c.role != "slave":
+        # A standalone node has one too: its metrics show the cluster families, empty.
+        node.master = MasterLending(node)
     node.lending_gate = RequestLending(node)
     node.decisions = DecisionLog(
         node_id=c.node_id,
@@ -347,7 +354,3 @@ def set_node(node: Node | None) -> None:
     """Install a node built elsewhere (tests, or runrouter with its persisted state)."""
     global _node
     _node = node
-
-
-def reset_for_tests() -> None:
-    set_node(None)

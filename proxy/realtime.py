@@ -40,8 +40,9 @@ from proxy.voicefamily import REALTIME_PATH
 from registry.cluster import Replica
 from registry.httpclient import get_session
 from registry.kcpps import Lane
+from registry.nodeclient import NodeCallError
 from registry.routing import Kind, lane_of, resolve
-from routerproject.errors import RouterError
+from routerproject.errors import BackendError, RouterError
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +58,8 @@ _SENDABLE = frozenset({1000, 1001, 1002, 1003, *range(1007, 1015)}) | frozenset(
 NO_CLOSE_FRAME = 1005
 GOING_AWAY = 1001
 INTERNAL_ERROR = 1011
+# What the network or the peer's protocol can throw at a relay: the session ends, no bug.
+NETWORK_ERRORS = (aiohttp.ClientError, OSError, TimeoutError)
 
 
 def sendable(code: int | None, *, fallback: int = GOING_AWAY) -> int:
@@ -169,6 +172,7 @@ class Relay:
         self.from_node = from_node
         self.query = parse_qsl(scope.get("query_string", b"").decode("latin-1"))
         self.client_gone = False
+        self.accepted = False
         self.close_sent = False
         self.offered = [
             p for p in scope.get("subprotocols", ()) if not p.startswith(KEY_PREFIX_TEXT)
@@ -195,9 +199,15 @@ class Relay:
                 await self.send(
                     {"type": "websocket.accept", "subprotocol": backend.protocol or None}
                 )
+                self.accepted = True
                 await self._pump(backend, session)
         except RouterError as err:
             await self._refuse(err)
+        except Exception:
+            # Not the network nor the backend refusing (those are RouterErrors by now): a bug,
+            # kept with its traceback rather than passed off as a 502.
+            logger.exception("realtime session for %s on %s failed", model, replica.node_id)
+            await self._fail()
         finally:
             logger.info(
                 "realtime session for %s on %s ended after %.1fs",
@@ -208,10 +218,24 @@ class Relay:
 
     async def _refuse(self, err: RouterError) -> None:
         await self.send({"type": "websocket.accept"})
+        self.accepted = True
         event = {"type": "error", "error": err.envelope()["error"]}
         await self.send({"type": "websocket.send", "text": orjson.dumps(event).decode()})
         code = ERROR_CLOSE_BASE + err.status if 400 <= err.status < 600 else INTERNAL_ERROR
+        self.close_sent = True
         await self.send({"type": "websocket.close", "code": code, "reason": err.message[:120]})
+
+    async def _fail(self) -> None:
+        """The one answer to a session that failed on a bug, wherever it had got to."""
+        if self.client_gone or self.close_sent:
+            return
+        if not self.accepted:
+            message = "the realtime relay failed; see the router's log"
+            failure = RouterError(500, message, type="server_error")
+            await self._refuse(failure)
+            return
+        self.close_sent = True
+        await self.send({"type": "websocket.close", "code": INTERNAL_ERROR})
 
     def _backend_query(self, served_id: str) -> str:
         rest = [(key, value) for key, value in self.query if key != "model"]
@@ -245,7 +269,7 @@ class Relay:
         runtime = node.runtimes.runtime_for(cfg, lane)
         try:
             launch = await runtime.acquire(cfg)
-        except Exception as exc:
+        except BackendError as exc:
             raise RouterError(
                 502, f"backend for model {public_id!r} failed: {exc}", type="backend_error"
             ) from exc
@@ -269,7 +293,7 @@ class Relay:
             url = client.checked_url(
                 replica.node_url, NODE_REALTIME_PATH + "?" + self._backend_query(replica.local_id)
             )
-        except Exception as exc:
+        except NodeCallError as exc:
             raise RouterError(
                 502, f"node {replica.node_id!r} cannot be reached: {exc}", type="backend_error"
             ) from exc
@@ -300,7 +324,7 @@ class Relay:
                 f"the backend for {public_id!r} refused the WebSocket: HTTP {exc.status}",
                 type="backend_error",
             ) from exc
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        except NETWORK_ERRORS as exc:
             raise RouterError(
                 502,
                 f"the backend for {public_id!r} cannot be reached: {type(exc).__name__}: {exc}",
@@ -312,8 +336,10 @@ class Relay:
             if not backend.closed:
                 # A session that ended on the client's side (or on an error) closes the
                 # backend's socket now, not when the backend next writes.
-                with contextlib.suppress(Exception):
+                try:
                     await backend.close(code=GOING_AWAY)
+                except NETWORK_ERRORS as exc:
+                    logger.info("closing the backend socket of %s failed: %s", public_id, exc)
 
     async def _pump(self, backend: aiohttp.ClientWebSocketResponse, session: Session) -> None:
         up = asyncio.ensure_future(self._client_to_backend(backend, session))
@@ -328,11 +354,18 @@ class Relay:
         finally:
             for task in (up, down):
                 task.cancel()
-            for task in (up, down):
-                with contextlib.suppress(asyncio.CancelledError, Exception):
+            for task, side in ((up, "client to backend"), (down, "backend to client")):
+                try:
                     await task
+                except asyncio.CancelledError:
+                    pass  # cancelled just above: the other side had ended the session
+                except NETWORK_ERRORS as exc:
+                    logger.info("realtime relay of %s, %s, ended: %s", session.public_id, side, exc)
+                except Exception:
+                    logger.exception("realtime relay of %s, %s, failed", session.public_id, side)
             if not self.client_gone and not self.close_sent:
                 # The relay failed under the session: the client is told, not left hanging.
+                self.close_sent = True
                 await self.send({"type": "websocket.close", "code": INTERNAL_ERROR})
 
     async def _client_to_backend(

@@ -58,7 +58,9 @@ LoadListener = Callable[[LoadEvent], None]
 
 def _set_pdeathsig() -> None:
     # If the router dies without cleaning up (SIGKILL), the kernel still stops its backends.
-    with contextlib.suppress(Exception):
+    # Runs in the forked child before exec, where logging could wait forever on a lock another
+    # thread held at the fork: a libc without prctl just starts the backend without the guard.
+    with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
@@ -499,8 +501,12 @@ class Runtime:
         self._waiters.clear()
         if self._switch_task is not None and not self._switch_task.done():
             self._switch_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
+            try:
                 await self._switch_task
+            except asyncio.CancelledError:
+                pass  # what the cancel above asked for
+            except Exception:
+                logger.exception("the %s runtime's model switch failed as it closed", self.lane)
         await self._stop_process()
         self.state = "stopped"
 

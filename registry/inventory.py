@@ -256,11 +256,6 @@ def hardware_probe() -> HardwareProbe:
     return _probe
 
 
-def reset_for_tests(probe: HardwareProbe | None = None) -> None:
-    global _probe
-    _probe = probe
-
-
 # -- files below the roots -----------------------------------------------------------------
 
 

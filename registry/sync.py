@@ -206,5 +206,9 @@ class ClusterSync:
         for task in list(self.tasks):
             task.cancel()
         for task in list(self.tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
+            try:
                 await task
+            except asyncio.CancelledError:
+                pass  # what the cancel above asked for
+            except Exception:
+                logger.exception("a cluster sync task failed as it stopped")

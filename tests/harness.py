@@ -245,7 +245,15 @@ def write_models(config_dir: Path, weights_dir: Path, models: list[ModelSpec]) -
 def node_config(store: Path, port: int, **sections: dict[str, Any]) -> dict[str, Any]:
     config: dict[str, Any] = {
         "server": {"bind": f"127.0.0.1:{port}"},
-        "cluster": {"store_dir": str(store)},
+        "cluster": {
+            "store_dir": str(store),
+            # A silent node is asked again soon, so tests that wait for it to answer again do
+            # not wait out the production pace. The status poll keeps its 500ms: shorter, a
+            # node busy on a loaded test machine would look silent.
+            "lending_reprobe_interval": "100ms",
+            "lending_reprobe_timeout": "2s",
+            "lending_stall_check_interval": "250ms",
+        },
         "models": {"config_dir": str(store / "kcpps")},
         "backend": {"mode": "sim", "load_timeout": "30s"},
     }

@@ -140,32 +140,64 @@ def test_the_master_forwards_and_rewrites_ids_both_ways(cluster: Cluster) -> Non
         assert resp.json()["model"] == "clash-2" and len(resp.json()["embeddings"]) == 2
 
 
+def served_by(c: Cluster, ids: list[str]) -> list[str]:
+    """The node whose backend answered each request (by X-Request-Id), from every node's own
+    analytics table; waits for the rows each recorder writes a moment after the answer."""
+    nodes = {"master": c.master, **c.slaves}
+
+    def where() -> dict[str, str] | None:
+        found = {
+            request_id: name
+            for name, node in nodes.items()
+            for (request_id,) in node.query("SELECT request_id FROM analytics_requests")
+            if request_id in ids
+        }
+        return found if len(found) == len(ids) else None
+
+    found = wait_for(where, timeout=20, interval=0.2)
+    return [found[i] for i in ids]
+
+
+def master_runtime_active(c: Cluster) -> int:
+    with c.master.client() as client:
+        state = client.get("/router/v1/site/nodes/state").json()
+    return int(state["active_requests"].count("twin"))
+
+
 def test_replicas_rotate_idle_local_first(cluster: Cluster) -> None:
-    with cluster.master.client() as client:
-        for _ in range(4):
-            assert client.post("/v1/chat/completions", json=chat("twin")).status_code == 200
-    local = [r for r in analytics(cluster.master) if r["model_id"] == "twin"]
-    # Sequential requests find the local replica idle every time.
-    assert len(local) >= 4
-
-    results: list[int] = []
-
-    def call() -> None:
-        with cluster.master.client() as c:
-            results.append(
-                c.post("/v1/chat/completions", json=chat("twin", max_tokens=50)).status_code
+    def ask(request_id: str, max_tokens: int = 3) -> int:
+        with cluster.master.client() as client:
+            resp = client.post(
+                "/v1/chat/completions",
+                json=chat("twin", max_tokens=max_tokens),
+                headers={"X-Request-Id": request_id},
             )
+        return resp.status_code
 
-    threads = [threading.Thread(target=call) for _ in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert results == [200] * 6
-    with cluster.master.client() as c:
-        for name in ("s1", "s2"):
-            state = c.get("/router/v1/site/nodes/state", params={"node_id": name}).json()
-            assert state["node_id"] == name
+    # Sequential requests find the local replica idle every time.
+    idle = [f"rotate-idle-{i}" for i in range(4)]
+    assert [ask(i) for i in idle] == [200] * 4
+    assert served_by(cluster, idle) == ["master"] * 4
+
+    # With the local replica busy, the replicas of the other nodes take turns.
+    held: list[int] = []
+    hold = threading.Thread(target=lambda: held.append(ask("rotate-hold", max_tokens=4000)))
+    hold.start()
+    try:
+        wait_for(lambda: master_runtime_active(cluster) == 1, timeout=20)
+        busy = [f"rotate-busy-{i}" for i in range(4)]
+        assert [ask(i) for i in busy] == [200] * 4
+        assert master_runtime_active(cluster) == 1, "the held request ended too soon"
+    finally:
+        hold.join(60)
+    assert held == [200]
+    first, second = served_by(cluster, busy[:2])
+    assert {first, second} == {"s1", "s2"}
+    assert served_by(cluster, busy) == [first, second, first, second]
+
+    # Idle again, the local replica is first again.
+    assert ask("rotate-idle-again") == 200
+    assert served_by(cluster, ["rotate-idle-again"]) == ["master"]
 
 
 def test_explicit_load_is_routed_to_the_owning_node(cluster: Cluster) -> None:

@@ -127,7 +127,8 @@ async def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator
     client = FakeClient()
     assert node.client is not None
     monkeypatch.setattr(node.client, "call_ok", client.call_ok)
-    master = MasterLending(node)
+    master = node.master
+    assert master is not None
     grants: list[Lease] = []
     granted = asyncio.Event()
 
@@ -426,3 +427,19 @@ async def test_the_helper_is_asked_only_after_its_lent_requests_show_no_change_f
     await asyncio.wait_for(site.client.stall_asked.wait(), WAIT_SECS)
     assert site.client.asked == ["h"]
     assert await outcome(first) == "returned"
+
+
+async def test_a_long_stall_timeout_is_still_checked_every_stall_check_interval(
+    site: Site, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    site.node.lending.apply_settings({"offload_lent_stall_timeout": "1h"}, source="test")
+    config = site.node.config
+    cluster = config.cluster.model_copy(update={"lending_stall_check_interval": 0.01})
+    monkeypatch.setattr(site.node, "config", config.model_copy(update={"cluster": cluster}))
+    (lent,) = relays(site, "h", 1)
+    site.master._relay_begin("h", lent)
+
+    # At a quarter of the hour (or the 5s default) three turns would outlast WAIT_SECS.
+    await wait_loop_turns(site, 3)
+
+    assert site.client.asked == []

@@ -18,8 +18,7 @@ import pytest
 import yaml
 from aiohttp import web
 
-from lending import master as master_module
-from lending.master import STATUS_TIMEOUT_SECS, MasterLending, RelayRefused
+from lending.master import MasterLending, RelayRefused
 from lending.planner import Lease
 from proxy.node import Node, build_node
 from registry.httpclient import close_session
@@ -27,6 +26,7 @@ from routerproject.config import load_config
 
 TOKEN = "cluster-secret-for-master-tests"
 WAIT_SECS = 10.0
+STATUS_TIMEOUT = "300ms"
 NO_COSTS: dict[str, list[Any]] = {"models": [], "loads": [], "tokens": []}
 
 
@@ -156,6 +156,9 @@ async def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator
                     "public_url": "http://127.0.0.1:18995",
                     "slave_urls": [owner.url, helper.url],
                     "store_dir": str(tmp_path / "store"),
+                    "lending_status_timeout": STATUS_TIMEOUT,
+                    # Plans must be the only askers unless a test says otherwise.
+                    "lending_reprobe_interval": "1h",
                 },
                 "models": {"config_dir": str(tmp_path / "kcpps")},
                 "backend": {"mode": "sim"},
@@ -176,9 +179,8 @@ async def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator
     node.lending.set_links({"text": [link], "image": []})
     rows: list[dict[str, Any]] = []
     monkeypatch.setattr(node.decisions, "record", lambda **fields: rows.append(fields))
-    # Plans must be the only askers unless a test says otherwise.
-    monkeypatch.setattr(master_module, "REPROBE_INTERVAL_SECS", 3600.0)
-    master = MasterLending(node)
+    master = node.master
+    assert master is not None
     try:
         yield Site(node, master, owner, helper, rows)
     finally:
@@ -290,7 +292,7 @@ async def test_plans_poll_with_the_short_timeout_and_skip_a_silent_node_until_it
     await site.master.plan("tick")
 
     helper_polls = [timeout for url, timeout in polls if url == site.helper.url]
-    assert helper_polls == [0.5] == [STATUS_TIMEOUT_SECS]
+    assert helper_polls == [0.3] == [site.node.config.cluster.lending_status_timeout]
     assert [url for url, _ in polls].count(site.owner.url) == 3
     assert plan_rows_naming(site, "h") == []
 
@@ -307,7 +309,9 @@ async def test_plans_poll_with_the_short_timeout_and_skip_a_silent_node_until_it
 async def test_a_silent_node_is_probed_in_the_background_and_planned_once_it_answers(
     site: Site, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(master_module, "REPROBE_INTERVAL_SECS", 0.01)
+    config = site.node.config
+    cluster = config.cluster.model_copy(update={"lending_reprobe_interval": 0.01})
+    monkeypatch.setattr(site.node, "config", config.model_copy(update={"cluster": cluster}))
     answered = asyncio.Event()
     node_answers = site.master.node_answers
 

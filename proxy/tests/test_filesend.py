@@ -3,6 +3,8 @@ buffers and pauses as Twisted's does, time from a Twisted `Clock`."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -241,3 +243,41 @@ def test_a_plain_tcp_transport_of_twisted_gets_sendfile(
 
     assert filesend._tcp_transport(Req()) is server
     assert filesend._transport_idle(server)
+
+
+class StoppingRequest:
+    """A request on a transport sendfile cannot use, whose peer stops reading at once."""
+
+    chunked = False
+    method = b"GET"
+    code = 200
+    channel = None
+
+    def __init__(self) -> None:
+        self.finished = False
+
+    def write(self, data: bytes) -> None:
+        pass
+
+    def registerProducer(self, producer: Any, streaming: bool) -> None:
+        producer.stopProducing()
+
+    def unregisterProducer(self) -> None:
+        pass
+
+    def finish(self) -> None:
+        self.finished = True
+
+
+async def test_a_send_the_peer_stops_is_logged_and_not_finished(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "asset.bin"
+    path.write_bytes(DATA)
+    request = StoppingRequest()
+
+    with caplog.at_level(logging.WARNING, logger="proxy.filesend"):
+        await asyncio.wait_for(filesend.send_path(request, {"path": str(path)}), 5)
+
+    assert not request.finished
+    assert f"sending {path} ({len(DATA)} bytes from 0) stopped" in caplog.text

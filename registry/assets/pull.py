@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import http.client
 import itertools
+import logging
 import mmap
 import os
 import stat
@@ -36,6 +36,8 @@ from registry.hashing import FileHasher
 from registry.hforigin import SOURCE_HF, HfOrigin, OriginMismatch
 from registry.nodeclient import NodeCallError, normalize_base_url
 from registry.ports import ClusterMember
+
+logger = logging.getLogger(__name__)
 
 STREAM_PREFIX = "/router/v1/node/assets/"
 # The largest asset a peer may announce; a size beyond it is refused before any byte moves.
@@ -217,8 +219,11 @@ class Puller:
         except asyncio.CancelledError:
             # The partial file is closed by the caller: the thread must be done with it first.
             stop.set()
-            with contextlib.suppress(Exception):
+            try:
                 await pull
+            except Exception as exc:
+                # Abandoned anyway; what the thread ended on still says why, in the log.
+                logger.info("cancelled transfer from %s ended with %r", transfer.node_url, exc)
             raise
 
     async def _take_body(self, transfer: Transfer, writer: PartialFile, response: Any) -> None:

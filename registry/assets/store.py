@@ -9,18 +9,16 @@ from __future__ import annotations
 import os
 import stat
 import tempfile
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from registry.hashing import (
     PATH_FIELDS,
-    PORTABLE_HASH_SUFFIX,
     is_sha256_hex,
     resolve_model_path,
 )
-from registry.kcpps import PORTABLE_FILENAME_SUFFIX, ModelConfig, is_safe_filename
+from registry.kcpps import ModelConfig, is_safe_filename
 from routerproject.errors import RouterError
 
 SOURCE_LOCAL = "local_sha256"
@@ -187,16 +185,6 @@ def find_named(roots: list[Path], filename: str) -> list[Path]:
                 except OSError:
                     continue
     return found
-
-
-def portable_fields_of(raw: Mapping[str, Any]) -> list[str]:
-    """Path fields of a config given in portable form."""
-    return [
-        name
-        for name in sorted(PATH_FIELDS)
-        if raw.get(name + PORTABLE_HASH_SUFFIX) is not None
-        or raw.get(name + PORTABLE_FILENAME_SUFFIX) is not None
-    ]
 
 
 def write_atomically(path: Path, data: bytes) -> None:

@@ -220,6 +220,20 @@ class ClusterConfig(_Section):
     (registry/affinity.py); off keeps the plain rotation of replicas."""
     routing_affinity_entries: Annotated[StrictInt, Field(ge=1)] = 10000
     routing_affinity_ttl: PositiveDuration = _yaml_default("10m")
+    # The lending timers of this node (not lending settings: the master pushes none of them).
+    lending_status_timeout: PositiveDuration = _yaml_default("500ms")
+    """How long a plan waits for a node's runtime status, and the stall check for its answer:
+    a plan sits on an owner's request path, so a slower node is treated as not answering."""
+    lending_reprobe_interval: PositiveDuration = _yaml_default("1s")
+    """How often the master asks a silent node again in the background."""
+    lending_reprobe_timeout: PositiveDuration = _yaml_default("10s")
+    """How long one background re-probe waits: a stopped process answers nothing until it
+    resumes, and then at once, so a short wait would only reconnect more often."""
+    lending_stall_check_interval: PositiveDuration = _yaml_default("5s")
+    """The longest wait between two stall checks (they run every quarter of
+    `offload_lent_stall_timeout`, at most this far apart)."""
+    lending_event_timeout: PositiveDuration = _yaml_default("10s")
+    """How long an owner waits for the master's answer to a queue event."""
 
     # Lending settings (lending.keys.LENDING_KEYS): None when the file does not set them.
     scheduling_refresh_interval: LendingValue = None

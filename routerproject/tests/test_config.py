@@ -76,6 +76,11 @@ def test_an_empty_file_gives_every_default(tmp_path: Path) -> None:
     assert cfg.cluster.routing_cache_affinity is False
     assert cfg.cluster.routing_affinity_entries == 10000
     assert cfg.cluster.routing_affinity_ttl == 600.0
+    assert cfg.cluster.lending_status_timeout == 0.5
+    assert cfg.cluster.lending_reprobe_interval == 1.0
+    assert cfg.cluster.lending_reprobe_timeout == 10.0
+    assert cfg.cluster.lending_stall_check_interval == 5.0
+    assert cfg.cluster.lending_event_timeout == 10.0
     assert cfg.cluster.lending_file_values() == {}
     assert cfg.models.config_dir == (tmp_path / "kcpps").resolve()
     assert cfg.models.startup_model == "" and cfg.models.shared_dir == ""
@@ -251,6 +256,7 @@ def test_a_section_that_is_not_a_mapping_is_an_error(tmp_path: Path) -> None:
         ("cluster:\n  routing_cache_affinity: 'yes'\n", "cluster.routing_cache_affinity", "true"),
         ("cluster:\n  routing_affinity_entries: 0\n", "cluster.routing_affinity_entries", "1"),
         ("cluster:\n  routing_affinity_ttl: 0s\n", "cluster.routing_affinity_ttl", "greater"),
+        ("cluster:\n  lending_event_timeout: 0s\n", "cluster.lending_event_timeout", "greater"),
     ],
 )
 def test_a_wrong_type_is_an_error(tmp_path: Path, text: str, key: str, fragment: str) -> None:
@@ -465,6 +471,28 @@ def test_a_master_with_a_token_loads(tmp_path: Path) -> None:
     assert cfg.cluster.sync_interval == 1.5
     assert cfg.cluster.health_interval == 5400.0
     assert cfg.cluster.control_timeout == 0.25
+
+
+def test_the_lending_timers_are_durations_and_no_lending_settings(tmp_path: Path) -> None:
+    cfg = load(
+        tmp_path,
+        """
+        cluster:
+          lending_status_timeout: 250ms
+          lending_reprobe_interval: 1.5s
+          lending_reprobe_timeout: 1m
+          lending_stall_check_interval: 2s
+          lending_event_timeout: 3s
+        """,
+    )
+    timers = cfg.cluster
+    assert timers.lending_status_timeout == 0.25
+    assert timers.lending_reprobe_interval == 1.5
+    assert timers.lending_reprobe_timeout == 60.0
+    assert timers.lending_stall_check_interval == 2.0
+    assert timers.lending_event_timeout == 3.0
+    # Each node runs its own: the master pushes none of them, nor do they change the fingerprint.
+    assert timers.lending_file_values() == {}
 
 
 @pytest.mark.parametrize("role", ["master", "slave"])

@@ -355,8 +355,11 @@ class NodeRunner:
         from registry.httpclient import close_session
 
         for port in self.listening:
-            with contextlib.suppress(Exception):
+            try:
                 port.stopListening()
+            except Exception:
+                # Shutdown goes on: the requests in flight still get their answers.
+                logger.exception("closing the listening socket %s failed", port)
         node = self.node
         await self.sync.stop()
         if self.ticker is not None:
