@@ -235,3 +235,23 @@ def test_expect_100_continue_is_not_sent_after_a_refusal(door: Door) -> None:
 def test_the_linger_constants() -> None:
     assert frontdoor.LINGER_SECS == 2.0
     assert frontdoor.LINGER_MAX_BYTES == 4 << 20
+
+
+def test_a_junk_hop_in_x_forwarded_for_is_answered_403_at_the_head(tmp_path: Path) -> None:
+    door = Door(tmp_path, allowed_cidrs=["10.0.0.0/8"], trusted_proxies=["127.0.0.0/8"])
+    protocol, transport = door.connect()
+    protocol.dataReceived(
+        b"GET /v1/models HTTP/1.1\r\nHost: x\r\n"
+        + KEYED
+        + b"X-Forwarded-For: 10.9.9.9, junk, 127.0.0.2\r\n\r\n"
+    )
+
+    assert _status(transport) == 403
+    assert _body(transport) == {
+        "error": {
+            "message": "client address unknown is not in server.allowed_cidrs",
+            "type": "forbidden",
+            "code": "address_not_allowed",
+        }
+    }
+    assert door.server.created == 0
