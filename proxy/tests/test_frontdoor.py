@@ -255,3 +255,27 @@ def test_a_junk_hop_in_x_forwarded_for_is_answered_403_at_the_head(tmp_path: Pat
         }
     }
     assert door.server.created == 0
+
+
+def test_a_kept_alive_connection_closes_after_the_idle_timeout(tmp_path: Path) -> None:
+    door = Door(tmp_path, idle_timeout="5s")
+    protocol, transport = door.connect()
+    protocol.dataReceived(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
+    protocol._channel.requestDone(protocol._channel.requests[0])
+
+    door.clock.advance(4.9)
+    assert not transport.disconnecting
+    door.clock.advance(0.2)
+    assert transport.disconnecting
+    assert door.server.created == 1
+
+
+def test_idle_time_restarts_with_each_byte_received(tmp_path: Path) -> None:
+    door = Door(tmp_path, idle_timeout="5s", header_timeout="60s")
+    protocol, transport = door.connect()
+    door.clock.advance(4.0)
+    protocol.dataReceived(b"GET /pi")
+    door.clock.advance(4.0)
+    assert not transport.disconnecting
+    door.clock.advance(1.1)
+    assert transport.disconnecting
