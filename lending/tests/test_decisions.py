@@ -725,9 +725,7 @@ def test_a_node_reads_at_most_four_trigger_groups_per_fold_it_answers(
 
 @pytest.mark.django_db
 @pytest.mark.parametrize(("folds", "truncated"), [(2000, False), (2001, True)])
-def test_by_default_a_node_answers_at_most_two_thousand_folds(
-    folds: int, truncated: bool
-) -> None:
+def test_by_default_a_node_answers_at_most_two_thousand_folds(folds: int, truncated: bool) -> None:
     make_rows(*(plan(100 + i, reason=f"r{i}") for i in range(folds)))
 
     doc = decisions_fold(lane=None, outcome=None, kind=None, since_ms=None)
