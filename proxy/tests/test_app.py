@@ -644,3 +644,26 @@ async def test_a_range_starting_at_the_files_end_is_416_with_the_size(
     assert answer.headers[b"content-range"] == f"bytes */{size}".encode()
     assert answer.json()["error"]["code"] == "range_not_satisfiable"
     assert node.assets.served_streams == 0
+
+
+# -- addresses ----------------------------------------------------------------------------
+
+
+async def test_a_junk_x_forwarded_for_hop_from_a_trusted_proxy_gets_a_403_envelope(
+    make_node: NodeFactory, fallback: Fallback
+) -> None:
+    server = {"allowed_cidrs": ["10.0.0.0/8"], "trusted_proxies": ["127.0.0.1/32"]}
+    node = make_node(server=server)
+    app = ProxyApp(fallback, node_getter=lambda: node)
+    junk = [(b"x-forwarded-for", b"10.9.9.9, junk, 127.0.0.1")]
+
+    answer = await request(app, "GET", "/v1/models", headers=junk)
+    beyond = await request(app, "GET", "/v1/models", headers=[(b"x-forwarded-for", b"10.9.9.9")])
+
+    assert answer.status == 403
+    assert answer.json()["error"] == {
+        "message": "client address unknown is not in server.allowed_cidrs",
+        "type": "forbidden",
+        "code": "address_not_allowed",
+    }
+    assert beyond.status == 200
