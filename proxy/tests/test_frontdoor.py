@@ -279,3 +279,15 @@ def test_idle_time_restarts_with_each_byte_received(tmp_path: Path) -> None:
     assert not transport.disconnecting
     door.clock.advance(1.1)
     assert transport.disconnecting
+
+
+def test_a_request_being_answered_is_not_cut_by_the_idle_timeout(tmp_path: Path) -> None:
+    door = Door(tmp_path, idle_timeout="5s")
+    protocol, transport = door.connect()
+    protocol.dataReceived(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
+
+    door.clock.advance(30.0)  # a long answer: the app has not finished it
+    assert not transport.disconnecting
+    protocol._channel.requestDone(protocol._channel.requests[0])
+    door.clock.advance(5.1)
+    assert transport.disconnecting
