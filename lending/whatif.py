@@ -19,7 +19,13 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analytics.fitting import CostFit, fit_durations
+from analytics.fitting import (
+    MATCH_FLOOR_BY_SECTION,
+    SECTION_IMAGE,
+    SECTION_LLM,
+    CostFit,
+    fit_durations,
+)
 from lending.pricing import CostTable
 from lending.replay import NEVER_MS, Pair, Request
 from lending.settings_store import EffectiveSettings
@@ -79,12 +85,13 @@ def _fit(rows: pd.DataFrame, lane: str, min_samples: int) -> CostFit | None:
     rows = rows[_bools(rows["success"]) & (rows["duration_ms"] > 0)]
     if rows.empty:
         return None
-    floor = 16.0 if lane == "text" else 0.0
+    # The same slack as the nodes' own fits, or the replay would price what they would not.
+    section = SECTION_LLM if lane == "text" else SECTION_IMAGE
     return fit_durations(
         work_of(rows, lane),
         rows["duration_ms"].to_numpy(float),
         min_samples=min_samples,
-        match_floor=floor,
+        match_floor=MATCH_FLOOR_BY_SECTION[section],
     )
 
 

@@ -382,6 +382,9 @@ class FrontDoorFactory(HTTPFactory):
     def __init__(self, server: Any, door: FrontDoor) -> None:
         super().__init__(server)
         self.door = door
+        # Twisted times a channel's idle timeout on the factory's reactor: the door's clock,
+        # like every other deadline here.
+        self.reactor = door.clock
         self.timeOut = door.idle_timeout
 
     def buildProtocol(self, addr: Any) -> Any:

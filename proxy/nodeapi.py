@@ -19,7 +19,7 @@ from registry import services
 from registry.api.serializers import NodeModelStateSerializer, RuntimeUnloadSerializer
 from registry.cluster import MINIMUM_PROTOCOL_VERSION, PROTOCOL_VERSION, SnapshotRejected
 from routerproject.api import validated
-from routerproject.errors import RouterError
+from routerproject.errors import RouterError, error_body
 
 NODE_PREFIX = "/router/v1/node/"
 PATHSEND = "http.response.pathsend"
@@ -334,7 +334,13 @@ async def handle_asset_stream(ctx: Ctx, node: Node) -> None:
 
     found = await node.assets.open_for_serving(ctx.path[len(STREAM_PREFIX) :])
     header = ctx.header(b"range")
-    span = parse_range(header.decode("latin-1") if header is not None else None, found.size)
+    try:
+        span = parse_range(header.decode("latin-1") if header is not None else None, found.size)
+    except RouterError as err:
+        # RFC 9110 15.5.17: the refusal says how large the file is, so the client can ask again.
+        unsatisfied = [(b"content-range", f"bytes */{found.size}".encode())]
+        await ctx.respond(err.status, error_body(ctx.path, err), extra=unsatisfied)
+        return
     first, last = span if span is not None else (0, found.size - 1)
     length = last - first + 1 if found.size else 0
     headers = [

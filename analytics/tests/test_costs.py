@@ -238,3 +238,30 @@ def test_streamed_bodies_a_few_tokens_longer_do_not_unprice_a_plain_model() -> N
 
     assert fit.predict((12.0, 16.0)) == pytest.approx(400.8, abs=1.0)
     assert fit.queue_price(40, (40 * 12.0, 40 * 16.0)) == pytest.approx(40 * 400.8, rel=0.01)
+
+
+def test_a_uniform_text_fit_matches_within_sixteen_tokens_of_its_mean() -> None:
+    # Same-sized requests: the node's own fit must carry the text floor it published, so a
+    # body 16 tokens longer is still priced and one 17 tokens longer is not.
+    for _ in range(5):
+        add_text("A", 20, 8, duration_ms=400.0)
+
+    fit = compute(min_samples=5).models[("A", "llm")]
+
+    assert fit.uniform_work == (20.0, 8.0)
+    assert fit.predict((36.0, 8.0)) == 400.0
+    assert fit.predict((4.0, 24.0)) == 400.0
+    assert fit.predict((37.0, 8.0)) is None
+    assert fit.predict((20.0, 25.0)) is None
+
+
+def test_a_uniform_image_fit_has_no_absolute_floor() -> None:
+    # Tiny images, so that 10 % of the work (6.4) is narrower than the text floor would be.
+    for _ in range(5):
+        add_image("tiny", 8, 8, 1, 1, duration_ms=300.0)
+
+    fit = compute(min_samples=5).models[("tiny", "image")]
+
+    assert fit.uniform_work == (64.0,)
+    assert fit.predict((70.0,)) == 300.0
+    assert fit.predict((71.0,)) is None

@@ -679,3 +679,39 @@ def test_a_template_fit_with_a_malformed_condition_is_dropped(constant_work: Any
     models, _, _ = fits_from_wire({"models": [row]})
 
     assert models == {}
+
+
+def test_a_text_fit_read_from_the_wire_matches_within_sixteen_tokens() -> None:
+    # The wire form carries no floor: the reader applies its section's default.
+    row = {
+        "model_id": "m",
+        "section": "llm",
+        "base_ms": 400.0,
+        "slopes_ms": [0.0, 0.0],
+        "samples": 4,
+        "uniform_work": [20.0, 8.0],
+    }
+
+    models, _, _ = fits_from_wire({"models": [row]})
+    fit = models[("m", "llm")]
+
+    assert fit.predict((36.0, 24.0)) == 400.0
+    assert fit.predict((37.0, 8.0)) is None
+    assert fit.predict((20.0, 25.0)) is None
+
+
+def test_an_image_fit_read_from_the_wire_has_no_absolute_floor() -> None:
+    row = {
+        "model_id": "m",
+        "section": "image",
+        "base_ms": 300.0,
+        "slopes_ms": [0.0],
+        "samples": 4,
+        "uniform_work": [64.0],
+    }
+
+    models, _, _ = fits_from_wire({"models": [row]})
+    fit = models[("m", "image")]
+
+    assert fit.predict((70.0,)) == 300.0
+    assert fit.predict((71.0,)) is None

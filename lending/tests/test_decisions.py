@@ -695,6 +695,46 @@ def test_a_node_with_more_decisions_than_it_answers_says_it_cut_them() -> None:
     assert exact["truncated"] is False and len(exact["folds"]) == 5
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize(("folds", "truncated"), [(4, False), (5, True)])
+def test_a_fold_cap_is_reached_exactly_at_its_limit(folds: int, truncated: bool) -> None:
+    make_rows(*(plan(100 + i, reason=f"r{i}") for i in range(folds)))
+
+    doc = decisions_fold(lane=None, outcome=None, kind=None, since_ms=None, max_folds=4)
+
+    assert doc["truncated"] is truncated
+    assert [f["reason"] for f in doc["folds"]] == [f"r{i}" for i in range(folds - 1, -1, -1)][:4]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("triggers", "truncated"), [(4, False), (5, True)])
+def test_a_node_reads_at_most_four_trigger_groups_per_fold_it_answers(
+    triggers: int, truncated: bool
+) -> None:
+    # One decision under several triggers is one fold, but the database groups it finer: the
+    # read is capped at four such groups per fold answered.
+    make_rows(*(plan(100 + i, trigger=f"t{i}") for i in range(triggers)))
+
+    doc = decisions_fold(lane=None, outcome=None, kind=None, since_ms=None, max_folds=1)
+
+    assert doc["truncated"] is truncated
+    (fold,) = doc["folds"]
+    assert fold["count"] == 4
+    assert sorted(fold["triggers"]) == [f"t{i}" for i in range(triggers - 4, triggers)]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("folds", "truncated"), [(2000, False), (2001, True)])
+def test_by_default_a_node_answers_at_most_two_thousand_folds(folds: int, truncated: bool) -> None:
+    make_rows(*(plan(100 + i, reason=f"r{i}") for i in range(folds)))
+
+    doc = decisions_fold(lane=None, outcome=None, kind=None, since_ms=None)
+
+    assert doc["truncated"] is truncated
+    assert len(doc["folds"]) == 2000
+    assert doc["folds"][0]["reason"] == f"r{folds - 1}"
+
+
 def test_until_before_since_is_a_400_naming_until_ms() -> None:
     with pytest.raises(RouterError) as caught:
         parse_decision_filters({"since_ms": "10", "until_ms": "9"}, default_limit=1, max_limit=1)

@@ -190,3 +190,20 @@ def test_slots_busy_with_another_helper_leave_this_leases_slot_free() -> None:
     queue.enqueue(candidate)
 
     assert candidate.state.value == "admitted"
+
+
+@pytest.mark.parametrize(("service_ms", "holds"), [(1249.0, True), (1250.0, False)])
+def test_the_owner_is_timed_from_its_oldest_admitted_job(service_ms: float, holds: bool) -> None:
+    # Admitted at t=0 and t=0.5, one lent at t=0.5; asked at t=0.6. The backend has been
+    # busy since t=0: the owner finishes this job at max(0 + 1000, 600) + 1000 + 1000 = 3000
+    # ms (timed from the newer start, 3500). The helper: 500 + 2 x service.
+    policy, queue, now, _ = setup(lease(helper_service_ms=service_ms))
+    queue.enqueue(Entry("a", 0.0))
+    now[0] = 0.5
+    queue.enqueue(Entry("a", 0.5))
+    queue.enqueue(Entry("a", 0.5))
+    assert len(queue.withdraw("a", 1, helper=("h", "b"))) == 1
+    assert sorted(e.admitted_at or 0.0 for e in queue.admitted("a")) == [0.0, 0.5]
+    now[0] = 0.6
+
+    assert policy(Entry("a", 0.6), queue, 0.6) is holds

@@ -141,3 +141,23 @@ def test_with_nothing_of_its_own_admitted_the_owner_drains_the_held_requests_one
 
     # Owner: 500 + 2 x 300 = 1100 ms; helper: 500 + 500 (or 700).
     assert (len(refilled(log)) == 1) is refills
+
+
+@pytest.mark.parametrize(("service_ms", "refills"), [(799.0, True), (800.0, False)])
+def test_the_owner_is_timed_from_its_oldest_admitted_job(service_ms: float, refills: bool) -> None:
+    # Admitted at t=0 and at t=0.3, one held, one lent at t=0.3 and back at t=0.6. The
+    # backend has been busy since t=0: the owner finishes at max(0 + 400, 600) + 400 + 400
+    # = 1400 ms (timed from the newer start it would be 1500). The helper: 600 + service.
+    owner, queue, now, log = make(owner_job_ms=400.0, service_ms=service_ms)
+    queue.enqueue(Entry("a", 0.0))
+    now[0] = 0.3
+    for _ in range(3):
+        queue.enqueue(Entry("a", 0.3))
+    assert sorted(e.admitted_at or 0.0 for e in queue.admitted("a")) == [0.0, 0.3]
+    (lent,) = queue.withdraw("a", 1, helper=("h", "b"))
+    now[0] = 0.6
+    queue.lent_finished(lent, admit=False)
+
+    owner.refill("text", "a")
+
+    assert (len(refilled(log)) == 1) is refills

@@ -411,3 +411,34 @@ def test_the_request_held_for_the_helper_is_the_next_one_lent() -> None:
     (result,) = replay(recorded, DEFAULTS, arrivals)
     assert result.lent == 10
     assert result.makespan_ms == pytest.approx(2 * owner_ms(TOKENS))
+
+
+def test_the_what_if_fit_of_a_text_lane_uses_the_text_floor() -> None:
+    import pandas as pd
+
+    from lending.whatif import _fit
+
+    rows = pd.DataFrame(
+        [{"success": True, "duration_ms": 400.0, "prompt_tokens": 20, "output_tokens": 8}] * 4
+    )
+
+    fit = _fit(rows, "text", 3)
+
+    assert fit is not None
+    assert fit.predict((36.0, 8.0)) == 400.0
+    assert fit.predict((37.0, 8.0)) is None
+
+
+def test_the_what_if_fit_of_an_image_lane_has_no_absolute_floor() -> None:
+    import pandas as pd
+
+    from lending.whatif import _fit
+
+    one = {"success": True, "duration_ms": 300.0, "image_width": 8, "image_height": 8}
+    rows = pd.DataFrame([{**one, "image_steps": 1, "image_count": 1}] * 4)
+
+    fit = _fit(rows, "image", 3)
+
+    assert fit is not None
+    assert fit.predict((70.0,)) == 300.0
+    assert fit.predict((71.0,)) is None

@@ -586,3 +586,84 @@ async def test_errors_and_the_fallbacks_answers_carry_the_request_id_too(
     assert wrong_method.status == 405 and wrong_method.headers[b"x-request-id"] == b"t-1"
     assert managed.body == b"fallback:/router/v1/version"
     assert managed.headers[b"x-request-id"] == b"t-1"
+
+
+# -- a node's asset stream ----------------------------------------------------------------
+
+
+ASSET_TOKEN = "cluster-token-for-assets"
+
+
+async def _asset_node(make_node: NodeFactory, tmp_path: Path) -> tuple[Node, str, int]:
+    """A master holding its own `chat` weights; the hash and size of that file."""
+    import hashlib
+
+    cluster = {
+        "node_id": "app-test",
+        "role": "master",
+        "token": ASSET_TOKEN,
+        "store_dir": str(tmp_path / "asset-store"),
+    }
+    node = make_node(cluster=cluster)
+    weights = (tmp_path / "node0" / "weights" / "chat.sim.json").read_bytes()
+    return node, hashlib.sha256(weights).hexdigest(), len(weights)
+
+
+async def _asset(app: ProxyApp, digest: str, byte_range: str) -> Answer:
+    token = f"Bearer {ASSET_TOKEN}".encode()
+    headers = [(b"authorization", token), (b"range", byte_range.encode())]
+    return await request(app, "GET", f"/router/v1/node/assets/{digest}", headers=headers)
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_range_ending_at_the_files_last_byte_is_served(
+    make_node: NodeFactory, fallback: Fallback, tmp_path: Path
+) -> None:
+    node, digest, size = await _asset_node(make_node, tmp_path)
+    app = ProxyApp(fallback, node_getter=lambda: node)
+
+    answer = await _asset(app, digest, f"bytes={size - 1}-")
+
+    assert answer.status == 206
+    assert answer.headers[b"content-range"] == f"bytes {size - 1}-{size - 1}/{size}".encode()
+    assert len(answer.body) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("last", ["", "+0", "+10"])
+async def test_a_range_starting_at_the_files_end_is_416_with_the_size(
+    make_node: NodeFactory, fallback: Fallback, tmp_path: Path, last: str
+) -> None:
+    node, digest, size = await _asset_node(make_node, tmp_path)
+    app = ProxyApp(fallback, node_getter=lambda: node)
+    end = str(size + int(last)) if last else ""
+
+    answer = await _asset(app, digest, f"bytes={size}-{end}")
+
+    assert answer.status == 416
+    assert answer.headers[b"content-range"] == f"bytes */{size}".encode()
+    assert answer.json()["error"]["code"] == "range_not_satisfiable"
+    assert node.assets.served_streams == 0
+
+
+# -- addresses ----------------------------------------------------------------------------
+
+
+async def test_a_junk_x_forwarded_for_hop_from_a_trusted_proxy_gets_a_403_envelope(
+    make_node: NodeFactory, fallback: Fallback
+) -> None:
+    server = {"allowed_cidrs": ["10.0.0.0/8"], "trusted_proxies": ["127.0.0.1/32"]}
+    node = make_node(server=server)
+    app = ProxyApp(fallback, node_getter=lambda: node)
+    junk = [(b"x-forwarded-for", b"10.9.9.9, junk, 127.0.0.1")]
+
+    answer = await request(app, "GET", "/v1/models", headers=junk)
+    beyond = await request(app, "GET", "/v1/models", headers=[(b"x-forwarded-for", b"10.9.9.9")])
+
+    assert answer.status == 403
+    assert answer.json()["error"] == {
+        "message": "client address unknown is not in server.allowed_cidrs",
+        "type": "forbidden",
+        "code": "address_not_allowed",
+    }
+    assert beyond.status == 200

@@ -235,3 +235,59 @@ def test_expect_100_continue_is_not_sent_after_a_refusal(door: Door) -> None:
 def test_the_linger_constants() -> None:
     assert frontdoor.LINGER_SECS == 2.0
     assert frontdoor.LINGER_MAX_BYTES == 4 << 20
+
+
+def test_a_junk_hop_in_x_forwarded_for_is_answered_403_at_the_head(tmp_path: Path) -> None:
+    door = Door(tmp_path, allowed_cidrs=["10.0.0.0/8"], trusted_proxies=["127.0.0.0/8"])
+    protocol, transport = door.connect()
+    protocol.dataReceived(
+        b"GET /v1/models HTTP/1.1\r\nHost: x\r\n"
+        + KEYED
+        + b"X-Forwarded-For: 10.9.9.9, junk, 127.0.0.2\r\n\r\n"
+    )
+
+    assert _status(transport) == 403
+    assert _body(transport) == {
+        "error": {
+            "message": "client address unknown is not in server.allowed_cidrs",
+            "type": "forbidden",
+            "code": "address_not_allowed",
+        }
+    }
+    assert door.server.created == 0
+
+
+def test_a_kept_alive_connection_closes_after_the_idle_timeout(tmp_path: Path) -> None:
+    door = Door(tmp_path, idle_timeout="5s")
+    protocol, transport = door.connect()
+    protocol.dataReceived(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
+    protocol._channel.requestDone(protocol._channel.requests[0])
+
+    door.clock.advance(4.9)
+    assert not transport.disconnecting
+    door.clock.advance(0.2)
+    assert transport.disconnecting
+    assert door.server.created == 1
+
+
+def test_idle_time_restarts_with_each_byte_received(tmp_path: Path) -> None:
+    door = Door(tmp_path, idle_timeout="5s", header_timeout="60s")
+    protocol, transport = door.connect()
+    door.clock.advance(4.0)
+    protocol.dataReceived(b"GET /pi")
+    door.clock.advance(4.0)
+    assert not transport.disconnecting
+    door.clock.advance(1.1)
+    assert transport.disconnecting
+
+
+def test_a_request_being_answered_is_not_cut_by_the_idle_timeout(tmp_path: Path) -> None:
+    door = Door(tmp_path, idle_timeout="5s")
+    protocol, transport = door.connect()
+    protocol.dataReceived(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
+
+    door.clock.advance(30.0)  # a long answer: the app has not finished it
+    assert not transport.disconnecting
+    protocol._channel.requestDone(protocol._channel.requests[0])
+    door.clock.advance(5.1)
+    assert transport.disconnecting

@@ -112,6 +112,36 @@ def test_only_a_trusted_proxy_names_the_client(tmp_path: Path) -> None:
     assert gate.address_refusal(proxy, garbage) is not None
 
 
+@pytest.mark.parametrize("junk", ["junk", "", "1.2.3.4/8", "\xff", "[::1"])
+def test_a_junk_hop_between_trusted_proxies_is_refused_with_403(tmp_path: Path, junk: str) -> None:
+    gate = Gate(
+        _config(
+            tmp_path,
+            "server: {allowed_cidrs: [10.0.0.0/8], trusted_proxies: [192.168.1.0/24]}\n",
+        )
+    )
+    proxy = parse_address("192.168.1.9")
+    chain = {b"x-forwarded-for": b"10.9.9.9, " + junk.encode("latin-1") + b", 192.168.1.7"}
+
+    refusal = gate.address_refusal(proxy, chain.get)
+
+    assert refusal is not None
+    assert (refusal.status, refusal.type, refusal.code) == (403, "forbidden", "address_not_allowed")
+    assert refusal.message == "client address unknown is not in server.allowed_cidrs"
+
+
+def test_a_junk_hop_beyond_the_first_untrusted_one_is_never_read(tmp_path: Path) -> None:
+    gate = Gate(
+        _config(
+            tmp_path,
+            "server: {allowed_cidrs: [10.0.0.0/8], trusted_proxies: [192.168.1.0/24]}\n",
+        )
+    )
+    chain = _headers(x_forwarded_for="junk, 10.9.9.9, 192.168.1.7")
+
+    assert gate.address_refusal(parse_address("192.168.1.9"), chain) is None
+
+
 def test_no_allowed_cidrs_means_every_address(tmp_path: Path) -> None:
     gate = Gate(_config(tmp_path, ""))
     assert gate.address_refusal(parse_address("203.0.113.9"), _headers()) is None

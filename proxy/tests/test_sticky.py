@@ -54,3 +54,29 @@ def test_an_id_expires_at_its_ttl_exactly() -> None:
 def test_a_capacity_below_one_is_refused() -> None:
     with pytest.raises(ValueError):
         StickyIds(capacity=0)
+
+
+def test_remembering_an_id_again_makes_it_the_most_recent() -> None:
+    table = StickyIds(capacity=2)
+    table.remember("jobs", "1", A)
+    table.remember("jobs", "2", A)
+    table.remember("jobs", "1", B)  # the same ID again, now held elsewhere
+    table.remember("jobs", "3", A)
+
+    assert len(table) == 2
+    assert table.lookup("jobs", "2") is None
+    assert table.lookup("jobs", "1") == B
+    assert table.lookup("jobs", "3") == A
+
+
+def test_remembering_an_id_again_restarts_its_ttl() -> None:
+    clock = Clock()
+    table = StickyIds(ttl_secs=60.0, clock=clock)
+    table.remember("jobs", "1", A)
+    clock.now = 130.0
+    table.remember("jobs", "1", A)
+
+    clock.now = 189.999
+    assert table.lookup("jobs", "1") == A
+    clock.now = 190.0
+    assert table.lookup("jobs", "1") is None

@@ -10,13 +10,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
+import aiohttp
 import pytest
 
 from registry.assets.partial import DIRECT_ALIGN, PartialFile
 from registry.assets.pull import Transfer, pull_blocking
+from registry.assets.service import AssetService
 from registry.assets.store import COPY_BLOCK_BYTES, AssetError
 from registry.tests.conftest import Write
+from routerproject.config import load_config
 
 # Longer than two copy blocks, so both buffers of the pull take turns.
 DATA = bytes(range(256)) * ((2 * COPY_BLOCK_BYTES + 12_345) // 256)
@@ -188,3 +193,60 @@ def test_a_pull_resumed_off_alignment_reads_a_short_block_to_align_the_rest(
         (2 * COPY_BLOCK_BYTES + aligned, tail - aligned, False),
     ]
     assert (direct_dir / "m.partial").read_bytes() == ODD
+
+
+def test_a_source_that_keeps_sending_is_cut_off_before_a_byte_past_the_size_is_written(
+    source: tuple[Source, str], tmp_path: Path, writes: list[Write]
+) -> None:
+    told, url = source
+    told.body = DATA * 3
+    with pytest.raises(AssetError, match="more than"):
+        pull(url, tmp_path / "m.partial", transfer_for(DATA))
+    assert writes and all(offset + length <= len(DATA) for offset, length, _ in writes)
+    assert not (tmp_path / "m.partial").exists()
+
+
+def test_a_resumed_range_longer_than_the_rest_of_the_file_is_cut_off_the_same_way(
+    source: tuple[Source, str], tmp_path: Path, writes: list[Write]
+) -> None:
+    told, url = source
+    have = COPY_BLOCK_BYTES + 7
+    (tmp_path / "m.partial").write_bytes(DATA[:have])
+    writes.clear()
+    told.status, told.body = 206, DATA[have:] + DATA
+    told.content_range = f"bytes {have}-{len(DATA) - 1}/{len(DATA)}"
+    with pytest.raises(AssetError, match="more than"):
+        pull(url, tmp_path / "m.partial", transfer_for(DATA))
+    assert all(offset + length <= len(DATA) for offset, length, _ in writes)
+    assert not (tmp_path / "m.partial").exists()
+
+
+def test_a_source_sending_exactly_the_size_is_taken_whole(
+    source: tuple[Source, str], tmp_path: Path, writes: list[Write]
+) -> None:
+    _, url = source
+    pull(url, tmp_path / "m.partial", transfer_for(DATA))
+    assert sum(length for _, length, _ in writes) == len(DATA)
+    assert (tmp_path / "m.partial").read_bytes() == DATA
+
+
+async def test_a_hub_answer_longer_than_the_size_is_cut_off_before_a_byte_past_it_is_written(
+    source: tuple[Source, str], tmp_path: Path, writes: list[Write]
+) -> None:
+    # The hub's copy reads through aiohttp rather than pull_blocking, with its own size check.
+    told, url = source
+    told.body = DATA * 3
+    (tmp_path / "kcpps").mkdir()
+    (tmp_path / "config.yaml").write_text(f"cluster: {{store_dir: {tmp_path / 'store'}}}\n")
+    node: Any = SimpleNamespace(config=load_config(tmp_path / "config.yaml", environ={}))
+    store = AssetService(node)
+    transfer = transfer_for(DATA)
+    writer = PartialFile.open(tmp_path / "m.partial", transfer.size)
+    try:
+        async with aiohttp.ClientSession() as session, session.get(url) as response:
+            with pytest.raises(AssetError, match="more than"):
+                await store.puller._take_body(transfer, writer, response)
+    finally:
+        writer.close()
+    assert writes and all(offset + length <= len(DATA) for offset, length, _ in writes)
+    assert not (tmp_path / "m.partial").exists()

@@ -37,7 +37,16 @@ def test_one_byte_range_is_served(header: str | None, expected: tuple[int, int] 
 
 @pytest.mark.parametrize(
     "header",
-    ["bytes=0-1,3-4", "bytes=100-", "bytes=5-4", "bytes=-5", "items=0-1", "bytes=0-1 ,"],
+    [
+        "bytes=0-1,3-4",
+        "bytes=100-",
+        "bytes=100-100",
+        "bytes=100-200",
+        "bytes=5-4",
+        "bytes=-5",
+        "items=0-1",
+        "bytes=0-1 ,",
+    ],
 )
 def test_other_ranges_are_refused_with_416(header: str) -> None:
     with pytest.raises(RouterError) as caught:

@@ -1,0 +1,112 @@
+"""The lending runtime's wiring of a live lease into its lane queues."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from lending.owner import LiveLease
+from lending.planner import Lease
+from lending.queue import Entry, LaneQueue
+from lending.runtime import Lending
+from proxy.node import build_node
+from routerproject.config import load_config
+
+
+def lending(live: set[tuple[str, str]] | None) -> Lending:
+    runtime = Lending(node_id="o", file_values={"scheduling_backend_depth": "1"}, clock=lambda: 0.0)
+    if live is not None:
+        runtime.lease_live = lambda lane, model_id: (lane, model_id) in live
+    return runtime
+
+
+def after_running(queue: LaneQueue) -> list[Entry]:
+    """One job running, then a lendable request and a stream: which goes in next?"""
+    running = Entry("A", 0.0)
+    queue.enqueue(running)
+    plain, stream = Entry("A", 1.0), Entry("A", 2.0, pinned=True)
+    queue.enqueue(plain)
+    queue.enqueue(stream)
+    assert queue.complete(running) in ([plain], [stream])
+    return [entry for entry in (plain, stream) if entry in queue.admitted()]
+
+
+def test_under_a_live_lease_a_stream_goes_before_an_earlier_lendable_request() -> None:
+    runtime = lending({("text", "A")})
+
+    (admitted,) = after_running(runtime.queue("text"))
+
+    assert admitted.pinned
+
+
+def test_a_lease_on_another_lane_leaves_arrival_order() -> None:
+    runtime = lending({("text", "A")})
+
+    (admitted,) = after_running(runtime.queue("image"))
+
+    assert not admitted.pinned
+
+
+def test_a_lease_taken_after_the_queue_was_made_still_puts_streams_first() -> None:
+    live: set[tuple[str, str]] = set()
+    runtime = lending(live)
+    queue = runtime.queue("text")
+    (before,) = after_running(queue)
+    queue.complete(before)
+    queue.complete(queue.admitted()[0])
+    live.add(("text", "A"))
+
+    (admitted,) = after_running(queue)
+
+    assert not before.pinned
+    assert admitted.pinned
+
+
+def test_without_a_lease_check_streams_keep_their_place() -> None:
+    (admitted,) = after_running(lending(None).queue("text"))
+
+    assert not admitted.pinned
+
+
+def test_a_nodes_queue_puts_streams_first_while_its_owner_holds_a_live_lease(
+    tmp_path: Path,
+) -> None:
+    config_path = tmp_path / "config.yaml"
+    (tmp_path / "kcpps").mkdir()
+    cluster = {"node_id": "o", "store_dir": str(tmp_path / "store")}
+    raw = {"cluster": cluster, "models": {"config_dir": str(tmp_path / "kcpps")}}
+    config_path.write_text(yaml.safe_dump({**raw, "backend": {"mode": "sim"}}))
+    node = build_node(load_config(config_path, environ={}))
+    try:
+        node.lending.apply_settings({"scheduling_backend_depth": "1"}, source="test")
+        lease = Lease(
+            lane="text",
+            owner_node_id="o",
+            owner_model_id="A",
+            helper_node_id="h",
+            helper_model_id="B",
+            load_helper_model=False,
+            restore_helper_model=False,
+            helper_slots=1,
+            probe=False,
+            ttl_ms=30_000,
+            owner_job_ms=None,
+            helper_switch_ms=None,
+            helper_service_ms=None,
+        )
+        now = node.lending.clock()
+        node.owner.leases[("text", "A")] = LiveLease(lease, expires_at=now + 60.0)
+        queue = node.lending.queue("text")
+
+        (admitted,) = after_running(queue)
+        assert admitted.pinned
+
+        queue.complete(admitted)
+        queue.complete(queue.admitted()[0])
+        node.owner.leases[("text", "A")] = LiveLease(lease, expires_at=now - 1.0)
+
+        (admitted,) = after_running(queue)
+        assert not admitted.pinned
+    finally:
+        node.restore.close()
