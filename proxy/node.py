@@ -27,10 +27,10 @@ from lending.hold import HoldPolicy
 from lending.owner import OwnerLending
 from lending.restore import Restorer
 from lending.runtime import Lending
-from proxy import metrics
-from proxy.inflight import Forwards, Requests
-from proxy.runtimes import RuntimeManager
-from proxy.sticky import StickyIds
+from proxy.forwarding.inflight import Forwards, Requests
+from proxy.observe import metrics
+from proxy.runtimes.runtime import RuntimeManager
+from proxy.serving.sticky import StickyIds
 from registry.affinity import AffinityTable
 from registry.assets import AssetService
 from registry.catalog import LocalCatalog
@@ -93,7 +93,7 @@ class Node:
     affinity: AffinityTable = field(init=False)
     """Which replica last served each prompt prefix (`cluster.routing_cache_affinity`)."""
     sticky: StickyIds = field(default_factory=StickyIds)
-    """Response, job and prompt IDs, and the replica that created each (proxy/sticky.py)."""
+    """Response, job and prompt IDs, and the replica that created each (proxy/serving/sticky.py)."""
 
     @property
     def node_id(self) -> str:

@@ -31,7 +31,7 @@ import orjson
 from aiohttp import web
 
 from guardians.detect import body_has_image
-from proxy.work import (
+from proxy.forwarding.work import (
     image_work,
     multipart_field,
     output_tokens,

@@ -91,7 +91,7 @@ class NodeRunner:
         from daphne.endpoints import build_endpoint_description_strings
         from daphne.server import Server
 
-        from proxy import filesend
+        from proxy.edge import filesend
         from proxy.node import build_node, catch_up_if_stale, set_node
         from registry.selectors import disabled_models, public_id_assignments
         from registry.sync import ClusterSync
@@ -114,7 +114,7 @@ class NodeRunner:
         node.sync = self.sync
         listening: list[Any] = []
 
-        from proxy.frontdoor import FrontDoor, FrontDoorFactory, raise_fd_limit
+        from proxy.edge.frontdoor import FrontDoor, FrontDoorFactory, raise_fd_limit
 
         door = FrontDoor(self.config)
 
@@ -135,9 +135,9 @@ class NodeRunner:
 
             @ws_factory.setter
             def ws_factory(self, factory: Any) -> None:
-                from proxy.realtime import RouterWebSocketProtocol
+                from proxy.edge.realtime import RouterWebSocketProtocol
 
-                # Close codes pass through /v1/realtime both ways (proxy/realtime.py).
+                # Close codes pass through /v1/realtime both ways (proxy/edge/realtime.py).
                 factory.protocol = RouterWebSocketProtocol
                 self._router_ws_factory = factory
 
@@ -227,7 +227,7 @@ class NodeRunner:
         discovery.add_done_callback(self.tasks.discard)
         if self.want_workers:
             await self._start_workers()
-        from proxy.logfiles import keep_rotating
+        from proxy.runtimes.logfiles import keep_rotating
 
         limits = self.config.logging
         log_dir = Path(self.config.cluster.store_dir) / "logs"
@@ -319,7 +319,7 @@ class NodeRunner:
                 return
 
     async def _spawn_workers(self) -> None:
-        from proxy.runtimes import _set_pdeathsig
+        from proxy.runtimes.runtime import _set_pdeathsig
 
         log_dir = Path(self.config.cluster.store_dir) / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
