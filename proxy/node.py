@@ -238,6 +238,22 @@ def _load_finished(recorder: Recorder, event: LoadEvent) -> None:
     metrics.load_finished(event)
 
 
+def _wire_lending(node: Node, config: RouterConfig) -> None:
+    """Lending's parts of the node: its settings, the owner's and helper's sides, the request
+    gate and the decision log."""
+    node.lending = Lending(node_id=config.cluster.node_id, file_values=config.lending_file_values())
+    node.owner = OwnerLending(node)
+    node.lending.hold_policy = lambda lane: HoldPolicy(node, lane)
+    node.lending.lease_live = lambda lane, model_id: node.owner.live(lane, model_id) is not None
+    node.restore = Restorer(node)
+    node.lending_gate = RequestLending(node)
+    node.decisions = DecisionLog(
+        node_id=config.cluster.node_id,
+        router_version=settings.ROUTER_VERSION,
+        clock_ms=lambda: int(time.time() * 1000),
+    )
+
+
 def build_node(
     config: RouterConfig,
     *,
@@ -280,19 +296,9 @@ def build_node(
     node.cluster.health_listeners.append(node.node_health)
     # An upstream server that reports its model reads images changes this node's records.
     runtimes.on_capabilities = node.cluster.rebuild
-    node.lending = Lending(node_id=c.node_id, file_values=config.lending_file_values())
     if c.role == "master":
         node.recipes = load_recipes(Path(c.store_dir))
-    node.owner = OwnerLending(node)
-    node.lending.hold_policy = lambda lane: HoldPolicy(node, lane)
-    node.lending.lease_live = lambda lane, model_id: node.owner.live(lane, model_id) is not None
-    node.restore = Restorer(node)
-    node.lending_gate = RequestLending(node)
-    node.decisions = DecisionLog(
-        node_id=c.node_id,
-        router_version=settings.ROUTER_VERSION,
-        clock_ms=lambda: int(time.time() * 1000),
-    )
+    _wire_lending(node, config)
     if c.role != "standalone":
         urls = [u for u in (c.public_url, c.master_url, *c.slave_urls) if u]
         node.client = NodeClient(

@@ -17,7 +17,7 @@ nothing, so one in-process registry is the whole story (no multiprocess director
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
@@ -204,6 +204,38 @@ _RETURNED = ("dispatch", "returned")
 _RELAY_REFUSED = "relay_refused"
 
 
+def _tally_decisions(
+    counts: Mapping[tuple[str, str, str, str], int], rows: CounterMetricFamily
+) -> dict[str, dict[tuple[str, ...], int]]:
+    """Add each decision-log count to `rows`, and sum them by the families drawn from it
+    (leases, probes, lent, returned, refused), keyed by those families' labels."""
+    totals: dict[str, dict[tuple[str, ...], int]] = {
+        "leases": {},
+        "probes": {},
+        "lent": {},
+        "returned": {},
+        "refused": {},
+    }
+
+    def add(name: str, key: tuple[str, ...], count: int) -> None:
+        table = totals[name]
+        table[key] = table.get(key, 0) + count
+
+    for (kind, outcome, reason, lane), count in sorted(counts.items()):
+        rows.add_metric((kind, outcome, reason, lane), count)
+        if kind == "plan":
+            add("leases", (lane, outcome, reason), count)
+            if outcome == "probe":
+                add("probes", (lane,), count)
+        elif (kind, outcome) == _LENT:
+            add("lent", (lane,), count)
+        elif (kind, outcome) == _RETURNED:
+            add("returned", (lane,), count)
+        if outcome == _RELAY_REFUSED:
+            add("refused", (lane, reason), count)
+    return totals
+
+
 class NodeCollector(Collector):
     """This node's state, and on a master the cluster's, as Prometheus metrics."""
 
@@ -336,30 +368,7 @@ class NodeCollector(Collector):
             "Lent requests the master could not pass on, by reason.",
             labels=("lane", "reason"),
         )
-        totals: dict[str, dict[tuple[str, ...], int]] = {
-            "leases": {},
-            "probes": {},
-            "lent": {},
-            "returned": {},
-            "refused": {},
-        }
-
-        def add(name: str, key: tuple[str, ...], count: int) -> None:
-            table = totals[name]
-            table[key] = table.get(key, 0) + count
-
-        for (kind, outcome, reason, lane), count in sorted(node.decisions.counts.items()):
-            rows.add_metric((kind, outcome, reason, lane), count)
-            if kind == "plan":
-                add("leases", (lane, outcome, reason), count)
-                if outcome == "probe":
-                    add("probes", (lane,), count)
-            elif (kind, outcome) == _LENT:
-                add("lent", (lane,), count)
-            elif (kind, outcome) == _RETURNED:
-                add("returned", (lane,), count)
-            if outcome == _RELAY_REFUSED:
-                add("refused", (lane, reason), count)
+        totals = _tally_decisions(node.decisions.counts, rows)
         for family, name in (
             (leases, "leases"),
             (probes, "probes"),

@@ -269,35 +269,7 @@ class Runtime:
         error = ""
         started_process = False
         try:
-            if cfg.unresolved_fields:
-                # Checked before the running model is stopped: nothing could start.
-                raise BackendError(
-                    f"model {cfg.local_id!r} has unresolved portable weights: "
-                    + ", ".join(cfg.unresolved_fields)
-                )
-            await self._stop_process()
-            self.current = None
-            port = free_port(self._config.backend.host)
-            try:
-                launch = build_launch(cfg, self.lane, config=self._config, port=port)
-            except LaunchError as exc:
-                raise BackendError(str(exc)) from exc
-            if cfg.missing_files and launch.argv is not None:
-                raise BackendError(
-                    f"model {cfg.local_id!r} references missing files: "
-                    + ", ".join(cfg.missing_files)
-                )
-            if launch.argv is not None:
-                started_process = True
-                await self._start_process(launch)
-            await self._wait_ready(launch, cfg)
-            self.launch = launch
-            self.current = cfg
-            self.generation += 1
-            self.state = "ready"
-            self.last_error = ""
-            self.probe_ok = True
-            self._probe_task = asyncio.ensure_future(self._probe_loop(launch))
+            started_process = await self._launch(cfg)
         except BackendError as exc:
             error = str(exc)
         except Exception as exc:  # the loop must survive any launch failure
@@ -307,13 +279,7 @@ class Runtime:
             self.loading = None
         duration_ms = (self._clock() - started) * 1000.0
         if error:
-            await self._stop_process()
-            self.state = "failed"
-            self.current = None
-            self.last_error = error
-            self.last_error_at = time.time()
-            logger.warning("load of %s failed after %.0f ms: %s", cfg.local_id, duration_ms, error)
-            self._fail_waiters_for(cfg, BackendError(error))
+            await self._load_failed(cfg, error, duration_ms)
         else:
             logger.info(
                 "loaded %s on the %s runtime in %.0f ms", cfg.local_id, self.lane, duration_ms
@@ -337,6 +303,47 @@ class Runtime:
         )
         self._pump()
         self._notify_idle()
+
+    async def _launch(self, cfg: ModelConfig) -> bool:
+        """Stop the running model and start `cfg` until it is ready; True when this runtime
+        started a process for it (an upstream server is only waited for)."""
+        if cfg.unresolved_fields:
+            # Checked before the running model is stopped: nothing could start.
+            raise BackendError(
+                f"model {cfg.local_id!r} has unresolved portable weights: "
+                + ", ".join(cfg.unresolved_fields)
+            )
+        await self._stop_process()
+        self.current = None
+        port = free_port(self._config.backend.host)
+        try:
+            launch = build_launch(cfg, self.lane, config=self._config, port=port)
+        except LaunchError as exc:
+            raise BackendError(str(exc)) from exc
+        if cfg.missing_files and launch.argv is not None:
+            raise BackendError(
+                f"model {cfg.local_id!r} references missing files: " + ", ".join(cfg.missing_files)
+            )
+        if launch.argv is not None:
+            await self._start_process(launch)
+        await self._wait_ready(launch, cfg)
+        self.launch = launch
+        self.current = cfg
+        self.generation += 1
+        self.state = "ready"
+        self.last_error = ""
+        self.probe_ok = True
+        self._probe_task = asyncio.ensure_future(self._probe_loop(launch))
+        return launch.argv is not None
+
+    async def _load_failed(self, cfg: ModelConfig, error: str, duration_ms: float) -> None:
+        await self._stop_process()
+        self.state = "failed"
+        self.current = None
+        self.last_error = error
+        self.last_error_at = time.time()
+        logger.warning("load of %s failed after %.0f ms: %s", cfg.local_id, duration_ms, error)
+        self._fail_waiters_for(cfg, BackendError(error))
 
     async def _start_process(self, launch: Launch) -> None:
         assert launch.argv is not None
