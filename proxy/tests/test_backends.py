@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from proxy.runtimes.backends import DEFAULT_BINARIES, LaunchError, build_launch, runtime_lane
-from proxy.sim.server import parse_args
+from proxy.sim.config import parse_args
 from registry.hashing import FileHasher
 from registry.kcpps import ModelConfig, load_model_config
 from routerproject.config import RouterConfig, load_config
