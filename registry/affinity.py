@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
-# Prompt tokens per body byte as the sim and the gate count them (proxy/forwarding/work.py); routing
+# Prompt tokens per body byte as the sim and the gate count them (proxy/work.py); routing
 # only needs an estimate of how much prefill a cached prefix saves.
 BYTES_PER_TOKEN = 4
 # A completion prompt is cut in blocks of this many bytes: a shorter shared prefix is too

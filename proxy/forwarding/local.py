@@ -18,7 +18,7 @@ import aiohttp
 
 from guardians.routing import REFUSAL_STATUSES, ImageRefused, is_image_refusal
 from lending.flow import Turn
-from proxy.forwarding import work
+from proxy import work
 from proxy.forwarding.faults import NotSent, SentBody, backend_gone, cut_off, never_sent
 from proxy.forwarding.rewrite import (
     InvalidBackendJSON,

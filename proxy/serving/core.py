@@ -12,7 +12,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import NamedTuple
 
-from proxy.forwarding import work
+from proxy import work
 from proxy.forwarding.faults import NotSent
 from proxy.forwarding.local import Job, Shaper, forward
 from proxy.forwarding.remote import forward_remote

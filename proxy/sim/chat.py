@@ -12,9 +12,9 @@ import orjson
 from aiohttp import web
 
 from guardians.detect import body_has_image
-from proxy.forwarding.work import output_tokens, prompt_tokens_for_bytes, requested_output_tokens
 from proxy.sim import server
 from proxy.sim.config import SimWeights
+from proxy.work import output_tokens, prompt_tokens_for_bytes, requested_output_tokens
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,8 @@ from typing import Any
 
 from aiohttp import web
 
-from proxy.forwarding.work import image_work, multipart_field
 from proxy.sim import server
+from proxy.work import image_work, multipart_field
 
 JOBS_KEY = web.AppKey("sim_media_jobs", dict)
 OPTIONS_KEY = web.AppKey("sim_media_options", dict)

@@ -28,13 +28,13 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from proxy.forwarding.work import (
+from proxy.sim.config import SimConfig, SimWeights, WeightsError, load_weights, parse_args
+from proxy.work import (
     image_work,
     multipart_field,
     prompt_tokens_for_bytes,
     wav_duration_seconds,
 )
-from proxy.sim.config import SimConfig, SimWeights, WeightsError, load_weights, parse_args
 
 STATS_HISTORY_LEN = 100
 COMPLETED_MARK = "sim: completed"

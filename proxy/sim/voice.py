@@ -25,8 +25,8 @@ from typing import Any
 import orjson
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from proxy.forwarding.work import wav_duration_seconds
 from proxy.sim import server
+from proxy.work import wav_duration_seconds
 
 SPEECH_RATE_HZ = 16000
 SPEECH_SECONDS = 0.1

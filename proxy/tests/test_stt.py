@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from proxy import work
 from proxy.families.voice import stt
-from proxy.forwarding import work
 from registry.cluster import Replica
 
 

@@ -6,7 +6,7 @@ import wave
 
 import pytest
 
-from proxy.forwarding.work import (
+from proxy.work import (
     DEFAULT_IMAGE_HEIGHT,
     DEFAULT_IMAGE_STEPS,
     DEFAULT_IMAGE_WIDTH,

@@ -22,7 +22,7 @@ from urllib.parse import parse_qs
 
 import orjson
 
-from proxy.forwarding import work
+from proxy import work
 from proxy.forwarding.local import shape_openai
 from proxy.node import Node
 from proxy.request import JSON, Ctx, Message, Send, parse_json_body

@@ -15,10 +15,10 @@ import orjson
 from django.conf import settings
 
 from guardians.detect import body_has_image
+from proxy import work
 from proxy.families.text import replies, translate
 from proxy.families.text.dispatch import dispatch, prefix_of
 from proxy.families.text.openai import _listed
-from proxy.forwarding import work
 from proxy.forwarding.local import Job, Shaper, content_type_of, shape_openai
 from proxy.forwarding.rewrite import UsageTracker
 from proxy.node import Node

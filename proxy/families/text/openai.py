@@ -8,8 +8,8 @@ from typing import Any
 import orjson
 
 from guardians.detect import body_has_image
+from proxy import work
 from proxy.families.text.dispatch import dispatch, prefix_of
-from proxy.forwarding import work
 from proxy.forwarding.local import shape_openai
 from proxy.node import Node
 from proxy.request import Ctx, parse_json_body, require_model

@@ -24,8 +24,8 @@ from urllib.parse import parse_qsl, urlencode
 import aiohttp
 import orjson
 
+from proxy import work
 from proxy.families.voice import stt
-from proxy.forwarding import work
 from proxy.forwarding.local import Job, shape_openai
 from proxy.node import Node
 from proxy.request import JSON, SSE, Ctx, parse_json_body
