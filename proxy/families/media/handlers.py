@@ -61,14 +61,6 @@ _selected: dict[str, str] = {}
 # -- choosing the model ---------------------------------------------------------------------
 
 
-def _enabled_images(node: Node) -> list[str]:
-    return sorted(
-        pid
-        for pid, replicas in node.cluster.by_public_image_id.items()
-        if any(not r.record.get("disabled") for r in replicas)
-    )
-
-
 def selected_image_model(node: Node) -> str | None:
     """The checkpoint selected on this node, while it is still an enabled image model."""
     chosen = _selected.get(node.node_id)
@@ -81,7 +73,7 @@ def _selection_or_single(node: Node) -> str | None:
     chosen = selected_image_model(node)
     if chosen is not None:
         return chosen
-    images = _enabled_images(node)
+    images = enabled_image_ids(node)
     return images[0] if len(images) == 1 else None
 
 
@@ -90,7 +82,7 @@ def default_image_model(node: Node) -> str:
     chosen = _selection_or_single(node)
     if chosen is not None:
         return chosen
-    images = _enabled_images(node)
+    images = enabled_image_ids(node)
     if not images:
         require_view(node)
         raise RouterError(404, "no image model is enabled", code="model_not_found")
