@@ -37,8 +37,8 @@ django.setup()
 
 from pythonjsonlogger.json import JsonFormatter
 
-from proxy import metrics, observe
-from proxy.forwarding import Ctx
+from proxy.observe import health, metrics
+from proxy.request import Ctx
 
 N = 20_000
 ROUNDS = 5
@@ -85,7 +85,7 @@ def main() -> None:
 
     def line(ctxs: list[Ctx]) -> None:
         for c in ctxs:
-            observe._line(c, node, logging.INFO, 200, c.t0 + 0.002)
+            health._line(c, node, logging.INFO, 200, c.t0 + 0.002)
 
     counting = best_us(count)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))

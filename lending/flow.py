@@ -1,6 +1,6 @@
 """Lending on the request path, asked once per request through the node's `RequestLending`.
 
-`forward()` (proxy/forwarding.py) asks `ask()` what to do with a request it would run on a
+`forward()` (proxy/forwarding/local.py) asks `ask()` what to do with a request it would run on a
 local runtime, and calls `done()` when the request is over. An unlinked model skips the router
 queue on one set lookup. An enrolled model's own request waits for admission, and may be lent
 and relayed to a helper meanwhile (the owner's turn). A borrowed request (marked by the node

@@ -3,7 +3,7 @@
 The node is handed to lending as an argument, or read by the views through `running_node()`;
 lending sees it, and the proxy's requests and runtimes, only through these Protocols, so it
 never imports the layers above. mypy checks that the real node satisfies them (see
-proxy/node.py) and that the proxy's requests do (see proxy/forwarding.py).
+proxy/node.py) and that the proxy's requests do (see proxy/forwarding/local.py).
 """
 
 from __future__ import annotations

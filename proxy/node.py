@@ -28,10 +28,10 @@ from lending.master import MasterLending
 from lending.owner import OwnerLending
 from lending.restore import Restorer
 from lending.runtime import Lending
-from proxy import metrics
-from proxy.inflight import Forwards, Requests
-from proxy.runtimes import RuntimeManager
-from proxy.sticky import StickyIds
+from proxy.forwarding.inflight import Forwards, Requests
+from proxy.observe import metrics
+from proxy.runtimes.runtime import RuntimeManager
+from proxy.serving.sticky import StickyIds
 from registry.affinity import AffinityTable
 from registry.assets.service import AssetService
 from registry.catalog import LocalCatalog
@@ -97,7 +97,7 @@ class Node:
     affinity: AffinityTable = field(init=False)
     """Which replica last served each prompt prefix (`cluster.routing_cache_affinity`)."""
     sticky: StickyIds = field(default_factory=StickyIds)
-    """Response, job and prompt IDs, and the replica that created each (proxy/sticky.py)."""
+    """Response, job and prompt IDs, and the replica that created each (proxy/serving/sticky.py)."""
 
     @property
     def node_id(self) -> str:
@@ -242,6 +242,25 @@ def _load_finished(recorder: Recorder, event: LoadEvent) -> None:
     metrics.load_finished(event)
 
 
+def _wire_lending(node: Node, config: RouterConfig) -> None:
+    """Lending's parts of the node: its settings, the owner's and helper's sides, the request
+    gate and the decision log."""
+    node.lending = Lending(node_id=config.cluster.node_id, file_values=config.lending_file_values())
+    node.owner = OwnerLending(node)
+    node.lending.hold_policy = lambda lane: HoldPolicy(node, lane)
+    node.lending.lease_live = lambda lane, model_id: node.owner.live(lane, model_id) is not None
+    node.restore = Restorer(node)
+    if config.cluster.role != "slave":
+        # A standalone node has one too: its metrics show the cluster families, empty.
+        node.master = MasterLending(node)
+    node.lending_gate = RequestLending(node)
+    node.decisions = DecisionLog(
+        node_id=config.cluster.node_id,
+        router_version=settings.ROUTER_VERSION,
+        clock_ms=lambda: int(time.time() * 1000),
+    )
+
+
 def build_node(
     config: RouterConfig,
     *,
@@ -284,22 +303,9 @@ def build_node(
     node.cluster.health_listeners.append(node.node_health)
     # An upstream server that reports its model reads images changes this node's records.
     runtimes.on_capabilities = node.cluster.rebuild
-    node.lending = Lending(node_id=c.node_id, file_values=config.lending_file_values())
     if c.role == "master":
         node.recipes = load_recipes(Path(c.store_dir))
-    node.owner = OwnerLending(node)
-    node.lending.hold_policy = lambda lane: HoldPolicy(node, lane)
-    node.lending.lease_live = lambda lane, model_id: node.owner.live(lane, model_id) is not None
-    node.restore = Restorer(node)
-    if c.role != "slave":
-        # A standalone node has one too: its metrics show the cluster families, empty.
-        node.master = MasterLending(node)
-    node.lending_gate = RequestLending(node)
-    node.decisions = DecisionLog(
-        node_id=c.node_id,
-        router_version=settings.ROUTER_VERSION,
-        clock_ms=lambda: int(time.time() * 1000),
-    )
+    _wire_lending(node, config)
     if c.role != "standalone":
         urls = [u for u in (c.public_url, c.master_url, *c.slave_urls) if u]
         node.client = NodeClient(

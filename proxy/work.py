@@ -247,3 +247,19 @@ def multipart_field(body: bytes, content_type: str, name: str) -> bytes | None:
         if _part_name(body[part_start:headers_end]) == name:
             return body[content_start:content_end]
         pos = content_end + 2
+
+
+def replace_multipart_model(body: bytes, public_id: str, local_id: str) -> bytes:
+    """Rename the `model` form field's value (public ID → the serving node's local ID)."""
+    marker = b'name="model"'
+    at = body.find(marker)
+    if at < 0:
+        return body
+    start = body.find(b"\r\n\r\n", at)
+    if start < 0:
+        return body
+    start += 4
+    end = body.find(b"\r\n", start)
+    if end < 0 or body[start:end].strip() != public_id.encode():
+        return body
+    return body[:start] + local_id.encode() + body[end:]

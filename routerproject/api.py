@@ -1,7 +1,7 @@
 """What every app's management API shares: the admin-key rule, the role permission, the one
 error envelope, strict body fields and the schema conventions (JSON in and out: `api_formats`).
 
-The admin key is checked at the ASGI edge (`proxy.app.ProxyApp`), before Django reads the body,
+The admin key is checked at the ASGI edge (`proxy.edge.app.ProxyApp`), before Django reads the body,
 with `admin_key_required` and `admin_key_valid` from here; DRF permissions express only role
 rules (`SiteRoute`). Bodies are validated by serializers built from the strict fields below, and
 a serializer error answers 400 in the OpenAI envelope with `param` naming the field at fault.

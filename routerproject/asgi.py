@@ -14,8 +14,8 @@ from django.core.asgi import get_asgi_application
 # `runserver` finds them: a node serves a handful of small files and needs no collectstatic.
 django_app = ASGIStaticFilesHandler(get_asgi_application())
 
-from proxy.app import ProxyApp  # noqa: E402  (needs the app registry ready)
-from proxy.realtime import RealtimeApp  # noqa: E402
+from proxy.edge.app import ProxyApp  # noqa: E402  (needs the app registry ready)
+from proxy.edge.realtime import RealtimeApp  # noqa: E402
 
 # WebSockets: only /v1/realtime (and its node route), relayed to the model's backend.
 application = ProtocolTypeRouter({"http": ProxyApp(django_app), "websocket": RealtimeApp()})

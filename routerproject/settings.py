@@ -59,7 +59,7 @@ SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY") or stored_secret_key(
 )
 DEBUG = os.environ.get("ROUTER_DEBUG") == "1"
 _BROWSER_HOSTS = ROUTER.server.browser_hosts(ROUTER.cluster.public_url)
-# The front door refuses other hosts first (proxy.gate), with the router's envelope; Django's
+# The front door refuses other hosts first (proxy.edge.gate), with the router's envelope; Django's
 # own check is the second guard for its views. Django writes IPv6 hosts in brackets.
 ALLOWED_HOSTS = (
     ["*"]
@@ -162,7 +162,7 @@ STATIC_ROOT = STORE_DIR / "static"
 CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
 REST_FRAMEWORK = {
-    # The admin key is checked at the ASGI edge (proxy.app), before Django reads the body.
+    # The admin key is checked at the ASGI edge (proxy.edge.app), before Django reads the body.
     "DEFAULT_AUTHENTICATION_CLASSES": [],
     "DEFAULT_PERMISSION_CLASSES": [],
     "UNAUTHENTICATED_USER": None,

@@ -26,9 +26,9 @@ from referencing.jsonschema import DRAFT202012
 from analytics.tests.factories import RequestRecordFactory
 from lending.tests.factories import OffloadDecisionFactory
 from proxy.api.schema import OPENAPI_CONTENT_TYPE, openapi_bytes, openapi_document
-from proxy.app import ProxyApp
+from proxy.edge.app import ProxyApp
+from proxy.edge.routes import ROUTES
 from proxy.node import Node, build_node, set_node
-from proxy.routes import ROUTES
 from registry import services
 from registry.httpclient import close_session
 from registry.recipes import Component, Recipe

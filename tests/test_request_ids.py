@@ -88,7 +88,7 @@ def test_the_log_lines_a_request_causes_name_it(node: RouterNode) -> None:
     line = wait_for(
         lambda: next((x for x in node.lines if "load of broken failed" in x), None), timeout=10
     )
-    assert "WARNING [trace-broken] proxy.runtimes:" in line
+    assert "WARNING [trace-broken] proxy.runtimes.runtime:" in line
 
 
 @pytest.fixture(scope="module")

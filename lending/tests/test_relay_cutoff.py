@@ -19,8 +19,9 @@ from aiohttp import web
 from lending import flow
 from lending.flow import CUTOFF_FACTOR, CUTOFF_GRACE_SECS, _cutoff, relay
 from lending.planner import Lease
-from proxy.forwarding import Ctx, Job, shape_openai
+from proxy.forwarding.local import Job, shape_openai
 from proxy.node import Node, build_node
+from proxy.request import Ctx
 from registry.httpclient import close_session
 from routerproject.config import load_config
 

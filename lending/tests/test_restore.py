@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from proxy.forwarding import Job
+from proxy.forwarding.local import Job
 from proxy.node import Node, build_node
 from registry.kcpps import Lane
 from routerproject.config import load_config

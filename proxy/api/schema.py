@@ -3,8 +3,8 @@ UI for it at `GET /router/v1/docs`.
 
 Two parts make the document. drf-spectacular generates the management part from each app's
 views and serializers (`routerproject.api.RouterSchemaGenerator`); the client paths, which the
-proxy serves ahead of Django, are described by hand beside its route table
-(`proxy.client_schema`). The merge lives here, at the top layer, because only here are both in
+proxy serves ahead of Django, are described by hand by each path family and joined in
+`proxy.api.client_paths`. The merge lives here, at the top layer, because only here are both in
 reach. The node protocol (`/router/v1/node/…`) is left out on purpose: only nodes of one cluster
 speak it, with the cluster token.
 
@@ -28,7 +28,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from proxy.client_schema import INFERENCE_KEY, TAGS, client_components, client_paths
+from proxy.api.client_paths import client_paths
+from proxy.families.openapi import INFERENCE_KEY, TAGS, client_components
 from routerproject.api import RouterSchemaGenerator
 
 __all__ = ["OPENAPI_CONTENT_TYPE", "DocsView", "SchemaView", "openapi_bytes", "openapi_document"]

@@ -9,7 +9,6 @@ Start-up must stay fast: stdlib, aiohttp, orjson and the two pure project module
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import base64
 import collections
@@ -24,25 +23,19 @@ import time
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import orjson
 from aiohttp import web
 
-from guardians.detect import body_has_image
+from proxy.sim.config import SimConfig, SimWeights, WeightsError, load_weights, parse_args
 from proxy.work import (
     image_work,
     multipart_field,
-    output_tokens,
     prompt_tokens_for_bytes,
-    requested_output_tokens,
     wav_duration_seconds,
 )
 
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_TRANSCRIBE_MS_PER_AUDIO_SECOND = 50.0
-DEFAULT_EMBEDDING_DIM = 8
 STATS_HISTORY_LEN = 100
 COMPLETED_MARK = "sim: completed"
 # SIGTERM should end the process promptly; in-flight simulated work is worthless.
@@ -70,194 +63,6 @@ _WORDS = (
     "on",
     "time",
 )
-
-_NUMBER_KEYS = (
-    "load_ms",
-    "base_ms",
-    "prompt_ms_per_token",
-    "output_ms_per_token",
-    "image_ms_per_megapixel_step",
-    "transcribe_ms_per_audio_second",
-)
-
-# Value options we understand, with the llama-server / sd-server / whisper-server
-# spellings that mean the same thing. Everything else on the command line is ignored.
-_VALUE_OPTIONS: dict[str, str] = {
-    "-m": "model",
-    "--model": "model",
-    "--diffusion-model": "model",
-    "--host": "host",
-    "--listen-ip": "host",
-    "--port": "port",
-    "--listen-port": "port",
-    "-c": "ctx_size",
-    "--ctx-size": "ctx_size",
-    "--mmproj": "mmproj",
-    "-np": "parallel",
-    "--parallel": "parallel",
-    "-a": "alias",
-    "--alias": "alias",
-    "--api-key": "api_key",
-}
-_FLAG_OPTIONS = ("--embeddings", "--embedding")
-# Behaviours of servers the router fronts as upstreams, which tests switch on: a vLLM or an
-# Ollama answers 404 to a model name it does not serve, and some servers answer under their own
-# name whatever the request said. Not llama-server options; the router never passes them.
-_SIM_FLAGS = {"--sim-strict-model": "strict_model", "--sim-answer-as-alias": "answer_as_alias"}
-
-
-class WeightsError(Exception):
-    """The weights JSON is missing or invalid."""
-
-
-@dataclass(frozen=True)
-class SimWeights:
-    load_ms: float = 0.0
-    base_ms: float = 0.0
-    prompt_ms_per_token: float = 0.0
-    output_ms_per_token: float = 0.0
-    image_ms_per_megapixel_step: float = 0.0
-    transcribe_ms_per_audio_second: float = DEFAULT_TRANSCRIBE_MS_PER_AUDIO_SECOND
-    embedding_dim: int = DEFAULT_EMBEDDING_DIM
-    vision: bool = False
-    prompt_cache_entries: int = 0
-    """Prompts remembered, as llama-server's prompt cache: 0 keeps every prompt at full price."""
-
-
-@dataclass(frozen=True)
-class SimConfig:
-    weights_path: str
-    host: str
-    port: int
-    alias: str
-    mmproj: str | None = None
-    ctx_size: int | None = None
-    parallel: int | None = None
-    embeddings: bool = False
-    api_key: str | None = None
-    strict_model: bool = False
-    answer_as_alias: bool = False
-
-
-def load_weights(path: str) -> SimWeights:
-    """Read and validate a `*.sim.json` weights file; WeightsError says what is wrong."""
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as exc:
-        raise WeightsError(f"cannot read weights file {path}: {exc.strerror or exc}") from exc
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise WeightsError(f"weights file {path} is not valid JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise WeightsError(f"weights file {path} must hold a JSON object")
-    values: dict[str, Any] = {}
-    for key in _NUMBER_KEYS:
-        if key not in data:
-            continue
-        value = data[key]
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise WeightsError(f"weights file {path}: {key} must be a number")
-        if not math.isfinite(value) or value < 0:
-            raise WeightsError(f"weights file {path}: {key} must be a finite number >= 0")
-        values[key] = float(value)
-    if "embedding_dim" in data:
-        dim = data["embedding_dim"]
-        if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0:
-            raise WeightsError(f"weights file {path}: embedding_dim must be a positive integer")
-        values["embedding_dim"] = dim
-    if "prompt_cache_entries" in data:
-        entries = data["prompt_cache_entries"]
-        if isinstance(entries, bool) or not isinstance(entries, int) or entries < 0:
-            raise WeightsError(f"weights file {path}: prompt_cache_entries must be an integer >= 0")
-        values["prompt_cache_entries"] = entries
-    if "vision" in data:
-        if not isinstance(data["vision"], bool):
-            raise WeightsError(f"weights file {path}: vision must be true or false")
-        values["vision"] = data["vision"]
-    return SimWeights(**values)
-
-
-def _known_args(argv: Sequence[str]) -> list[str]:
-    """Keep only our options and their values.
-
-    argparse alone would read llama-server's `-mg 0` as `-m g` (short options take
-    glued values), so the real server's other flags are dropped before parsing.
-    """
-    kept: list[str] = []
-    index = 0
-    while index < len(argv):
-        token = argv[index]
-        name, eq, _ = token.partition("=")
-        if token in _VALUE_OPTIONS:
-            kept.extend(argv[index : index + 2])
-            index += 2
-            continue
-        if (
-            (eq and name.startswith("--") and name in _VALUE_OPTIONS)
-            or token in _FLAG_OPTIONS
-            or token in _SIM_FLAGS
-        ):
-            kept.append(token)
-        index += 1
-    return kept
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError("must be >= 0")
-    return value
-
-
-def _port(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError("must be a port number 0-65535")
-    return value
-
-
-def parse_args(argv: Sequence[str]) -> SimConfig:
-    """Parse a llama-server style command line; exits 2 (argparse) when it is unusable."""
-    parser = argparse.ArgumentParser(
-        prog="python -m proxy.sim",
-        description="Simulated llama-server / sd-server / whisper-server.",
-        allow_abbrev=False,
-    )
-    for option, dest in _VALUE_OPTIONS.items():
-        if dest == "model":
-            continue
-        kind: Callable[[str], Any] = str
-        if dest == "port":
-            kind = _port
-        elif dest in ("ctx_size", "parallel"):
-            kind = _non_negative_int
-        parser.add_argument(option, dest=dest, type=kind)
-    parser.add_argument("-m", "--model", "--diffusion-model", dest="model", required=True)
-    parser.add_argument(*_FLAG_OPTIONS, dest="embeddings", action="store_true")
-    for flag, dest in _SIM_FLAGS.items():
-        parser.add_argument(flag, dest=dest, action="store_true")
-    args = parser.parse_args(_known_args(argv))
-    if args.port is None:
-        parser.error("--port is required")
-    stem = Path(args.model).name
-    for suffix in (".sim.json", ".json"):
-        if stem.endswith(suffix) and len(stem) > len(suffix):
-            stem = stem[: -len(suffix)]
-            break
-    return SimConfig(
-        weights_path=args.model,
-        host=args.host or DEFAULT_HOST,
-        port=args.port,
-        alias=args.alias or stem,
-        mmproj=args.mmproj,
-        ctx_size=args.ctx_size,
-        parallel=args.parallel,
-        embeddings=args.embeddings,
-        api_key=args.api_key,
-        strict_model=args.strict_model,
-        answer_as_alias=args.answer_as_alias,
-    )
 
 
 def _png_1x1() -> bytes:
@@ -521,307 +326,6 @@ async def handle_stats(request: web.Request) -> web.Response:
     return _json(_state(request).stats())
 
 
-# Text --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _TextReply:
-    """Everything about one text reply that is fixed before the work starts."""
-
-    chat: bool
-    reply_id: str
-    created: int
-    model: str
-    count: int
-    finish_reason: str
-    usage: dict[str, Any]
-    tool_call: tuple[str, str, str] | None = None
-    """(id, function name, JSON arguments) when the reply calls a tool instead of talking."""
-
-    def _envelope(self, kind: str, choice: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "id": self.reply_id,
-            "object": kind,
-            "created": self.created,
-            "model": self.model,
-            "choices": [choice],
-        }
-
-    def _call(self, arguments: str, *, first: bool) -> dict[str, Any]:
-        assert self.tool_call is not None
-        call_id, name, _ = self.tool_call
-        if not first:
-            return {"index": 0, "function": {"arguments": arguments}}
-        function = {"name": name, "arguments": arguments}
-        return {"index": 0, "id": call_id, "type": "function", "function": function}
-
-    def tool_chunks(self) -> list[bytes]:
-        """The streamed tool call as OpenAI sends it: name first, arguments in pieces."""
-        assert self.tool_call is not None
-        arguments = self.tool_call[2]
-        half = len(arguments) // 2
-        deltas = [
-            {"role": "assistant", "content": None, "tool_calls": [self._call("", first=True)]},
-            {"tool_calls": [self._call(arguments[:half], first=False)]},
-            {"tool_calls": [self._call(arguments[half:], first=False)]},
-        ]
-        return [self._event({"index": 0, "finish_reason": None, "delta": d}) for d in deltas]
-
-    def whole(self) -> dict[str, Any]:
-        text = " ".join(_word(i) for i in range(self.count))
-        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": self.finish_reason}
-        if self.tool_call is not None:
-            call = self._call(self.tool_call[2], first=True)
-            del call["index"]
-            choice["message"] = {"role": "assistant", "content": None, "tool_calls": [call]}
-        elif self.chat:
-            choice["message"] = {"role": "assistant", "content": text}
-        else:
-            choice["text"] = text
-        data = self._envelope("chat.completion" if self.chat else "text_completion", choice)
-        data["usage"] = self.usage
-        return data
-
-    def chunk(self, index: int) -> bytes:
-        """SSE event for output token `index`; the words joined by spaces make the text."""
-        piece = _word(index) if index == 0 else " " + _word(index)
-        choice: dict[str, Any] = {"index": 0, "finish_reason": None}
-        if self.chat:
-            # OpenAI announces the role in the first delta only.
-            choice["delta"] = (
-                {"role": "assistant", "content": piece} if index == 0 else {"content": piece}
-            )
-        else:
-            choice["text"] = piece
-            choice["logprobs"] = None
-        return self._event(choice)
-
-    def final_chunk(self) -> bytes:
-        choice: dict[str, Any] = {"index": 0, "finish_reason": self.finish_reason}
-        if self.chat:
-            choice["delta"] = {}
-        else:
-            choice["text"] = ""
-            choice["logprobs"] = None
-        return self._event(choice)
-
-    def usage_chunk(self) -> bytes:
-        """The chunk a stream ends with when the request asked for `include_usage`."""
-        data = self._envelope("chat.completion.chunk" if self.chat else "text_completion", {})
-        data["choices"] = []
-        data["usage"] = self.usage
-        return b"data: " + orjson.dumps(data) + b"\n\n"
-
-    def _event(self, choice: dict[str, Any]) -> bytes:
-        data = self._envelope("chat.completion.chunk" if self.chat else "text_completion", choice)
-        return b"data: " + orjson.dumps(data) + b"\n\n"
-
-
-def _wants_usage(body: dict[str, Any]) -> bool:
-    # As llama-server and OpenAI: a stream carries usage only when the request asks for it.
-    options = body.get("stream_options")
-    return isinstance(options, dict) and options.get("include_usage") is True
-
-
-async def _stream_text(
-    request: web.Request,
-    state: SimState,
-    reply: _TextReply,
-    prefill_ms: float,
-    duration_ms: float,
-    *,
-    usage: bool,
-    user: Any = None,
-    seen: dict[str, Any] | None = None,
-) -> web.StreamResponse:
-    response = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-    )
-    per_token_secs = state.weights.output_ms_per_token / 1000.0
-    try:
-        async with state.slot(request.path, duration_ms, user, seen):
-            await response.prepare(request)
-            await asyncio.sleep(prefill_ms / 1000.0)
-            if reply.tool_call is not None:
-                for chunk in reply.tool_chunks():
-                    await response.write(chunk)
-            else:
-                for index in range(reply.count):
-                    await asyncio.sleep(per_token_secs)
-                    await response.write(reply.chunk(index))
-            await response.write(reply.final_chunk())
-            if usage:
-                await response.write(reply.usage_chunk())
-            await response.write(b"data: [DONE]\n\n")
-            await response.write_eof()
-    except ConnectionResetError:
-        # The client went away between chunks; the slot has already counted it.
-        pass
-    return response
-
-
-async def _handle_text(request: web.Request, chat: bool) -> web.StreamResponse:
-    state = _state(request)
-    if not state.loaded:
-        return _loading()
-    raw, parsed = await _read_json(request)
-    if isinstance(parsed, web.Response):
-        return parsed
-    body = parsed
-    wrong = _wrong_model(state, body)
-    if wrong is not None:
-        return wrong
-    if not state.vision and body_has_image(body):
-        return _bad_request("image input is not supported by this model")
-    tool_call: tuple[str, str, str] | None = None
-    if chat:
-        refused = _check_tool_history(body.get("messages"))
-        if refused is not None:
-            return _bad_request(refused)
-        tool_call = _tool_call_for(state, body)
-    weights = state.weights
-    n_prompt = prompt_tokens_for_bytes(len(raw))
-    n_output = output_tokens(body)
-    ctx = state.config.ctx_size
-    if ctx and state.config.parallel:
-        # As llama-server: each of its -np slots gets an equal share of the window.
-        ctx = max(1, ctx // state.config.parallel)
-    capped = False
-    if ctx:
-        # As llama-server: a prompt that fills the context is refused, and generation stops
-        # when the context is full, whatever max_tokens asked for.
-        if n_prompt >= ctx:
-            return _error(
-                400,
-                "the request exceeds the available context size, try increasing it",
-                "exceed_context_size_error",
-            )
-        capped = n_output > ctx - n_prompt
-        n_output = min(n_output, ctx - n_prompt)
-    cached = min(n_prompt, state.cached_tokens(prompt_text(body)))
-    prefill_ms = weights.base_ms + weights.prompt_ms_per_token * (n_prompt - cached)
-    duration_ms = prefill_ms + weights.output_ms_per_token * n_output
-    reply = _TextReply(
-        chat=chat,
-        reply_id=state.next_id("chatcmpl" if chat else "cmpl"),
-        created=int(time.time()),
-        model=_model_name(state, body),
-        count=n_output,
-        # Every reply runs to its token budget, so it ends by length whenever one was set.
-        finish_reason="tool_calls"
-        if tool_call is not None
-        else "length"
-        if capped or requested_output_tokens(body) is not None
-        else "stop",
-        usage={
-            "prompt_tokens": n_prompt,
-            "completion_tokens": n_output,
-            "total_tokens": n_prompt + n_output,
-            # As llama-server with a prompt cache: how much of the prompt was reused.
-            **(
-                {"prompt_tokens_details": {"cached_tokens": cached}}
-                if weights.prompt_cache_entries
-                else {}
-            ),
-        },
-        tool_call=tool_call,
-    )
-    if body.get("stream") is True:
-        return await _stream_text(
-            request,
-            state,
-            reply,
-            prefill_ms,
-            duration_ms,
-            usage=_wants_usage(body),
-            user=body.get("user"),
-            seen=_seen(request, body),
-        )
-    async with state.slot(request.path, duration_ms, body.get("user"), _seen(request, body)):
-        await asyncio.sleep(duration_ms / 1000.0)
-    return _json(reply.whole())
-
-
-# A value of each JSON Schema type, for the arguments of a simulated tool call.
-_SAMPLE_ARGUMENTS: dict[str, Any] = {
-    "string": "sim",
-    "integer": 1,
-    "number": 1.5,
-    "boolean": True,
-    "array": [],
-    "object": {},
-}
-
-
-def _tool_call_for(state: SimState, body: dict[str, Any]) -> tuple[str, str, str] | None:
-    """A call of the first tool offered, unless the model was just given a tool's result.
-
-    What a tool-calling model does with a question it needs a tool for: it calls the tool, then
-    answers in words once the result is in the conversation. Its arguments fill every required
-    parameter with a value of the declared type.
-    """
-    tools = body.get("tools")
-    if not isinstance(tools, list) or not tools or body.get("tool_choice") == "none":
-        return None
-    messages = body.get("messages")
-    if (
-        isinstance(messages, list)
-        and messages
-        and isinstance(messages[-1], dict)
-        and messages[-1].get("role") == "tool"
-    ):
-        return None
-    function = _dict(_dict(tools[0]).get("function"))
-    name = function.get("name")
-    if not isinstance(name, str) or not name:
-        return None
-    params = _dict(function.get("parameters"))
-    props = _dict(params.get("properties"))
-    required = params.get("required")
-    arguments = {
-        key: _SAMPLE_ARGUMENTS.get(str(_dict(props.get(key)).get("type")), "sim")
-        for key in (required if isinstance(required, list) else [])
-        if isinstance(key, str)
-    }
-    return state.next_id("call"), name, orjson.dumps(arguments).decode()
-
-
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _check_tool_history(messages: Any) -> str | None:
-    """Why a chat history is refused, as strict OpenAI servers refuse it; None when it is fine.
-
-    An assistant's tool call carries its arguments as a JSON string and an ID, and every tool
-    result names the call it answers by that ID.
-    """
-    if not isinstance(messages, list):
-        return None
-    call_ids: set[str] = set()
-    for index, message in enumerate(messages):
-        if not isinstance(message, dict):
-            continue
-        for call in message.get("tool_calls") or []:
-            function = call.get("function") if isinstance(call, dict) else None
-            if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
-                return f"messages[{index}].tool_calls: arguments must be a JSON string"
-            if not isinstance(call.get("id"), str):
-                return f"messages[{index}].tool_calls: each call needs an id"
-            call_ids.add(call["id"])
-        if message.get("role") == "tool" and message.get("tool_call_id") not in call_ids:
-            return f"messages[{index}]: tool_call_id does not name an earlier tool call"
-    return None
-
-
-async def handle_chat(request: web.Request) -> web.StreamResponse:
-    return await _handle_text(request, chat=True)
-
-
-async def handle_completions(request: web.Request) -> web.StreamResponse:
-    return await _handle_text(request, chat=False)
-
-
 # Embeddings --------------------------------------------------------------------------
 
 
@@ -977,23 +481,22 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
 
 
 def build_app(config: SimConfig, weights: SimWeights, started_at: float) -> web.Application:
+    # The path families' simulations build on this module's helpers, hence the late import.
+    from proxy.sim import chat, media, textfamily, voice
+
     app = web.Application(middlewares=[json_errors, api_key], client_max_size=MAX_REQUEST_BYTES)
     app[STATE_KEY] = SimState(config=config, weights=weights, started_at=started_at)
     app.router.add_get("/v1/models", handle_models)
     app.router.add_get("/health", handle_health)
     app.router.add_get("/sdapi/v1/sd-models", handle_sd_models)
     app.router.add_get("/sim/stats", handle_stats)
-    app.router.add_post("/v1/chat/completions", handle_chat)
-    app.router.add_post("/v1/completions", handle_completions)
+    app.router.add_post("/v1/chat/completions", chat.handle_chat)
+    app.router.add_post("/v1/completions", chat.handle_completions)
     app.router.add_post("/v1/embeddings", handle_embeddings)
     app.router.add_post("/v1/images/generations", handle_image_generations)
     app.router.add_post("/sdapi/v1/txt2img", handle_txt2img)
     app.router.add_post("/v1/audio/transcriptions", handle_transcription)
     app.router.add_post("/inference", handle_transcription)
-    # The other path families' simulations build on this module's helpers, hence the late
-    # import.
-    from proxy.sim import media, textfamily, voice
-
     textfamily.register(app)
     media.register(app)
     voice.register(app)

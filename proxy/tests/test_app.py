@@ -20,7 +20,7 @@ import yaml
 from asgiref.testing import ApplicationCommunicator
 
 from analytics.recorder import RequestSample
-from proxy.app import ProxyApp
+from proxy.edge.app import ProxyApp
 from proxy.node import Node, build_node
 from registry.httpclient import close_session, get_session
 from routerproject.config import load_config
@@ -501,7 +501,7 @@ async def test_without_configured_keys_no_bearer_is_needed(
 # -- everything else --------------------------------------------------------------------
 
 
-# Every `/v1/…` path is the text catch-all's (proxy/routes.py), so none of them is here.
+# Every `/v1/…` path is the text catch-all's (proxy/edge/routes.py), so none of them is here.
 @pytest.mark.parametrize("path", ["/admin/", "/api/v1/nodes", "/v0/chat/completions", "/"])
 async def test_a_path_the_proxy_does_not_claim_goes_to_the_fallback(
     make_node: NodeFactory, fallback: Fallback, path: str

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from proxy.backends import DEFAULT_BINARIES, LaunchError, build_launch, runtime_lane
-from proxy.sim.server import parse_args
+from proxy.runtimes.backends import DEFAULT_BINARIES, LaunchError, build_launch, runtime_lane
+from proxy.sim.config import parse_args
 from registry.hashing import FileHasher
 from registry.kcpps import ModelConfig, load_model_config
 from routerproject.config import RouterConfig, load_config

@@ -15,8 +15,8 @@ import struct
 
 import aiohttp
 
-from proxy.forwarding import SentBody, backend_gone, never_sent
-from proxy.inflight import Forwards, Requests
+from proxy.forwarding.faults import SentBody, backend_gone, never_sent
+from proxy.forwarding.inflight import Forwards, Requests
 
 WAIT_SECS = 10.0
 

@@ -1,4 +1,4 @@
-"""The sendfile producer of proxy/filesend.py against a real socket pair: a transport that
+"""The sendfile producer of proxy/edge/filesend.py against a real socket pair: a transport that
 buffers and pauses as Twisted's does, time from a Twisted `Clock`."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
-from proxy import filesend
-from proxy.filesend import SpanSender
+from proxy.edge import filesend
+from proxy.edge.filesend import SpanSender
 
 DATA = bytes(range(256)) * 12_000  # ~3 MB: more than the socket pair holds at once
 

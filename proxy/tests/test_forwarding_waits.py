@@ -17,8 +17,9 @@ import yaml
 
 from lending.flow import Takeback, borrowed_acquire
 from lending.runtime import Lending
-from proxy.forwarding import Ctx, Job, _backend_headers, forward, shape_openai
+from proxy.forwarding.local import Job, _backend_headers, forward, shape_openai
 from proxy.node import Node, build_node
+from proxy.request import Ctx
 from registry.httpclient import close_session
 from routerproject.config import load_config
 from routerproject.errors import RouterError

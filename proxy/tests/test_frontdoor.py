@@ -16,8 +16,8 @@ from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
-from proxy import frontdoor
-from proxy.frontdoor import LINGER_MAX_BYTES, LINGER_SECS, FrontDoor, FrontDoorFactory
+from proxy.edge import frontdoor
+from proxy.edge.frontdoor import LINGER_MAX_BYTES, LINGER_SECS, FrontDoor, FrontDoorFactory
 from routerproject.config import load_config
 
 LIMIT = 1000

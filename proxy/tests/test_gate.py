@@ -1,4 +1,4 @@
-"""The front-door rules (`proxy.gate`) and the front door's bookkeeping, without sockets."""
+"""The front-door rules (`proxy.edge.gate`) and the front door's bookkeeping, without sockets."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from proxy.frontdoor import FrontDoor, RefusalLog
-from proxy.gate import Gate, host_name, parse_address
+from proxy.edge.frontdoor import FrontDoor, RefusalLog
+from proxy.edge.gate import Gate, host_name, parse_address
 from routerproject.config import RouterConfig, load_config
 
 

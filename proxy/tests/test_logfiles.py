@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from proxy.logfiles import rotate_dir, rotate_if_large
+from proxy.runtimes.logfiles import rotate_dir, rotate_if_large
 
 
 def test_a_file_at_the_limit_stays_and_one_over_it_rotates(tmp_path: Path) -> None:

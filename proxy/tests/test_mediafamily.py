@@ -9,9 +9,9 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy import mediafamily
-from proxy.forwarding import Ctx, Message
-from proxy.sticky import Holder, StickyIds
+from proxy.families.media import handlers as media
+from proxy.request import Ctx, Message
+from proxy.serving.sticky import Holder, StickyIds
 from registry.cluster import Replica
 from routerproject.errors import RouterError
 
@@ -29,47 +29,47 @@ def node(*replicas: Replica, node_id: str = "n1") -> Any:
 
 @pytest.fixture(autouse=True)
 def no_selection() -> Any:
-    mediafamily._selected.clear()
+    media._selected.clear()
     yield
-    mediafamily._selected.clear()
+    media._selected.clear()
 
 
 def test_the_default_is_the_selection_then_the_only_model_then_the_first_by_id() -> None:
-    assert mediafamily.default_image_model(node(image("b"), image("a", disabled=True))) == "b"
+    assert media.default_image_model(node(image("b"), image("a", disabled=True))) == "b"
     two = node(image("b"), image("a"))
-    assert mediafamily.default_image_model(two) == "a"
-    mediafamily._selected["n1"] = "b"
-    assert mediafamily.default_image_model(two) == "b"
+    assert media.default_image_model(two) == "a"
+    media._selected["n1"] = "b"
+    assert media.default_image_model(two) == "b"
     # A selection is this node's own; another node keeps its default.
-    assert mediafamily.default_image_model(node(image("b"), image("a"), node_id="n2")) == "a"
+    assert media.default_image_model(node(image("b"), image("a"), node_id="n2")) == "a"
 
 
 def test_a_selection_no_longer_enabled_is_passed_over() -> None:
-    mediafamily._selected["n1"] = "b"
-    assert mediafamily.default_image_model(node(image("b", disabled=True), image("c"))) == "c"
+    media._selected["n1"] = "b"
+    assert media.default_image_model(node(image("b", disabled=True), image("c"))) == "c"
 
 
 def test_no_image_model_at_all_is_a_404() -> None:
     with pytest.raises(RouterError) as raised:
-        mediafamily.default_image_model(node())
+        media.default_image_model(node())
     assert raised.value.status == 404
 
 
 def test_a_remembered_id_goes_to_its_holder_and_waits_for_it_when_it_is_gone() -> None:
     here = node(image("a"))
     here.sticky.remember("sdcpp", "job-1", Holder("n1", "a", "a"))
-    found = mediafamily._holder_replica(here, "sdcpp", "job-1")
+    found = media._holder_replica(here, "sdcpp", "job-1")
     assert found is not None and found.node_id == "n1"
-    assert mediafamily._holder_replica(here, "sdcpp", "unknown") is None
+    assert media._holder_replica(here, "sdcpp", "unknown") is None
     here.sticky.remember("sdcpp", "job-2", Holder("n9", "a", "a"))
     with pytest.raises(RouterError) as raised:
-        mediafamily._holder_replica(here, "sdcpp", "job-2")
+        media._holder_replica(here, "sdcpp", "job-2")
     # Not sent to another replica, which cannot know it; remembered for when n9 is back.
     assert (raised.value.status, raised.value.code) == (503, "node_unavailable")
     assert here.sticky.lookup("sdcpp", "job-2") == Holder("n9", "a", "a")
 
 
-def run_tap(messages: list[Message], rewrite: Any = None) -> tuple[list[Message], mediafamily._Tap]:
+def run_tap(messages: list[Message], rewrite: Any = None) -> tuple[list[Message], media._Tap]:
     sent: list[Message] = []
 
     async def send(message: Message) -> None:
@@ -79,7 +79,7 @@ def run_tap(messages: list[Message], rewrite: Any = None) -> tuple[list[Message]
         return {"type": "http.disconnect"}
 
     ctx = Ctx({"headers": []}, receive, send, "/x", "GET")
-    tap = mediafamily._Tap(ctx, rewrite)
+    tap = media._Tap(ctx, rewrite)
 
     async def go() -> None:
         for message in messages:
@@ -133,5 +133,5 @@ def test_comfy_output_files_are_read_from_every_output() -> None:
         },
         "p2": {"outputs": "broken"},
     }
-    assert mediafamily._output_files(history) == ["a.png", "b.png", "c.webp"]
-    assert mediafamily._output_files(None) == []
+    assert media._output_files(history) == ["a.png", "b.png", "c.webp"]
+    assert media._output_files(None) == []

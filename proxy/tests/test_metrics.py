@@ -10,8 +10,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from lending.decisions import DecisionLog
-from proxy import metrics
-from proxy.forwarding import Ctx
+from proxy.observe import metrics
+from proxy.request import Ctx
 
 
 @pytest.mark.parametrize(

@@ -1,11 +1,11 @@
-"""Readiness rules per lane (reference-cluster §3.2), as proxy/readiness.py implements them."""
+"""Readiness rules per lane (reference-cluster §3.2), as proxy/runtimes/readiness.py has them."""
 
 from __future__ import annotations
 
 import orjson
 import pytest
 
-from proxy.readiness import (
+from proxy.runtimes.readiness import (
     health_ready,
     is_ready,
     kobold_flag_ready,

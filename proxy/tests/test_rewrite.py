@@ -5,7 +5,7 @@ from collections.abc import Callable
 import orjson
 import pytest
 
-from proxy.rewrite import (
+from proxy.forwarding.rewrite import (
     InvalidBackendJSON,
     NDJSONRewriter,
     SSERewriter,

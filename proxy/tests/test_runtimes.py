@@ -22,9 +22,9 @@ import pytest
 import yaml
 
 from analytics.recorder import LoadEvent
-from proxy import runtimes
-from proxy.backends import Launch
-from proxy.runtimes import Runtime, RuntimeManager, free_port
+from proxy.runtimes import runtime as runtime_module
+from proxy.runtimes.backends import Launch
+from proxy.runtimes.runtime import Runtime, RuntimeManager, free_port
 from registry.hashing import FileHasher
 from registry.httpclient import close_session, get_session
 from registry.kcpps import ModelConfig, load_model_config
@@ -323,7 +323,7 @@ async def test_a_backend_crash_logs_the_configs_name_and_path_not_the_whole_conf
     alpha = node.model("alpha")
     await within(runtime.load(alpha))
     assert runtime.process is not None
-    with caplog.at_level(logging.WARNING, logger="proxy.runtimes"):
+    with caplog.at_level(logging.WARNING, logger="proxy.runtimes.runtime"):
         os.kill(runtime.process.pid, signal.SIGKILL)
         await wait_for(lambda: runtime.state == "failed", "the runtime notices the exit")
     crashes = [r.getMessage() for r in caplog.records if "exited with code" in r.getMessage()]
@@ -473,8 +473,8 @@ async def test_the_lane_is_ready_only_while_a_loaded_backend_passes_its_probe(
 ) -> None:
     # What is checked is how the lane follows the probe, not how often it runs or how long
     # it waits: each wait for a hung backend's failed probe is an interval plus a timeout.
-    monkeypatch.setattr(runtimes, "LANE_PROBE_EVERY_SECS", 0.1)
-    monkeypatch.setattr(runtimes, "PROBE_TIMEOUT_SECS", 1.0)
+    monkeypatch.setattr(runtime_module, "LANE_PROBE_EVERY_SECS", 0.1)
+    monkeypatch.setattr(runtime_module, "PROBE_TIMEOUT_SECS", 1.0)
     cfg = node.model("alpha")
     other = node.model("beta")
     # Nothing loaded: a request would queue behind the load, so the lane counts as ready.

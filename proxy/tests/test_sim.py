@@ -23,7 +23,7 @@ import httpx
 import orjson
 import pytest
 
-from proxy.sim.server import SimWeights, WeightsError, load_weights
+from proxy.sim.config import SimWeights, WeightsError, load_weights
 from proxy.sim.server import main as sim_main
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.sticky import Holder, StickyIds
+from proxy.serving.sticky import Holder, StickyIds
 
 A = Holder("node-a", "chat", "chat")
 B = Holder("node-b", "chat", "chat-b")

@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.streamusage import UsageStripper, ask_for_usage
+from proxy.forwarding.streamusage import UsageStripper, ask_for_usage
 
 
 def _body(**doc: Any) -> bytes:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy import stt
+from proxy import work
+from proxy.families.voice import stt
 from registry.cluster import Replica
 
 
@@ -89,6 +90,6 @@ def test_the_model_field_of_a_multipart_upload_is_renamed() -> None:
         b'--x\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\n'
         b"RIFF\r\n--x--\r\n"
     )
-    out = stt.replace_multipart_model(body, "ears-2", "ears")
+    out = work.replace_multipart_model(body, "ears-2", "ears")
     assert b'name="model"\r\n\r\nears\r\n' in out and out.endswith(b"RIFF\r\n--x--\r\n")
-    assert stt.replace_multipart_model(body, "other", "ears") == body
+    assert work.replace_multipart_model(body, "other", "ears") == body

@@ -8,14 +8,9 @@ from typing import Any, cast
 import orjson
 import pytest
 
+from proxy.families.text.surface import _EventRewriter, _KoboldEvents, _WholeRewriter, rerank_kind
+from proxy.forwarding.rewrite import InvalidBackendJSON
 from proxy.node import Node
-from proxy.rewrite import InvalidBackendJSON
-from proxy.textfamily import (
-    _EventRewriter,
-    _KoboldEvents,
-    _WholeRewriter,
-    rerank_kind,
-)
 from registry.cluster import Replica
 
 

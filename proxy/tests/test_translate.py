@@ -5,18 +5,20 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy import translate
-from proxy.translate import (
+from proxy.families.text import replies, translate
+from proxy.families.text.replies import (
     OllamaStreamTranslator,
-    TranslationError,
-    kobold_generate_request,
-    ollama_chat_request,
-    ollama_generate_request,
     openai_error_to_ollama,
     openai_to_kobold,
     openai_to_ollama_chat,
     openai_to_ollama_generate,
     rfc3339_utc,
+)
+from proxy.families.text.translate import (
+    TranslationError,
+    kobold_generate_request,
+    ollama_chat_request,
+    ollama_generate_request,
 )
 
 STARTED_NS = 1_700_000_000_000_000_000
@@ -616,7 +618,7 @@ def test_openai_embeddings_answers_become_ollama_ones_in_index_order() -> None:
         "data": [{"index": 1, "embedding": [0.2]}, {"index": 0, "embedding": [0.1]}],
         "usage": {"prompt_tokens": 4},
     }
-    out = translate.openai_to_ollama_embed(
+    out = replies.openai_to_ollama_embed(
         resp, model="pub", legacy=False, started_ns=1_000, now_ns=3_500
     )
     assert out == {
@@ -626,12 +628,10 @@ def test_openai_embeddings_answers_become_ollama_ones_in_index_order() -> None:
         "load_duration": 0,
         "prompt_eval_count": 4,
     }
-    legacy = translate.openai_to_ollama_embed(
-        resp, model="pub", legacy=True, started_ns=0, now_ns=0
-    )
+    legacy = replies.openai_to_ollama_embed(resp, model="pub", legacy=True, started_ns=0, now_ns=0)
     assert legacy == {"embedding": [0.1]}
     with pytest.raises(ValueError):
-        translate.openai_to_ollama_embed(
+        replies.openai_to_ollama_embed(
             {"data": [{"embedding": "x"}]}, model="p", legacy=False, started_ns=0, now_ns=0
         )
 

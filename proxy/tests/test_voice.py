@@ -18,12 +18,12 @@ import yaml
 from asgiref.testing import ApplicationCommunicator
 from daphne.ws_protocol import WebSocketProtocol
 
-from proxy.forwarding import Ctx
-from proxy.gate import inference_token
+from proxy.edge.gate import inference_token
+from proxy.edge.realtime import RealtimeApp, RouterWebSocketProtocol, Session, sendable
+from proxy.families.voice.handlers import _kobold_audio, _with_query_model, named_model, speaker_for
 from proxy.node import Node, build_node
-from proxy.realtime import RealtimeApp, RouterWebSocketProtocol, Session, sendable
+from proxy.request import Ctx
 from proxy.sim.voice import speech_wav
-from proxy.voicefamily import _kobold_audio, _with_query_model, named_model, speaker_for
 from registry.httpclient import close_session
 from routerproject.config import load_config
 from routerproject.errors import RouterError

@@ -57,6 +57,62 @@ def _persist_assignments(assignments: Any) -> None:
 _PENDING: set[asyncio.Task[None]] = set()
 
 
+def _router_server(runner: NodeRunner, door: Any, listening: list[Any]) -> Any:
+    """Daphne's server class for this node: the front door on every HTTP connection, the
+    realtime close codes on every WebSocket, `http.response.pathsend`, and the node's startup
+    once it listens."""
+    from daphne.server import Server
+
+    from proxy.edge import filesend
+    from proxy.edge.frontdoor import FrontDoorFactory
+
+    class RouterServer(Server):
+        # Daphne builds its HTTP factory inside run(); taking it over as it is assigned
+        # puts the node's front door on every connection without copying run().
+        @property
+        def http_factory(self) -> Any:
+            return self._router_http_factory
+
+        @http_factory.setter
+        def http_factory(self, factory: Any) -> None:
+            self._router_http_factory = FrontDoorFactory(self, door)
+
+        @property
+        def ws_factory(self) -> Any:
+            return self._router_ws_factory
+
+        @ws_factory.setter
+        def ws_factory(self, factory: Any) -> None:
+            from proxy.edge.realtime import RouterWebSocketProtocol
+
+            # Close codes pass through /v1/realtime both ways (proxy/edge/realtime.py).
+            factory.protocol = RouterWebSocketProtocol
+            self._router_ws_factory = factory
+
+        def create_application(self, protocol: Any, scope: dict[str, Any]) -> Any:
+            filesend.advertise(scope)
+            return super().create_application(protocol, scope)
+
+        async def handle_reply(self, protocol: Any, message: dict[str, Any]) -> None:
+            if message.get("type") != filesend.EXTENSION:
+                await super().handle_reply(protocol, message)
+                return
+            if protocol in self.connections and not self.connections[protocol].get("disconnected"):
+                await filesend.send_path(protocol, message)
+
+        def listen_success(self, port: Any) -> None:
+            super().listen_success(port)
+            listening.append(port)
+            # The loop holds tasks weakly: keep a reference or startup can vanish mid-await.
+            runner.tasks.add(_reactor_loop().create_task(runner.startup()))
+
+        def listen_error(self, failure: Any) -> None:
+            runner.cannot_listen(failure)
+            super().listen_error(failure)
+
+    return RouterServer
+
+
 class Command(BaseCommand):
     help = __doc__
 
@@ -95,15 +151,47 @@ class NodeRunner:
 
     def run(self) -> int:
         from daphne.endpoints import build_endpoint_description_strings
-        from daphne.server import Server
 
-        from proxy import filesend
+        from proxy.edge.frontdoor import FrontDoor, raise_fd_limit
+        from routerproject.asgi import application
+        from routerproject.gctune import (
+            disable_twisted_access_log,
+            disable_twisted_form_parsing,
+            tune_gc,
+        )
+
+        self._build_node()
+        listening: list[Any] = []
+        server_class = _router_server(self, FrontDoor(self.config), listening)
+        self.listening = listening
+        endpoints = build_endpoint_description_strings(
+            host=self.config.server.host, port=self.config.server.port
+        )
+        self.server = server_class(
+            application=application,
+            endpoints=endpoints,
+            signal_handlers=False,
+            # A client that vanished should free its place quickly; our proxy also watches for
+            # disconnects itself, this is the backstop.
+            application_close_timeout=2,
+            ready_callable=self._install_signals,
+            verbosity=0,
+        )
+        disable_twisted_form_parsing()
+        disable_twisted_access_log()
+        tune_gc()
+        before, after = raise_fd_limit()
+        if after != before:
+            logger.info("open-file limit raised from %d to %d", before, after)
+        self.server.run()
+        return self.exit_code
+
+    def _build_node(self) -> None:
+        """The node, with its persisted public IDs and disabled models, and its cluster sync."""
         from proxy.node import build_node, catch_up_if_stale, set_node
         from registry.selectors import disabled_models, public_id_assignments
         from registry.sync import ClusterSync
-        from routerproject.asgi import application
 
-        runner = self
         self.node = build_node(
             self.config,
             assignments=public_id_assignments(),
@@ -118,92 +206,14 @@ class NodeRunner:
 
         self.sync = ClusterSync(self.node, on_snapshot=[snapshot_seen])
         node.sync = self.sync
-        listening: list[Any] = []
 
-        from proxy.frontdoor import FrontDoor, FrontDoorFactory, raise_fd_limit
-
-        door = FrontDoor(self.config)
-
-        class RouterServer(Server):
-            # Daphne builds its HTTP factory inside run(); taking it over as it is assigned
-            # puts the node's front door on every connection without copying run().
-            @property
-            def http_factory(self) -> Any:
-                return self._router_http_factory
-
-            @http_factory.setter
-            def http_factory(self, factory: Any) -> None:
-                self._router_http_factory = FrontDoorFactory(self, door)
-
-            @property
-            def ws_factory(self) -> Any:
-                return self._router_ws_factory
-
-            @ws_factory.setter
-            def ws_factory(self, factory: Any) -> None:
-                from proxy.realtime import RouterWebSocketProtocol
-
-                # Close codes pass through /v1/realtime both ways (proxy/realtime.py).
-                factory.protocol = RouterWebSocketProtocol
-                self._router_ws_factory = factory
-
-            def create_application(self, protocol: Any, scope: dict[str, Any]) -> Any:
-                filesend.advertise(scope)
-                return super().create_application(protocol, scope)
-
-            async def handle_reply(self, protocol: Any, message: dict[str, Any]) -> None:
-                if message.get("type") != filesend.EXTENSION:
-                    await super().handle_reply(protocol, message)
-                    return
-                if protocol in self.connections and not self.connections[protocol].get(
-                    "disconnected"
-                ):
-                    await filesend.send_path(protocol, message)
-
-            def listen_success(self, port: Any) -> None:
-                super().listen_success(port)
-                listening.append(port)
-                # The loop holds tasks weakly: keep a reference or startup can vanish mid-await.
-                runner.tasks.add(_reactor_loop().create_task(runner.startup()))
-
-            def listen_error(self, failure: Any) -> None:
-                print(
-                    f"router: cannot listen on {runner.config.server.bind}: "
-                    f"{failure.getErrorMessage()}",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                runner.exit_code = 1
-                super().listen_error(failure)
-
-        self.listening = listening
-        endpoints = build_endpoint_description_strings(
-            host=self.config.server.host, port=self.config.server.port
+    def cannot_listen(self, failure: Any) -> None:
+        print(
+            f"router: cannot listen on {self.config.server.bind}: {failure.getErrorMessage()}",
+            file=sys.stderr,
+            flush=True,
         )
-        self.server = RouterServer(
-            application=application,
-            endpoints=endpoints,
-            signal_handlers=False,
-            # A client that vanished should free its place quickly; our proxy also watches for
-            # disconnects itself, this is the backstop.
-            application_close_timeout=2,
-            ready_callable=self._install_signals,
-            verbosity=0,
-        )
-        from routerproject.gctune import (
-            disable_twisted_access_log,
-            disable_twisted_form_parsing,
-            tune_gc,
-        )
-
-        disable_twisted_form_parsing()
-        disable_twisted_access_log()
-        tune_gc()
-        before, after = raise_fd_limit()
-        if after != before:
-            logger.info("open-file limit raised from %d to %d", before, after)
-        self.server.run()
-        return self.exit_code
+        self.exit_code = 1
 
     def _install_signals(self) -> None:
         loop = _reactor_loop()
@@ -220,26 +230,8 @@ class NodeRunner:
             await self.shutdown()
 
     async def _startup(self) -> None:
-        from registry import services
-
         node = self.node
-        node.recorder.start()
-        # What each upstream server says its model reads (images or not) is asked once now,
-        # beside the rest of the start, so image requests go to a model that reads them.
-        discovery = asyncio.ensure_future(
-            node.runtimes.discover_upstreams(list(node.catalog.configs.values()))
-        )
-        self.tasks.add(discovery)
-        discovery.add_done_callback(self.tasks.discard)
-        if self.want_workers:
-            await self._start_workers()
-        from proxy.logfiles import keep_rotating
-
-        limits = self.config.logging
-        log_dir = Path(self.config.cluster.store_dir) / "logs"
-        self.rotating = asyncio.ensure_future(
-            keep_rotating(log_dir, limits.backend_log_max_bytes, limits.backend_log_backups)
-        )
+        await self._start_background()
         from guardians.services import guardians_publish
         from lending.master import get_master
         from lending.ticker import LendingTicker
@@ -259,6 +251,47 @@ class NodeRunner:
             replan=lambda: get_master(node).plan("tick"),
         )
         await self.ticker.start()
+        if not await self._load_startup_model():
+            self.exit_code = 1
+            await self.shutdown()
+            return
+        for err in node.catalog.errors:
+            print(f"router: skipped model config {err}", file=sys.stderr, flush=True)
+        cfg = self.config
+        node.ready = True
+        print(
+            f"router ready: http://{cfg.server.bind} node={cfg.cluster.node_id} "
+            f"role={cfg.cluster.role} models={len(node.catalog.configs)} pid={os.getpid()}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    async def _start_background(self) -> None:
+        """The analytics recorder, the upstream discovery, the workers and log rotation."""
+        node = self.node
+        node.recorder.start()
+        # What each upstream server says its model reads (images or not) is asked once now,
+        # beside the rest of the start, so image requests go to a model that reads them.
+        discovery = asyncio.ensure_future(
+            node.runtimes.discover_upstreams(list(node.catalog.configs.values()))
+        )
+        self.tasks.add(discovery)
+        discovery.add_done_callback(self.tasks.discard)
+        if self.want_workers:
+            await self._start_workers()
+        from proxy.runtimes.logfiles import keep_rotating
+
+        limits = self.config.logging
+        log_dir = Path(self.config.cluster.store_dir) / "logs"
+        self.rotating = asyncio.ensure_future(
+            keep_rotating(log_dir, limits.backend_log_max_bytes, limits.backend_log_backups)
+        )
+
+    async def _load_startup_model(self) -> bool:
+        """Load `models.startup_model` unless it is disabled here; False when it failed."""
+        from registry import services
+
+        node = self.node
         startup_model = self.config.models.startup_model
         if startup_model and startup_model in node.disabled:
             # Disabled from the Nodes page or the API: a restart must not turn that into a
@@ -278,19 +311,8 @@ class NodeRunner:
                     file=sys.stderr,
                     flush=True,
                 )
-                self.exit_code = 1
-                await self.shutdown()
-                return
-        for err in node.catalog.errors:
-            print(f"router: skipped model config {err}", file=sys.stderr, flush=True)
-        cfg = self.config
-        node.ready = True
-        print(
-            f"router ready: http://{cfg.server.bind} node={cfg.cluster.node_id} "
-            f"role={cfg.cluster.role} models={len(node.catalog.configs)} pid={os.getpid()}",
-            file=sys.stderr,
-            flush=True,
-        )
+                return False
+        return True
 
     async def _start_workers(self) -> None:
         await self._spawn_workers()
@@ -325,7 +347,7 @@ class NodeRunner:
                 return
 
     async def _spawn_workers(self) -> None:
-        from proxy.runtimes import _set_pdeathsig
+        from proxy.runtimes.runtime import _set_pdeathsig
 
         log_dir = Path(self.config.cluster.store_dir) / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,427 @@
+"""The node's front door: Daphne's HTTP factory, channel and request, with the node's limits
+applied while a request's head arrives, before Twisted reads its body.
+
+Daphne hands a request to the ASGI app only once Twisted has read the whole body (to a temporary
+file when large), so a check in the app comes after the bytes are in. Here the rules of
+`proxy.edge.gate` run when the headers are complete (`Request.gotLength`, called from
+`HTTPChannel.allHeadersReceived`): a refused request is answered at once, its body is read and
+dropped for a short linger (so the client sees the answer rather than a reset) and the
+connection is closed. A chunked body is counted as it arrives and refused past
+`server.max_body_bytes`.
+
+Slow clients: a connection must complete each request head within `server.header_timeout`, and
+a body within `server.body_timeout` plus one second per `server.body_min_rate` bytes; an idle
+kept-alive connection closes after `server.idle_timeout`. One address may hold at most
+`server.max_connections_per_client` connections (trusted proxies are exempt). Refusals are
+logged, at most one line per kind every `REFUSAL_LOG_INTERVAL_SECS`.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import resource
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from daphne.http_protocol import HTTPFactory, WebRequest
+from twisted.internet import protocol as twisted_protocol
+from twisted.internet.error import ConnectionDone
+from twisted.python.failure import Failure
+from twisted.web import http
+
+from proxy.edge.gate import Address, Gate, Refusal, parse_address
+from proxy.observe import metrics
+
+logger = logging.getLogger("router.frontdoor")
+
+# How long a refused connection's incoming bytes are read and dropped after the answer: long
+# enough for the client to read the answer, short enough that it costs nothing to hold.
+LINGER_SECS = 2.0
+# ...and at most this many of them: past it the client is not reading the answer anyway.
+LINGER_MAX_BYTES = 4 << 20
+REFUSAL_LOG_INTERVAL_SECS = 10.0
+# Past this many fds nothing is gained, and the kernel may refuse an unlimited soft limit.
+FD_LIMIT_CEILING = 1 << 20
+
+
+class RefusalLog:
+    """One log line per kind of refusal per interval, counting the ones it held back."""
+
+    def __init__(
+        self,
+        log: logging.Logger,
+        interval: float = REFUSAL_LOG_INTERVAL_SECS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.log = log
+        self.interval = interval
+        self.clock = clock
+        self.last: dict[str, float] = {}
+        self.held: dict[str, int] = {}
+
+    def note(self, kind: str, message: str) -> bool:
+        """Log `message` unless `kind` was logged within the interval; True if it was logged."""
+        now = self.clock()
+        last = self.last.get(kind)
+        if last is not None and now - last < self.interval:
+            self.held[kind] = self.held.get(kind, 0) + 1
+            return False
+        self.last[kind] = now
+        held = self.held.pop(kind, 0)
+        suffix = f" ({held} more like it since the last line)" if held else ""
+        self.log.warning("refused: %s%s", message, suffix)
+        return True
+
+
+class FrontDoor:
+    """The limits of one node and the connections it holds, shared by its channels."""
+
+    def __init__(self, config: Any, *, log: RefusalLog | None = None, clock: Any = None) -> None:
+        """`clock` (Twisted's `IReactorTime`) times the deadlines; the reactor by default."""
+        server = config.server
+        self._clock = clock
+        self.gate = Gate(config)
+        self.header_timeout: float = server.header_timeout
+        self.body_timeout: float = server.body_timeout
+        self.body_min_rate: int = server.body_min_rate
+        self.idle_timeout: float = server.idle_timeout
+        self.cap: int = server.max_connections_per_client
+        self.open: dict[str, int] = {}
+        self.log = log or RefusalLog(logger)
+
+    def acquire(self, peer: Address | None) -> str | bool | None:
+        """Count a new connection: the key to release, None if uncounted, False if refused."""
+        if peer is None or not self.cap or self.gate.is_trusted_proxy(peer):
+            return None
+        key = str(peer)
+        held = self.open.get(key, 0)
+        if held >= self.cap:
+            return False
+        self.open[key] = held + 1
+        return key
+
+    @property
+    def clock(self) -> Any:
+        if self._clock is None:
+            from twisted.internet import reactor
+
+            self._clock = reactor
+        return self._clock
+
+    def release(self, key: str | None) -> None:
+        if key is None:
+            return
+        held = self.open.get(key, 0) - 1
+        if held > 0:
+            self.open[key] = held
+        else:
+            self.open.pop(key, None)
+
+    def refused(self, status: int, reason: str, kind: str, message: str) -> None:
+        """Count a refusal and log it (at most one line per `kind` per interval)."""
+        metrics.frontdoor_refused(status, reason)
+        self.log.note(kind, message)
+
+    def body_allowance(self, received: int) -> float:
+        """Seconds a body may take once `received` bytes of it are in."""
+        extra = received / self.body_min_rate if self.body_min_rate else 0.0
+        return self.body_timeout + extra
+
+
+def _response(refusal: Refusal, path: str, request_id: bytes | None) -> bytes:
+    body = refusal.body(path)
+    reason = http.RESPONSES.get(refusal.status, b"Error")
+    lines = [
+        b"HTTP/1.1 %d %s" % (refusal.status, reason),
+        b"content-type: application/json",
+        b"content-length: %d" % len(body),
+        b"connection: close",
+        b"x-request-id: " + (request_id or uuid.uuid4().hex.encode()),
+    ]
+    lines += [name + b": " + value for name, value in refusal.headers]
+    return b"\r\n".join(lines) + b"\r\n\r\n" + body
+
+
+def _answer_and_close(clock: Any, transport: Any, data: bytes) -> Any:
+    """Write the answer, stop writing, and drop the connection after the linger."""
+    transport.write(data)
+    if hasattr(transport, "loseWriteConnection"):
+        transport.loseWriteConnection()
+    else:
+        transport.loseConnection()
+    return clock.callLater(LINGER_SECS, transport.abortConnection)
+
+
+_CONNECTION_DONE = Failure(ConnectionDone())
+
+
+class FrontDoorChannel(http.HTTPChannel):
+    """An HTTP/1.1 channel that times the head and body of each request and counts its peer."""
+
+    door: FrontDoor
+    peer: Address | None = None
+    counted: str | None = None
+    closing = False
+    drained = 0
+    body_bytes = 0
+    _timer: Any = None
+    _linger: Any = None
+    _phase = "head"
+    _phase_start = 0.0
+
+    def connectionMade(self) -> None:
+        super().connectionMade()
+        self._start("head", self.door.header_timeout)
+
+    def dataReceived(self, data: bytes) -> None:
+        if self.closing:
+            self.drained += len(data)
+            if self.drained > LINGER_MAX_BYTES and self.transport is not None:
+                self.transport.abortConnection()
+            return
+        if self._phase == "idle":
+            self._start("head", self.door.header_timeout)
+        super().dataReceived(data)
+
+    def start_body(self) -> None:
+        self.body_bytes = 0
+        self._start("body", self.door.body_allowance(0))
+
+    def allContentReceived(self) -> None:
+        if not self.closing:
+            self._cancel()
+            self._phase = "handling"
+        super().allContentReceived()
+
+    def requestDone(self, request: Any) -> None:
+        if self.closing:
+            return
+        # Idle before the base class replays pipelined bytes, which start the next head.
+        self._phase = "idle"
+        super().requestDone(request)
+
+    def refuse(self, refusal: Refusal, path: str, request_id: bytes | None) -> None:
+        if self.closing:
+            return
+        self.closing = True
+        self._cancel()
+        self._phase = "closing"
+        self._linger = _answer_and_close(
+            self.door.clock, self.transport, _response(refusal, path, request_id)
+        )
+
+    def connectionLost(self, reason: Failure = _CONNECTION_DONE) -> None:
+        self._cancel()
+        if self._linger is not None and self._linger.active():
+            self._linger.cancel()
+        self.door.release(self.counted)
+        self.counted = None
+        super().connectionLost(reason)
+
+    def _start(self, phase: str, after: float) -> None:
+        self._cancel()
+        self._phase = phase
+        self._phase_start = self.door.clock.seconds()
+        self._timer = self.door.clock.callLater(after, self._expired)
+
+    def _cancel(self) -> None:
+        timer, self._timer = self._timer, None
+        if timer is not None and timer.active():
+            timer.cancel()
+
+    def _expired(self) -> None:
+        self._timer = None
+        if self._phase == "body":
+            allowance = self.door.body_allowance(self.body_bytes)
+            left = allowance - (self.door.clock.seconds() - self._phase_start)
+            if left > 0:
+                # The body kept the minimum rate: its deadline moved on.
+                self._timer = self.door.clock.callLater(left, self._expired)
+                return
+            what, limit = "body", self.door.body_timeout
+            message = f"request body not received within {allowance:.0f}s"
+        elif self._phase == "head":
+            what, limit = "head", self.door.header_timeout
+            message = f"request head not received within {limit:g}s"
+        else:
+            return
+        self.door.refused(
+            408,
+            "request_timeout",
+            f"slow-{what}",
+            f"closed a slow connection from {self.peer} ({what} past {limit:g}s)",
+        )
+        request = self.requests[-1] if self.requests else None
+        if request is not None:
+            request.refused = True
+        self.refuse(Refusal(408, message, code="request_timeout"), "/", None)
+
+
+class FrontDoorRequest(WebRequest):
+    """Daphne's request, judged on its head before Twisted reads the body."""
+
+    refused = False
+    path_text = "/"
+
+    def gotLength(self, length: int | None) -> None:
+        channel: FrontDoorChannel = self.channel
+        door = channel.door
+        headers = self.requestHeaders
+
+        def header(name: bytes) -> bytes | None:
+            values = headers.getRawHeaders(name)
+            return values[0] if values else None
+
+        method = channel._command.decode("latin-1").upper()
+        try:
+            self.path_text, refusal = door.gate.head_refusal(
+                method, channel._path, header, channel.peer
+            )
+        except Exception:
+            # A rule that cannot decide lets nothing through, and the request still gets an
+            # answer rather than a dropped connection.
+            logger.exception("front-door check failed on %r", channel._path[:200])
+            refusal = Refusal(500, "internal router error", type="server_error")
+        if refusal is None and length is not None and length > door.gate.limit:
+            refusal = door.gate.too_large()
+        if refusal is not None:
+            self._refuse(refusal)
+            return
+        super().gotLength(length)
+        if length != 0:
+            channel.start_body()
+
+    def handleContentChunk(self, data: bytes) -> None:
+        if self.refused:
+            return
+        channel: FrontDoorChannel = self.channel
+        channel.body_bytes += len(data)
+        if channel.body_bytes > channel.door.gate.limit:
+            self._refuse(channel.door.gate.too_large())
+            return
+        super().handleContentChunk(data)
+
+    def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
+        if self.refused:
+            # Answered already: the app never sees it.
+            return
+        super().requestReceived(command, path, version)
+
+    def process(self) -> Any:
+        channel: FrontDoorChannel = self.channel
+        transport = self.transport
+        result = super().process()
+        if self.transport is None and transport is not None and channel.counted is not None:
+            # Upgraded to a WebSocket: the connection now belongs to the WebSocket protocol,
+            # and the channel never hears that it closed. The socket gives the address's
+            # count back instead.
+            protocol = getattr(transport, "wrappedProtocol", None) or transport.protocol
+            key, channel.counted = channel.counted, None
+            if hasattr(protocol, "release"):
+                protocol.release = lambda: channel.door.release(key)
+            else:
+                channel.door.release(key)
+        return result
+
+    def _refuse(self, refusal: Refusal) -> None:
+        self.refused = True
+        channel: FrontDoorChannel = self.channel
+        old: Any = getattr(self, "content", None)
+        self.content = io.BytesIO()
+        if old is not None:
+            old.close()
+        # No "100 Continue" after the answer: the client must not send the body.
+        self.requestHeaders.removeHeader(b"expect")
+        values = self.requestHeaders.getRawHeaders(b"x-request-id")
+        channel.door.refused(
+            refusal.status,
+            refusal.code or refusal.type,
+            f"status-{refusal.status}",
+            f"{refusal.status} to {channel.peer} on {self.path_text}: {refusal.message}",
+        )
+        channel.refuse(refusal, self.path_text, values[0][:200] if values else None)
+
+
+class _TooManyConnections(twisted_protocol.Protocol):
+    """Answers a connection over its address's cap, without reading the request."""
+
+    def __init__(self, door: FrontDoor) -> None:
+        self.door = door
+        self.timer: Any = None
+
+    def connectionMade(self) -> None:
+        refusal = Refusal(
+            429,
+            f"too many connections from this address (server.max_connections_per_client is "
+            f"{self.door.cap})",
+            type="rate_limit_error",
+            code="too_many_connections",
+            headers=((b"retry-after", b"1"),),
+        )
+        self.timer = _answer_and_close(
+            self.door.clock, self.transport, _response(refusal, "/", None)
+        )
+
+    def connectionLost(self, reason: Any = None) -> None:
+        if self.timer is not None and self.timer.active():
+            self.timer.cancel()
+
+
+def _front_door_protocol(factory: http.HTTPFactory) -> Any:
+    return http._GenericHTTPChannelProtocol(FrontDoorChannel())
+
+
+class FrontDoorFactory(HTTPFactory):
+    """Daphne's HTTP factory building front-door channels and requests."""
+
+    protocol = _front_door_protocol
+
+    def __init__(self, server: Any, door: FrontDoor) -> None:
+        super().__init__(server)
+        self.door = door
+        # Twisted times a channel's idle timeout on the factory's reactor: the door's clock,
+        # like every other deadline here.
+        self.reactor = door.clock
+        self.timeOut = door.idle_timeout
+
+    def buildProtocol(self, addr: Any) -> Any:
+        peer = parse_address(getattr(addr, "host", None))
+        counted = self.door.acquire(peer)
+        if counted is False:
+            self.door.refused(
+                429,
+                "too_many_connections",
+                "connection-cap",
+                f"429 to {peer}: over {self.door.cap} connections from one address",
+            )
+            refuser = _TooManyConnections(self.door)
+            refuser.factory = self
+            return refuser
+        built = http.HTTPFactory.buildProtocol(self, addr)
+        assert built is not None
+        built.requestFactory = FrontDoorRequest
+        channel = built._channel
+        channel.door = self.door
+        channel.peer = peer
+        channel.counted = counted if isinstance(counted, str) else None
+        return built
+
+
+def raise_fd_limit() -> tuple[int, int]:
+    """Raise the soft limit on open files to the hard limit; returns (before, after).
+
+    Each connection, backend pipe and database handle is a file: at the common soft limit of
+    1,024 a burst of clients makes accept() fail and requests vanish without an answer.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = FD_LIMIT_CEILING if hard == resource.RLIM_INFINITY else hard
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            return soft, soft
+        return soft, target
+    return soft, soft

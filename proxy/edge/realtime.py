@@ -1,0 +1,451 @@
+"""The `/v1/realtime` WebSocket: one client session relayed to the backend serving its model.
+
+A session names its model as OpenAI's realtime API does (`?model=`) and is pinned to one
+replica for its whole life: on this node, a socket to the model's backend (its runtime is held
+as one request, so the model is not switched away under the session); on another node, a socket
+to that node's node route `/router/v1/node/inference/v1/realtime` with the cluster token, where
+the node serves it from its own backend in turn. Text and binary frames pass both ways as they
+come; in text frames from the backend, a JSON top-level `model` (and `session.model`) is the
+served ID rewritten to the public one. Close codes pass both ways: the client's close closes
+the backend socket with the client's code, and the backend's close reaches the client with the
+backend's code and reason.
+
+Auth: the inference key as `Authorization: Bearer`, or the `openai-insecure-api-key.<key>`
+subprotocol the browser SDK sends (proxy/edge/gate.py, which the front door applies before the
+upgrade too). A session that cannot start is accepted, told why in one OpenAI-style `error`
+event, and closed with code 4000 + the HTTP status it would have had (4400, 4404, 4502, 4503).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl, urlencode
+
+import aiohttp
+import orjson
+from daphne.ws_protocol import WebSocketProtocol
+
+from proxy.edge.gate import KEY_SUBPROTOCOL_PREFIX, Gate, parse_address
+from proxy.edge.nodeapi import INFERENCE_PREFIX
+from proxy.families.voice.handlers import REALTIME_PATH
+from proxy.node import Node, get_node
+from proxy.request import Receive, Scope, Send
+from proxy.runtimes.backends import auth_headers
+from registry.cluster import Replica
+from registry.httpclient import get_session
+from registry.kcpps import Lane
+from registry.nodeclient import NodeCallError
+from registry.routing import Kind, lane_of, resolve
+from routerproject.errors import BackendError, RouterError
+
+logger = logging.getLogger(__name__)
+
+NODE_REALTIME_PATH = INFERENCE_PREFIX + REALTIME_PATH
+# How long the backend has to answer a close before its socket is dropped: Daphne cancels the
+# session's task 2 s (application_close_timeout) after the client is gone.
+BACKEND_CLOSE_SECS = 1.0
+HEARTBEAT_SECS = 20.0
+ERROR_CLOSE_BASE = 4000
+# Codes an endpoint may put in a close frame (RFC 6455 §7.4); the others only describe a
+# connection that ended without one.
+_SENDABLE = frozenset({1000, 1001, 1002, 1003, *range(1007, 1015)}) | frozenset(range(3000, 5000))
+NO_CLOSE_FRAME = 1005
+GOING_AWAY = 1001
+INTERNAL_ERROR = 1011
+# What the network or the peer's protocol can throw at a relay: the session ends, no bug.
+NETWORK_ERRORS = (aiohttp.ClientError, OSError, TimeoutError)
+
+
+def sendable(code: int | None, *, fallback: int = GOING_AWAY) -> int:
+    """`code` when a close frame may carry it; `fallback` for a connection that just dropped."""
+    return code if code is not None and code in _SENDABLE else fallback
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return bytes(value)
+    return None
+
+
+@dataclass
+class Session:
+    """What the relay of one session needs once it is pinned."""
+
+    public_id: str
+    served_id: str
+
+    def rewrite(self, text: str) -> str:
+        """A backend text frame with its served model ID put back to the public one."""
+        return _swap_model(text, self.served_id, self.public_id)
+
+    def inward(self, text: str) -> str:
+        """A client text frame (a `session.update` naming the model) with the served ID."""
+        return _swap_model(text, self.public_id, self.served_id)
+
+
+def _swap_model(text: str, old: str, new: str) -> str:
+    """`text` with a JSON top-level `model`, or `session.model`, of `old` set to `new`."""
+    if old == new or '"model"' not in text:
+        return text
+    try:
+        doc = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return text
+    if not isinstance(doc, dict):
+        return text
+    changed = False
+    if doc.get("model") == old:
+        doc["model"] = new
+        changed = True
+    inner = doc.get("session")
+    if isinstance(inner, dict) and inner.get("model") == old:
+        inner["model"] = new
+        changed = True
+    return orjson.dumps(doc).decode() if changed else text
+
+
+def _kind(node: Node, model: str) -> Kind:
+    """What a realtime session for `model` runs on: a model that speaks first, then a text
+    model, then a transcription model (vLLM's realtime transcription)."""
+    records = [r.record for r in node.cluster.by_public_id.get(model, ())]
+    for kind, flag in (("speech", "has_tts"), ("llm", "has_llm"), ("voice", "has_voice")):
+        if any(rec.get(flag) and not rec.get("disabled") for rec in records):
+            return kind  # type: ignore[return-value]
+    return "speech"  # resolve() then says why it cannot
+
+
+class RealtimeApp:
+    """The ASGI application for WebSocket connections (Channels' protocol router)."""
+
+    def __init__(self, *, node_getter: Callable[[], Node] = get_node) -> None:
+        self.node_getter = node_getter
+        self._gate: Gate | None = None
+
+    def gate(self, node: Node) -> Gate:
+        gate = self._gate
+        if gate is None or gate.config is not node.config:
+            gate = self._gate = Gate(node.config, browser_hosts=None)
+        return gate
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        first = await receive()
+        if first["type"] != "websocket.connect":
+            return
+        path = scope["path"]
+        if path not in (REALTIME_PATH, NODE_REALTIME_PATH):
+            await send({"type": "websocket.close", "code": 1000})
+            return
+        node = self.node_getter()
+        client = scope.get("client")
+        gate = self.gate(node)
+
+        def header(name: bytes) -> bytes | None:
+            return _header(scope, name)
+
+        # The front door refused these with their HTTP status already; a connection that
+        # reached the app another way is refused here (Daphne answers 403).
+        peer = parse_address(client[0]) if client else None
+        if gate.address_refusal(peer, header) or gate.key_refusal("GET", path, header):
+            await send({"type": "websocket.close", "code": 1000})
+            return
+        relay = Relay(node, scope, receive, send, from_node=path == NODE_REALTIME_PATH)
+        await relay.run()
+
+
+class Relay:
+    """One session: pin it, connect the backend side, pass frames until either side closes."""
+
+    def __init__(
+        self, node: Node, scope: Scope, receive: Receive, send: Send, *, from_node: bool
+    ) -> None:
+        self.node = node
+        self.scope = scope
+        self.receive = receive
+        self.send = send
+        self.from_node = from_node
+        self.query = parse_qsl(scope.get("query_string", b"").decode("latin-1"))
+        self.client_gone = False
+        self.accepted = False
+        self.close_sent = False
+        self.offered = [
+            p for p in scope.get("subprotocols", ()) if not p.startswith(KEY_PREFIX_TEXT)
+        ]
+
+    def _model(self) -> str:
+        models = [value.strip() for key, value in self.query if key == "model"]
+        if not models or not models[-1]:
+            raise RouterError(400, "model is required: ?model=<id>", param="model")
+        return models[-1]
+
+    async def run(self) -> None:
+        try:
+            model = self._model()
+            kind = _kind(self.node, model)
+            replica = resolve(self.node, model, kind, borrowed=self.from_node)
+        except RouterError as err:
+            await self._refuse(err)
+            return
+        lane = lane_of(kind)
+        started = time.monotonic()
+        try:
+            async with self._backend(replica, model, lane) as (backend, session):
+                await self.send(
+                    {"type": "websocket.accept", "subprotocol": backend.protocol or None}
+                )
+                self.accepted = True
+                await self._pump(backend, session)
+        except RouterError as err:
+            await self._refuse(err)
+        except Exception:
+            # Not the network nor the backend refusing (those are RouterErrors by now): a bug,
+            # kept with its traceback rather than passed off as a 502.
+            logger.exception("realtime session for %s on %s failed", model, replica.node_id)
+            await self._fail()
+        finally:
+            logger.info(
+                "realtime session for %s on %s ended after %.1fs",
+                model,
+                replica.node_id,
+                time.monotonic() - started,
+            )
+
+    async def _refuse(self, err: RouterError) -> None:
+        await self.send({"type": "websocket.accept"})
+        self.accepted = True
+        event = {"type": "error", "error": err.envelope()["error"]}
+        await self.send({"type": "websocket.send", "text": orjson.dumps(event).decode()})
+        code = ERROR_CLOSE_BASE + err.status if 400 <= err.status < 600 else INTERNAL_ERROR
+        self.close_sent = True
+        await self.send({"type": "websocket.close", "code": code, "reason": err.message[:120]})
+
+    async def _fail(self) -> None:
+        """The one answer to a session that failed on a bug, wherever it had got to."""
+        if self.client_gone or self.close_sent:
+            return
+        if not self.accepted:
+            message = "the realtime relay failed; see the router's log"
+            failure = RouterError(500, message, type="server_error")
+            await self._refuse(failure)
+            return
+        self.close_sent = True
+        await self.send({"type": "websocket.close", "code": INTERNAL_ERROR})
+
+    def _backend_query(self, served_id: str) -> str:
+        rest = [(key, value) for key, value in self.query if key != "model"]
+        return urlencode([("model", served_id), *rest])
+
+    @contextlib.asynccontextmanager
+    async def _backend(
+        self, replica: Replica, public_id: str, lane: Lane
+    ) -> AsyncIterator[tuple[aiohttp.ClientWebSocketResponse, Session]]:
+        """The backend side's socket, held open for the session (and the runtime with it)."""
+        node = self.node
+        busy_key = (replica.node_id, replica.local_id, lane)
+        node.busy[busy_key] += 1
+        try:
+            if replica.cfg is None:
+                async with self._remote(replica, public_id) as pair:
+                    yield pair
+            else:
+                async with self._local(replica, public_id, lane) as pair:
+                    yield pair
+        finally:
+            node.busy[busy_key] -= 1
+
+    @contextlib.asynccontextmanager
+    async def _local(
+        self, replica: Replica, public_id: str, lane: Lane
+    ) -> AsyncIterator[tuple[aiohttp.ClientWebSocketResponse, Session]]:
+        node = self.node
+        assert replica.cfg is not None
+        cfg = await node.assets.ready(replica.cfg)
+        runtime = node.runtimes.runtime_for(cfg, lane)
+        try:
+            launch = await runtime.acquire(cfg)
+        except BackendError as exc:
+            raise RouterError(
+                502, f"backend for model {public_id!r} failed: {exc}", type="backend_error"
+            ) from exc
+        try:
+            served = cfg.served_model
+            url = f"{launch.base_url}{launch.backend_path(REALTIME_PATH)}"
+            url += "?" + self._backend_query(served)
+            async with self._connect(url, auth_headers(cfg), public_id) as backend:
+                yield backend, Session(public_id, served)
+        finally:
+            runtime.release()
+
+    @contextlib.asynccontextmanager
+    async def _remote(
+        self, replica: Replica, public_id: str
+    ) -> AsyncIterator[tuple[aiohttp.ClientWebSocketResponse, Session]]:
+        client = self.node.client
+        if client is None:
+            raise RouterError(502, "this node has no cluster client", type="backend_error")
+        try:
+            url = client.checked_url(
+                replica.node_url, NODE_REALTIME_PATH + "?" + self._backend_query(replica.local_id)
+            )
+        except NodeCallError as exc:
+            raise RouterError(
+                502, f"node {replica.node_id!r} cannot be reached: {exc}", type="backend_error"
+            ) from exc
+        headers = {"Authorization": client.authorization}
+        async with self._connect(url, headers, public_id) as backend:
+            yield backend, Session(public_id, replica.local_id)
+
+    @contextlib.asynccontextmanager
+    async def _connect(
+        self, url: str, headers: dict[str, str], public_id: str
+    ) -> AsyncIterator[aiohttp.ClientWebSocketResponse]:
+        try:
+            backend = await get_session().ws_connect(
+                url,
+                headers=headers,
+                protocols=self.offered,
+                timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=BACKEND_CLOSE_SECS),
+                max_msg_size=0,
+                autoping=True,
+                # A backend that died without closing is noticed by its missing pong.
+                heartbeat=HEARTBEAT_SECS,
+                compress=0,
+            )
+        except aiohttp.WSServerHandshakeError as exc:
+            status = exc.status if exc.status in (401, 403, 404, 503) else 502
+            raise RouterError(
+                status if status != 401 else 502,
+                f"the backend for {public_id!r} refused the WebSocket: HTTP {exc.status}",
+                type="backend_error",
+            ) from exc
+        except NETWORK_ERRORS as exc:
+            raise RouterError(
+                502,
+                f"the backend for {public_id!r} cannot be reached: {type(exc).__name__}: {exc}",
+                type="backend_error",
+            ) from exc
+        try:
+            yield backend
+        finally:
+            if not backend.closed:
+                # A session that ended on the client's side (or on an error) closes the
+                # backend's socket now, not when the backend next writes.
+                try:
+                    await backend.close(code=GOING_AWAY)
+                except NETWORK_ERRORS as exc:
+                    logger.info("closing the backend socket of %s failed: %s", public_id, exc)
+
+    async def _pump(self, backend: aiohttp.ClientWebSocketResponse, session: Session) -> None:
+        up = asyncio.ensure_future(self._client_to_backend(backend, session))
+        down = asyncio.ensure_future(self._backend_to_client(backend, session))
+        try:
+            done, _ = await asyncio.wait((up, down), return_when=asyncio.FIRST_COMPLETED)
+            if up in done and not self.client_gone:
+                # A client frame met a backend socket that is closing: the backend's close
+                # (code and reason) is what the client must get, and `down` is reading it.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(down), BACKEND_CLOSE_SECS)
+        finally:
+            for task in (up, down):
+                task.cancel()
+            for task, side in ((up, "client to backend"), (down, "backend to client")):
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass  # cancelled just above: the other side had ended the session
+                except NETWORK_ERRORS as exc:
+                    logger.info("realtime relay of %s, %s, ended: %s", session.public_id, side, exc)
+                except Exception:
+                    logger.exception("realtime relay of %s, %s, failed", session.public_id, side)
+            if not self.client_gone and not self.close_sent:
+                # The relay failed under the session: the client is told, not left hanging.
+                self.close_sent = True
+                await self.send({"type": "websocket.close", "code": INTERNAL_ERROR})
+
+    async def _client_to_backend(
+        self, backend: aiohttp.ClientWebSocketResponse, session: Session
+    ) -> None:
+        receive = self.receive
+        rewrite = session.public_id != session.served_id
+        while True:
+            message = await receive()
+            kind = message["type"]
+            if kind == "websocket.receive":
+                text = message.get("text")
+                if text is not None:
+                    await backend.send_str(session.inward(text) if rewrite else text)
+                else:
+                    await backend.send_bytes(message.get("bytes") or b"")
+            elif kind == "websocket.disconnect":
+                self.client_gone = True
+                code = sendable(message.get("code"))
+                await backend.close(code=code)
+                return
+
+    async def _backend_to_client(
+        self, backend: aiohttp.ClientWebSocketResponse, session: Session
+    ) -> None:
+        send = self.send
+        rewrite = session.public_id != session.served_id
+        code: int | None = None
+        reason = ""
+        while True:
+            msg = await backend.receive()
+            if msg.type == aiohttp.WSMsgType.TEXT:
+                text = session.rewrite(msg.data) if rewrite else msg.data
+                await send({"type": "websocket.send", "text": text})
+            elif msg.type == aiohttp.WSMsgType.BINARY:
+                await send({"type": "websocket.send", "bytes": msg.data})
+            elif msg.type == aiohttp.WSMsgType.CLOSE:
+                code, reason = msg.data, str(msg.extra or "")
+                break
+            else:  # closed under us, or a protocol error
+                break
+        if code is None:
+            code = backend.close_code
+        if code is None or code == NO_CLOSE_FRAME:
+            # A close frame without a code is a normal close; none at all is a failure.
+            code = 1000 if code == NO_CLOSE_FRAME else INTERNAL_ERROR
+        self.close_sent = True
+        await send(
+            {
+                "type": "websocket.close",
+                "code": sendable(code, fallback=INTERNAL_ERROR),
+                "reason": reason,
+            }
+        )
+
+
+KEY_PREFIX_TEXT = KEY_SUBPROTOCOL_PREFIX.decode("ascii")
+
+
+class RouterWebSocketProtocol(WebSocketProtocol):
+    """Daphne's WebSocket protocol, passing any close code a close frame may carry.
+
+    Daphne closes through autobahn's `sendClose`, which takes only 1000 and 3000-4999, and
+    drops the reason: a backend's 1001 or 1011 would fail to close the client's socket at all.
+    The front door's count of the connection's address is given back when the socket ends
+    (the HTTP channel that counted it never hears of it after the upgrade).
+    """
+
+    release: Callable[[], None] | None = None
+
+    def handle_reply(self, message: dict[str, Any]) -> None:
+        if message.get("type") == "websocket.close" and self.state == self.STATE_OPEN:
+            code = sendable(message.get("code") or 1000, fallback=INTERNAL_ERROR)
+            reason = str(message.get("reason") or "").encode("utf-8")[:123]
+            self.sendCloseFrame(code=code, reasonUtf8=reason or None)
+            return
+        super().handle_reply(message)
+
+    def connectionLost(self, reason: Any) -> None:
+        release, self.release = self.release, None
+        if release is not None:
+            release()
+        super().connectionLost(reason)

@@ -1,0 +1,1 @@
+"""The media family: OpenAI images, sdapi, sd.cpp jobs and ComfyUI."""

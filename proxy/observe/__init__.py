@@ -1,0 +1,1 @@
+"""Observation: Prometheus metrics, the access line and the health probes."""

@@ -1,0 +1,139 @@
+"""One client request in flight (`Ctx`), the ASGI types it is made of, and its JSON body.
+
+Every layer of the proxy handles a request through this: the edge makes it, the families and
+the serving core read it, forwarding streams the answer into it, observation reports on it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from registry.affinity import PrefixMatch
+from routerproject import request_ids
+from routerproject.errors import RouterError, error_body
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+JSON = b"application/json"
+NDJSON = b"application/x-ndjson"
+SSE = b"text/event-stream"
+
+
+@dataclass
+class Ctx:
+    """One client request in flight."""
+
+    scope: Scope
+    receive: Receive
+    send: Send
+    path: str
+    method: str
+    body: bytes = b""
+    started: bool = False
+    finished: bool = False
+    disconnected: bool = False
+    status: int = 0
+    borrowed: bool = False
+    """A lent request from another node (set by the node protocol, never by a client header)."""
+    offload_load: bool = False
+    offload_restore: bool = False
+    guardian_restore: bool = False
+    """Answering for a text-only model of this node as its guardian: load that model back after."""
+    request_id: str = ""
+    """The ID every answer, analytics row, decision row and log line of this request carries."""
+    t0: float = field(default_factory=time.monotonic)
+    wall0: float = field(default_factory=time.time)
+    # What the access line and the metrics say about the request (proxy/observe/).
+    model: str = ""
+    """The model the client asked for."""
+    served_node: str = ""
+    backend: str = ""
+    """What served it here: `<lane>/<backend family>`, or `node` when another node did."""
+    lent_to: str = ""
+    """The helper node that answered it, when it was lent."""
+    first_byte: float = 0.0
+    sent_bytes: int = 0
+    upstream_secs: float = 0.0
+    """Time waiting on the model: queue, load, backend or the next node (not router work)."""
+    prefix_match: PrefixMatch | None = None
+    """The replica the routing choice picked for the prompt prefix it holds in cache."""
+
+    def header(self, name: bytes) -> bytes | None:
+        for key, value in self.scope["headers"]:
+            if key == name:
+                return bytes(value)
+        return None
+
+    async def start(self, status: int, headers: Iterable[tuple[bytes, bytes]]) -> None:
+        self.started = True
+        self.status = status
+        self.first_byte = time.monotonic()
+        out = list(headers)
+        if self.request_id:
+            out.append((request_ids.HEADER, self.request_id.encode("ascii")))
+        await self.send({"type": "http.response.start", "status": status, "headers": out})
+
+    async def chunk(self, data: bytes) -> None:
+        if data:
+            self.sent_bytes += len(data)
+            await self.send({"type": "http.response.body", "body": data, "more_body": True})
+
+    async def end(self, data: bytes = b"") -> None:
+        self.finished = True
+        self.sent_bytes += len(data)
+        await self.send({"type": "http.response.body", "body": data, "more_body": False})
+
+    async def respond(
+        self,
+        status: int,
+        body: bytes,
+        content_type: bytes = JSON,
+        extra: Iterable[tuple[bytes, bytes]] = (),
+    ) -> None:
+        # A length lets the client (or a master relaying this answer) skip chunked decoding.
+        length = str(len(body)).encode()
+        headers = [(b"content-type", content_type), (b"content-length", length), *extra]
+        await self.start(status, headers)
+        await self.end(body)
+
+    async def json(self, status: int, doc: Any) -> None:
+        await self.respond(status, orjson.dumps(doc))
+
+    async def error(self, err: RouterError) -> None:
+        extra = []
+        if err.retry_after is not None:
+            extra.append((b"retry-after", str(err.retry_after).encode()))
+        await self.respond(err.status, error_body(self.path, err), extra=extra)
+
+
+# -- request parsing ------------------------------------------------------------------------
+
+
+def parse_json_body(ctx: Ctx) -> dict[str, Any]:
+    if not ctx.body.strip():
+        raise RouterError(400, "request body is empty; a JSON object is required")
+    try:
+        doc = orjson.loads(ctx.body)
+    except orjson.JSONDecodeError as exc:
+        raise RouterError(400, f"invalid JSON body: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise RouterError(400, "request body must be a JSON object")
+    return doc
+
+
+def require_model(doc: dict[str, Any]) -> str:
+    model = doc.get("model")
+    if model is None or model == "":
+        raise RouterError(400, "model is required", param="model")
+    if not isinstance(model, str):
+        raise RouterError(400, "model must be a string", param="model")
+    return model
