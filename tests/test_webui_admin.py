@@ -6,12 +6,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
-from tests.browser import chromium, require_chromium
+from tests.browser import require_chromium
 from tests.harness import REPO, ModelSpec, RouterNode, sim_weights, start_node, text_model
 
 pytestmark = pytest.mark.integration
@@ -69,15 +69,15 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterNode]:
 
 
 @pytest.fixture
-def admin(node: RouterNode) -> Iterator[Any]:
-    with chromium() as browser:
-        tab = browser.new_page()
-        tab.goto(node.base_url + "/admin/login/")
-        tab.fill("#id_username", "operator")
-        tab.fill("#id_password", PASSWORD)
-        tab.click("input[type=submit]")
-        tab.wait_for_selector("#site-name")
-        yield tab
+def admin(node: RouterNode, new_page: Callable[..., Any]) -> Any:
+    """A page logged in to the admin, in a context of its own: its session is this test's."""
+    tab = new_page()
+    tab.goto(node.base_url + "/admin/login/")
+    tab.fill("#id_username", "operator")
+    tab.fill("#id_password", PASSWORD)
+    tab.click("input[type=submit]")
+    tab.wait_for_selector("#site-name")
+    return tab
 
 
 def test_createsuperuser_takes_the_config_option_and_writes_the_nodes_own_database(

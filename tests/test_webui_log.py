@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 from lending.decisions import DECISION_FIELDS, NULLABLE_FIELDS, REASON_TEXT, TEXT_FIELDS
-from tests.browser import chromium, require_chromium
+from tests.browser import require_chromium
 from tests.harness import REPO, RouterNode, start_node, text_model
 
 pytestmark = pytest.mark.integration
@@ -109,12 +109,11 @@ def node(tmp_path_factory: pytest.TempPathFactory, written_at: int) -> Iterator[
 
 
 @pytest.fixture
-def tab(node: RouterNode) -> Iterator[Any]:
-    with chromium() as browser:
-        page = browser.new_page(viewport={"width": 1400, "height": 900})
-        page.goto(node.base_url + "/ui/lending")
-        page.wait_for_selector("#decisions tr.group")
-        yield page
+def tab(node: RouterNode, new_page: Callable[..., Any]) -> Any:
+    page = new_page(viewport={"width": 1400, "height": 900})
+    page.goto(node.base_url + "/ui/lending")
+    page.wait_for_selector("#decisions tr.group")
+    return page
 
 
 def status(tab: Any) -> str:
