@@ -12,7 +12,15 @@ from typing import Any
 import pytest
 
 from tests.browser import require_chromium
-from tests.harness import REPO, ModelSpec, RouterNode, sim_weights, start_node, text_model
+from tests.harness import (
+    REPO,
+    ModelSpec,
+    RouterNode,
+    sim_weights,
+    start_node,
+    text_model,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 require_chromium()
@@ -102,8 +110,14 @@ def test_the_admin_loads_its_styles_and_scripts_from_the_router(
     admin.on(
         "response", lambda r: statics.__setitem__(r.url, r.status) if "/static/" in r.url else None
     )
+    # goto returns on the load event: every stylesheet and script of the page is fetched. The
+    # wait is then for their response events, which Playwright hands over on a round trip.
     admin.goto(node.base_url + "/admin/guardians/guardiansetting/add/")
-    admin.wait_for_load_state("networkidle")
+    fetched = admin.evaluate(
+        "performance.getEntriesByType('resource').map(e => e.name)"
+        ".filter(u => u.includes('/static/'))"
+    )
+    wait_for(lambda: admin.evaluate("true") and set(fetched) <= set(statics))
     assert any(u.endswith("/static/admin/css/base.css") for u in statics), statics
     assert any(u.endswith(".js") for u in statics), statics
     assert all(status in (200, 304) for status in statics.values()), statics
