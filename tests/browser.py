@@ -1,19 +1,25 @@
 """Headless Chromium for the WebUI tests: Debian's build (apt-get install chromium), driven by
 Playwright. Never a browser Playwright downloads: the pages are tested in the Chromium an
-operator's machine gets from the distribution, and the tests need no network to fetch one."""
+operator's machine gets from the distribution, and the tests need no network to fetch one.
+
+A browser test module gets one Chromium (`browser`, module-scoped, from tests/conftest.py) and
+each test its own pages (`new_page`), each in a fresh context: no cookie, storage, clock, route
+or open page is carried from one test to the next, only the browser process is. Launching it
+costs seconds on a loaded machine; a context costs a fraction of that.
+"""
 
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 if TYPE_CHECKING:
-    from playwright.sync_api import Browser
+    from playwright.sync_api import Browser, BrowserContext, Page
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
@@ -38,3 +44,21 @@ def chromium() -> Iterator[Browser]:
             yield browser
         finally:
             browser.close()
+
+
+@contextmanager
+def page_opener(browser: Browser) -> Iterator[Callable[..., Page]]:
+    """`open(**context_options)` gives a page in a new context of `browser` (a viewport, say);
+    every context opened is closed on the way out, with its pages, routes and clock."""
+    contexts: list[BrowserContext] = []
+
+    def open_page(**options: Any) -> Page:
+        context = browser.new_context(**options)
+        contexts.append(context)
+        return context.new_page()
+
+    try:
+        yield open_page
+    finally:
+        for context in contexts:
+            context.close()

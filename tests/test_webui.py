@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.browser import chromium, require_chromium
+from tests.browser import require_chromium
 from tests.harness import (
     CLUSTER_TOKEN,
     REPO,
@@ -69,11 +69,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 @pytest.fixture
-def page(cluster: Cluster) -> Iterator[object]:
-    with chromium() as browser:
-        tab = browser.new_page()
-        tab.goto(cluster.master.base_url + "/ui/lending")
-        yield tab
+def page(cluster: Cluster, new_page: Callable[..., Any]) -> object:
+    tab = new_page()
+    tab.goto(cluster.master.base_url + "/ui/lending")
+    return tab
 
 
 def test_the_lending_tab_shows_every_node_in_sync_and_the_folded_decision_log(
@@ -103,20 +102,24 @@ def test_settings_typed_in_the_tab_are_saved_and_reach_the_cluster(
     box = tab.locator('input[data-key="offload_probe_idle"]')  # type: ignore[attr-defined]
     box.wait_for()
     box.fill("750ms")
-    tab.click("#save")  # type: ignore[attr-defined]
-    tab.wait_for_function(  # type: ignore[attr-defined]
-        "document.querySelector('#settings').innerText.includes('750ms · db')"
-    )
-    with cluster.master.client() as client:
-        entries = client.get("/router/v1/site/offload/settings").json()["entries"]
-        assert next(e for e in entries if e["key"] == "offload_probe_idle")["effective"] == "750ms"
-        assert (
-            httpx.delete(cluster.master.base_url + "/router/v1/site/offload/settings").status_code
-            == 200
+    settings_path = cluster.master.base_url + "/router/v1/site/offload/settings"
+    try:
+        tab.click("#save")  # type: ignore[attr-defined]
+        tab.wait_for_function(  # type: ignore[attr-defined]
+            "document.querySelector('#settings').innerText.includes('750ms · db')"
         )
+        with cluster.master.client() as client:
+            entries = client.get("/router/v1/site/offload/settings").json()["entries"]
+            effective = next(e for e in entries if e["key"] == "offload_probe_idle")["effective"]
+            assert effective == "750ms"
+    finally:
+        # The other tests of the module see the fixture's settings, whatever happened here.
+        assert httpx.delete(settings_path).status_code == 200
 
 
-def test_the_nodes_page_lists_held_requests_with_their_state(cluster: Cluster) -> None:
+def test_the_nodes_page_lists_held_requests_with_their_state(
+    cluster: Cluster, new_page: Callable[..., Any]
+) -> None:
     done: list[int] = []
 
     def call() -> None:
@@ -136,22 +139,21 @@ def test_the_nodes_page_lists_held_requests_with_their_state(cluster: Cluster) -
     for t in threads:
         t.start()
     try:
-        with chromium() as browser:
-            tab = browser.new_page()
-            tab.goto(cluster.master.base_url + "/ui/nodes")
-            tab.wait_for_selector('section[data-node="o"] ul.held li', timeout=30_000)
-            text = tab.locator('section[data-node="o"] ul.held').inner_text()
-            assert "big" in text and "queued" in text
-            assert tab.locator("section.card").count() == 3
-            ARTIFACTS.mkdir(exist_ok=True)
-            tab.screenshot(path=str(ARTIFACTS / "nodes-page.png"), full_page=True)
-            # The node's own state lists them too, as the summary does (not always []).
-            state = httpx.get(
-                cluster.master.base_url + "/router/v1/site/nodes/state",
-                params={"node_id": "o"},
-            ).json()
-            held = state["held_requests"]
-            assert any(r["model_id"] == "big" and r["state"] == "queued" for r in held), held
+        tab = new_page()
+        tab.goto(cluster.master.base_url + "/ui/nodes")
+        tab.wait_for_selector('section[data-node="o"] ul.held li', timeout=30_000)
+        text = tab.locator('section[data-node="o"] ul.held').inner_text()
+        assert "big" in text and "queued" in text
+        assert tab.locator("section.card").count() == 3
+        ARTIFACTS.mkdir(exist_ok=True)
+        tab.screenshot(path=str(ARTIFACTS / "nodes-page.png"), full_page=True)
+        # The node's own state lists them too, as the summary does (not always []).
+        state = httpx.get(
+            cluster.master.base_url + "/router/v1/site/nodes/state",
+            params={"node_id": "o"},
+        ).json()
+        held = state["held_requests"]
+        assert any(r["model_id"] == "big" and r["state"] == "queued" for r in held), held
     finally:
         httpx.delete(settings_path)
         for t in threads:
@@ -159,50 +161,51 @@ def test_the_nodes_page_lists_held_requests_with_their_state(cluster: Cluster) -
     assert done == [200] * 8
 
 
-def test_the_nodes_page_shows_each_nodes_memory_or_says_it_has_none(cluster: Cluster) -> None:
+def test_the_nodes_page_shows_each_nodes_memory_or_says_it_has_none(
+    cluster: Cluster, new_page: Callable[..., Any]
+) -> None:
     with cluster.master.client() as client:
         inventory = client.get("/router/v1/site/inventory").json()
     hardware = {n["node_id"]: n["hardware"] for n in inventory["nodes"]}
     assert sorted(hardware) == ["h", "master", "o"]
-    with chromium() as browser:
-        tab = browser.new_page()
-        tab.goto(cluster.master.base_url + "/ui/nodes")
-        tab.wait_for_selector("section.card:nth-child(3) .mem")
-        for node_id, hw in hardware.items():
-            mem = tab.locator(f'section[data-node="{node_id}"] .mem')
-            memory = hw["memory"]
-            if memory is None:
-                assert mem.inner_text() == "Memory unavailable on this node"
-                continue
-            assert mem.get_attribute("data-kind") == memory["kind"]
-            assert mem.locator(".kind").inner_text() == memory["kind"].upper()
-            # Used memory moves between two readings; the total does not.
-            amount = mem.locator(".amount").inner_text()
-            total = memory["total_bytes"] / 1024**3
-            assert re.fullmatch(rf"\d+\.\d / {total:.1f} GB", amount), amount
-            used = mem.locator(".membar .used").evaluate("e => parseFloat(e.style.width)")
-            assert 0 < used <= 100
-        ARTIFACTS.mkdir(exist_ok=True)
-        tab.screenshot(path=str(ARTIFACTS / "nodes-memory.png"), full_page=True)
+    tab = new_page()
+    tab.goto(cluster.master.base_url + "/ui/nodes")
+    tab.wait_for_selector("section.card:nth-child(3) .mem")
+    for node_id, hw in hardware.items():
+        mem = tab.locator(f'section[data-node="{node_id}"] .mem')
+        memory = hw["memory"]
+        if memory is None:
+            assert mem.inner_text() == "Memory unavailable on this node"
+            continue
+        assert mem.get_attribute("data-kind") == memory["kind"]
+        assert mem.locator(".kind").inner_text() == memory["kind"].upper()
+        # Used memory moves between two readings; the total does not.
+        amount = mem.locator(".amount").inner_text()
+        total = memory["total_bytes"] / 1024**3
+        assert re.fullmatch(rf"\d+\.\d / {total:.1f} GB", amount), amount
+        used = mem.locator(".membar .used").evaluate("e => parseFloat(e.style.width)")
+        assert 0 < used <= 100
+    ARTIFACTS.mkdir(exist_ok=True)
+    tab.screenshot(path=str(ARTIFACTS / "nodes-memory.png"), full_page=True)
 
-        # A node that could not read its memory (no /proc/meminfo, nvidia-smi silent):
-        # its card says so instead of drawing a bar, and the others keep theirs.
-        def without_memory(route: Any) -> None:
-            answer = route.fetch()
-            doc = answer.json()
-            for node in doc["nodes"]:
-                if node["node_id"] == "h":
-                    node["hardware"] = {"memory": None, "cpu_count": 2, "note": "no reading"}
-            route.fulfill(response=answer, json=doc)
+    # A node that could not read its memory (no /proc/meminfo, nvidia-smi silent):
+    # its card says so instead of drawing a bar, and the others keep theirs.
+    def without_memory(route: Any) -> None:
+        answer = route.fetch()
+        doc = answer.json()
+        for node in doc["nodes"]:
+            if node["node_id"] == "h":
+                node["hardware"] = {"memory": None, "cpu_count": 2, "note": "no reading"}
+        route.fulfill(response=answer, json=doc)
 
-        tab.route("**/router/v1/site/inventory", without_memory)
-        tab.evaluate("refresh()")
-        none = tab.locator('section[data-node="h"] .mem')
-        assert none.inner_text() == "Memory unavailable on this node"
-        assert none.get_attribute("title") == "no reading"
-        assert tab.locator('section[data-node="h"] .membar').count() == 0
-        assert tab.locator('section[data-node="o"] .membar').count() == 1
-        tab.screenshot(path=str(ARTIFACTS / "nodes-memory-unavailable.png"), full_page=True)
+    tab.route("**/router/v1/site/inventory", without_memory)
+    tab.evaluate("refresh()")
+    none = tab.locator('section[data-node="h"] .mem')
+    assert none.inner_text() == "Memory unavailable on this node"
+    assert none.get_attribute("title") == "no reading"
+    assert tab.locator('section[data-node="h"] .membar').count() == 0
+    assert tab.locator('section[data-node="o"] .membar').count() == 1
+    tab.screenshot(path=str(ARTIFACTS / "nodes-memory-unavailable.png"), full_page=True)
 
 
 def vision_model(name: str) -> ModelSpec:
@@ -234,10 +237,25 @@ def guardians_doc(cluster: Cluster) -> dict[str, object]:
         return doc
 
 
+@pytest.fixture
+def guardians_cleared(guardian_cluster: Cluster) -> Iterator[Cluster]:
+    """The guardian cluster, its guardians cleared after the test whatever it left saved."""
+    yield guardian_cluster
+    doc: dict[str, Any] = guardians_doc(guardian_cluster)
+    scopes = [("model", key) for key in doc["models"]] + [("node", key) for key in doc["nodes"]]
+    if doc["cluster"] is not None:
+        scopes.append(("cluster", ""))
+    with guardian_cluster.master.client() as client:
+        for scope, key in scopes:
+            path = "/router/v1/site/guardians"
+            client.delete(path, params={"scope": scope, "key": key}).raise_for_status()
+    assert guardians_doc(guardian_cluster)["effective"] == {}
+
+
 def test_guardians_chosen_in_the_tab_are_saved_and_shown_with_their_scope(
-    guardian_cluster: Cluster,
+    guardians_cleared: Cluster, new_page: Callable[..., Any]
 ) -> None:
-    c = guardian_cluster
+    c = guardians_cleared
 
     def effective(tab: Any, model: str) -> str:
         text: str = tab.locator(f'tr[data-model="{model}"] td.effective').inner_text()
@@ -252,93 +270,90 @@ def test_guardians_chosen_in_the_tab_are_saved_and_shown_with_their_scope(
             arg=[model, text],
         )
 
-    with chromium() as browser:
-        tab = browser.new_page()
-        tab.goto(c.master.base_url + "/ui/lending")
-        tab.wait_for_selector('#guardian-cluster option[value="seer"]', state="attached")
-        nodes = tab.locator("#guardian-nodes tbody tr")
-        # key=str: a row without the attribute gives None, which sorts but still fails the check.
-        shown = [nodes.nth(i).get_attribute("data-node") for i in range(nodes.count())]
-        assert sorted(shown, key=str) == ["master", "s"]
-        # Text-only models come first; a model's own selector does not offer itself.
-        rows = tab.locator("#guardian-models tbody tr")
-        assert [rows.nth(i).get_attribute("data-model") for i in range(rows.count())] == [
-            "notes",
-            "plain",
-            "eye",
-            "seer",
-        ]
-        seer_options = tab.locator('select[data-guardian="models:seer"] option')
-        assert seer_options.evaluate_all("os => os.map(o => o.value)") == ["", "eye"]
-        assert effective(tab, "plain") == "none"
+    tab = new_page()
+    tab.goto(c.master.base_url + "/ui/lending")
+    tab.wait_for_selector('#guardian-cluster option[value="seer"]', state="attached")
+    nodes = tab.locator("#guardian-nodes tbody tr")
+    # key=str: a row without the attribute gives None, which sorts but still fails the check.
+    shown = [nodes.nth(i).get_attribute("data-node") for i in range(nodes.count())]
+    assert sorted(shown, key=str) == ["master", "s"]
+    # Text-only models come first; a model's own selector does not offer itself.
+    rows = tab.locator("#guardian-models tbody tr")
+    assert [rows.nth(i).get_attribute("data-model") for i in range(rows.count())] == [
+        "notes",
+        "plain",
+        "eye",
+        "seer",
+    ]
+    seer_options = tab.locator('select[data-guardian="models:seer"] option')
+    assert seer_options.evaluate_all("os => os.map(o => o.value)") == ["", "eye"]
+    assert effective(tab, "plain") == "none"
 
-        # The save is held in the browser until the tab has refreshed once: the refresh
-        # must keep the operator's choice on screen while the router has not stored it.
-        held: list[Any] = []
-        tab.route(
-            "**/router/v1/site/guardians",
-            lambda route: (
-                held.append(route) if route.request.method == "POST" else route.continue_()
-            ),
-        )
-        tab.select_option('select[data-guardian="cluster"]', "seer")
+    # The save is held in the browser until the tab has refreshed once: the refresh
+    # must keep the operator's choice on screen while the router has not stored it.
+    held: list[Any] = []
+    tab.route(
+        "**/router/v1/site/guardians",
+        lambda route: held.append(route) if route.request.method == "POST" else route.continue_(),
+    )
+    tab.select_option('select[data-guardian="cluster"]', "seer")
 
-        def save_held() -> bool:
-            tab.evaluate("0")  # a round trip lets Playwright hand over the routed request
-            return bool(held)
+    def save_held() -> bool:
+        tab.evaluate("0")  # a round trip lets Playwright hand over the routed request
+        return bool(held)
 
-        wait_for(save_held)
-        tab.evaluate("refresh()")
-        assert guardians_doc(c)["cluster"] is None
-        assert tab.locator('select[data-guardian="cluster"]').input_value() == "seer"
-        held[0].continue_()
-        tab.unroute("**/router/v1/site/guardians")
-        wait_for(lambda: guardians_doc(c)["cluster"] == "seer")
-        wait_effective(tab, "plain", "seer \u00b7 cluster")
-        # The cluster's guardian does not guard itself.
-        wait_effective(tab, "seer", "none (the cluster guardian is this model)")
+    wait_for(save_held)
+    tab.evaluate("refresh()")
+    assert guardians_doc(c)["cluster"] is None
+    assert tab.locator('select[data-guardian="cluster"]').input_value() == "seer"
+    held[0].continue_()
+    tab.unroute("**/router/v1/site/guardians")
+    wait_for(lambda: guardians_doc(c)["cluster"] == "seer")
+    wait_effective(tab, "plain", "seer \u00b7 cluster")
+    # The cluster's guardian does not guard itself.
+    wait_effective(tab, "seer", "none (the cluster guardian is this model)")
 
-        tab.select_option('select[data-guardian="models:plain"]', "eye")
-        wait_for(lambda: guardians_doc(c)["models"] == {"plain": "eye"})
-        wait_effective(tab, "plain", "eye \u00b7 model")
-        assert effective(tab, "notes") == "seer \u00b7 cluster"
+    tab.select_option('select[data-guardian="models:plain"]', "eye")
+    wait_for(lambda: guardians_doc(c)["models"] == {"plain": "eye"})
+    wait_effective(tab, "plain", "eye \u00b7 model")
+    assert effective(tab, "notes") == "seer \u00b7 cluster"
 
-        tab.select_option('select[data-guardian="nodes:s"]', "eye")
-        wait_for(lambda: guardians_doc(c)["nodes"] == {"s": "eye"})
-        wait_effective(tab, "notes", "eye \u00b7 node s")
-        assert effective(tab, "plain") == "eye \u00b7 model"  # the model scope still wins
-        assert guardians_doc(c)["effective"] == {"notes": "eye", "plain": "eye", "seer": "eye"}
+    tab.select_option('select[data-guardian="nodes:s"]', "eye")
+    wait_for(lambda: guardians_doc(c)["nodes"] == {"s": "eye"})
+    wait_effective(tab, "notes", "eye \u00b7 node s")
+    assert effective(tab, "plain") == "eye \u00b7 model"  # the model scope still wins
+    assert guardians_doc(c)["effective"] == {"notes": "eye", "plain": "eye", "seer": "eye"}
 
-        # A list gone stale (its guardian left the cluster after the page drew it): the
-        # router refuses the save, and the tab says why beside the selector and goes back
-        # to what is really saved.
-        notes = tab.locator('select[data-guardian="models:notes"]')
-        notes.evaluate("s => s.append(new Option('ghost', 'ghost'))")
-        notes.select_option("ghost")
-        tab.wait_for_function(
-            """() => document.querySelector('[data-guardian-error="models:notes"]')
-                .innerText.includes('not a multimodal text model')"""
-        )
-        error = tab.locator('[data-guardian-error="models:notes"]').inner_text()
-        assert 'guardian "ghost"' in error
-        assert tab.locator('select[data-guardian="models:notes"]').input_value() == ""
-        assert guardians_doc(c)["models"] == {"plain": "eye"}
-        ARTIFACTS.mkdir(exist_ok=True)
-        tab.screenshot(path=str(ARTIFACTS / "lending-guardians.png"), full_page=True)
+    # A list gone stale (its guardian left the cluster after the page drew it): the
+    # router refuses the save, and the tab says why beside the selector and goes back
+    # to what is really saved.
+    notes = tab.locator('select[data-guardian="models:notes"]')
+    notes.evaluate("s => s.append(new Option('ghost', 'ghost'))")
+    notes.select_option("ghost")
+    tab.wait_for_function(
+        """() => document.querySelector('[data-guardian-error="models:notes"]')
+            .innerText.includes('not a multimodal text model')"""
+    )
+    error = tab.locator('[data-guardian-error="models:notes"]').inner_text()
+    assert 'guardian "ghost"' in error
+    assert tab.locator('select[data-guardian="models:notes"]').input_value() == ""
+    assert guardians_doc(c)["models"] == {"plain": "eye"}
+    ARTIFACTS.mkdir(exist_ok=True)
+    tab.screenshot(path=str(ARTIFACTS / "lending-guardians.png"), full_page=True)
 
-        tab.select_option('select[data-guardian="models:plain"]', "")
-        wait_for(lambda: guardians_doc(c)["models"] == {})
-        wait_effective(tab, "plain", "seer \u00b7 cluster")  # plain lives on the master
-        tab.select_option('select[data-guardian="nodes:s"]', "")
-        tab.select_option('select[data-guardian="cluster"]', "")
-        wait_for(lambda: guardians_doc(c)["cluster"] is None and not guardians_doc(c)["nodes"])
-        wait_effective(tab, "plain", "none")
-        wait_effective(tab, "notes", "none")
-        assert guardians_doc(c)["effective"] == {}
+    tab.select_option('select[data-guardian="models:plain"]', "")
+    wait_for(lambda: guardians_doc(c)["models"] == {})
+    wait_effective(tab, "plain", "seer \u00b7 cluster")  # plain lives on the master
+    tab.select_option('select[data-guardian="nodes:s"]', "")
+    tab.select_option('select[data-guardian="cluster"]', "")
+    wait_for(lambda: guardians_doc(c)["cluster"] is None and not guardians_doc(c)["nodes"])
+    wait_effective(tab, "plain", "none")
+    wait_effective(tab, "notes", "none")
+    assert guardians_doc(c)["effective"] == {}
 
 
 def test_the_nodes_page_marks_borrowed_work_and_unloads_by_generation(
-    guardian_cluster: Cluster,
+    guardian_cluster: Cluster, new_page: Callable[..., Any]
 ) -> None:
     c = guardian_cluster
     row = 'section[data-node="s"] li[data-backend="text-runtime"]'
@@ -367,72 +382,70 @@ def test_the_nodes_page_marks_borrowed_work_and_unloads_by_generation(
             path = "/router/v1/node/inference/v1/chat/completions"
             answers.append(slave.post(path, json=body, headers=headers).status_code)
 
-    with chromium() as browser:
-        tab = browser.new_page()
-        # The page's 5 s timer is frozen: it redraws when the test says so or after an
-        # unload, so the generation on screen is the one it drew, whatever happens behind.
-        start = datetime(2026, 1, 1, 8, 0, 0)
-        tab.clock.install(time=start)
-        tab.clock.pause_at(start + timedelta(seconds=1))
-        tab.goto(c.master.base_url + "/ui/nodes")
-        tab.wait_for_selector(row)
-        assert tab.locator('section[data-node="master"] .badge.role-master').count() == 1
-        assert tab.locator(f"{s_card} .badge.role-slave").count() == 1
-        assert tab.locator(f"{s_card} h2 .dot.up").get_attribute("title") == "Online"
-        assert tab.locator(f"{s_card} h2 .badge.warn").count() == 0  # same build as master
-        line = tab.locator(row).inner_text()
-        assert "notes" in line and "text · text" in line and "idle" in line
-        assert shown_generation(tab) == f"generation {generation}"
+    tab = new_page()
+    # The page's 5 s timer is frozen: it redraws when the test says so or after an
+    # unload, so the generation on screen is the one it drew, whatever happens behind.
+    start = datetime(2026, 1, 1, 8, 0, 0)
+    tab.clock.install(time=start)
+    tab.clock.pause_at(start + timedelta(seconds=1))
+    tab.goto(c.master.base_url + "/ui/nodes")
+    tab.wait_for_selector(row)
+    assert tab.locator('section[data-node="master"] .badge.role-master').count() == 1
+    assert tab.locator(f"{s_card} .badge.role-slave").count() == 1
+    assert tab.locator(f"{s_card} h2 .dot.up").get_attribute("title") == "Online"
+    assert tab.locator(f"{s_card} h2 .badge.warn").count() == 0  # same build as master
+    line = tab.locator(row).inner_text()
+    assert "notes" in line and "text · text" in line and "idle" in line
+    assert shown_generation(tab) == f"generation {generation}"
 
-        runner = threading.Thread(target=borrowed)
-        runner.start()
-        try:
-            wait_for(
-                lambda: tab.evaluate(
-                    f"refresh().then(() => document.querySelector('{row}.borrowed') !== null)"
-                ),
-                timeout=30,
-            )
-            assert tab.locator(row + " .badge.lent").inner_text() == "lent"
-            ARTIFACTS.mkdir(exist_ok=True)
-            tab.screenshot(path=str(ARTIFACTS / "nodes-borrowed.png"), full_page=True)
-        finally:
-            runner.join(60)
-        assert answers == [200]
-
-        # Behind the page's back the runtime is unloaded and loaded again: the page's
-        # Unload now names a generation that is gone, and the router refuses it.
-        with c.master.client() as client:
-            body = {
-                "node_id": "s",
-                "backend_id": "text-runtime",
-                "runtime_id": "text",
-                "expected_generation": generation,
-            }
-            client.post("/router/v1/site/nodes/unload", json=body).raise_for_status()
-            client.post("/router/v1/load", json={"model": "notes"}).raise_for_status()
-        tab.locator(row + " button.unload").click()
-        tab.wait_for_selector(f"{s_card} .notice.err")
-        notice = tab.locator(f"{s_card} .notice").inner_text()
-        assert "Not unloaded" in notice
-        assert f'"notes" at generation {generation + 1}' in notice
-        # The page redrew after the refusal: it shows the new load, still there.
-        tab.wait_for_function(
-            """([sel, title]) => {
-                const b = document.querySelector(sel);
-                return b !== null && b.title === title;
-            }""",
-            arg=[row + " button.unload", f"generation {generation + 1}"],
+    runner = threading.Thread(target=borrowed)
+    runner.start()
+    try:
+        wait_for(
+            lambda: tab.evaluate(
+                f"refresh().then(() => document.querySelector('{row}.borrowed') !== null)"
+            ),
+            timeout=30,
         )
-        tab.screenshot(path=str(ARTIFACTS / "nodes-unload-refused.png"), full_page=True)
+        assert tab.locator(row + " .badge.lent").inner_text() == "lent"
+        ARTIFACTS.mkdir(exist_ok=True)
+        tab.screenshot(path=str(ARTIFACTS / "nodes-borrowed.png"), full_page=True)
+    finally:
+        runner.join(60)
+    assert answers == [200]
 
-        tab.locator(row + " button.unload").click()
-        tab.wait_for_function(
-            "document.querySelector('section[data-node=\"s\"]').innerText"
-            ".includes('Nothing loaded.')"
-        )
-        assert "Unloaded notes" in tab.locator(f"{s_card} .notice").inner_text()
-        tab.screenshot(path=str(ARTIFACTS / "nodes-unload.png"), full_page=True)
+    # Behind the page's back the runtime is unloaded and loaded again: the page's
+    # Unload now names a generation that is gone, and the router refuses it.
+    with c.master.client() as client:
+        body = {
+            "node_id": "s",
+            "backend_id": "text-runtime",
+            "runtime_id": "text",
+            "expected_generation": generation,
+        }
+        client.post("/router/v1/site/nodes/unload", json=body).raise_for_status()
+        client.post("/router/v1/load", json={"model": "notes"}).raise_for_status()
+    tab.locator(row + " button.unload").click()
+    tab.wait_for_selector(f"{s_card} .notice.err")
+    notice = tab.locator(f"{s_card} .notice").inner_text()
+    assert "Not unloaded" in notice
+    assert f'"notes" at generation {generation + 1}' in notice
+    # The page redrew after the refusal: it shows the new load, still there.
+    tab.wait_for_function(
+        """([sel, title]) => {
+            const b = document.querySelector(sel);
+            return b !== null && b.title === title;
+        }""",
+        arg=[row + " button.unload", f"generation {generation + 1}"],
+    )
+    tab.screenshot(path=str(ARTIFACTS / "nodes-unload-refused.png"), full_page=True)
+
+    tab.locator(row + " button.unload").click()
+    tab.wait_for_function(
+        "document.querySelector('section[data-node=\"s\"]').innerText.includes('Nothing loaded.')"
+    )
+    assert "Unloaded notes" in tab.locator(f"{s_card} .notice").inner_text()
+    tab.screenshot(path=str(ARTIFACTS / "nodes-unload.png"), full_page=True)
     with c.master.client() as client:
         state = client.get("/router/v1/site/nodes/state", params={"node_id": "s"}).json()
     assert all(not b["loaded_models"] for b in state["backends"])

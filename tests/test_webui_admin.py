@@ -6,13 +6,21 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
-from tests.browser import chromium, require_chromium
-from tests.harness import REPO, ModelSpec, RouterNode, sim_weights, start_node, text_model
+from tests.browser import require_chromium
+from tests.harness import (
+    REPO,
+    ModelSpec,
+    RouterNode,
+    sim_weights,
+    start_node,
+    text_model,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 require_chromium()
@@ -69,15 +77,15 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterNode]:
 
 
 @pytest.fixture
-def admin(node: RouterNode) -> Iterator[Any]:
-    with chromium() as browser:
-        tab = browser.new_page()
-        tab.goto(node.base_url + "/admin/login/")
-        tab.fill("#id_username", "operator")
-        tab.fill("#id_password", PASSWORD)
-        tab.click("input[type=submit]")
-        tab.wait_for_selector("#site-name")
-        yield tab
+def admin(node: RouterNode, new_page: Callable[..., Any]) -> Any:
+    """A page logged in to the admin, in a context of its own: its session is this test's."""
+    tab = new_page()
+    tab.goto(node.base_url + "/admin/login/")
+    tab.fill("#id_username", "operator")
+    tab.fill("#id_password", PASSWORD)
+    tab.click("input[type=submit]")
+    tab.wait_for_selector("#site-name")
+    return tab
 
 
 def test_createsuperuser_takes_the_config_option_and_writes_the_nodes_own_database(
@@ -102,8 +110,14 @@ def test_the_admin_loads_its_styles_and_scripts_from_the_router(
     admin.on(
         "response", lambda r: statics.__setitem__(r.url, r.status) if "/static/" in r.url else None
     )
+    # goto returns on the load event: every stylesheet and script of the page is fetched. The
+    # wait is then for their response events, which Playwright hands over on a round trip.
     admin.goto(node.base_url + "/admin/guardians/guardiansetting/add/")
-    admin.wait_for_load_state("networkidle")
+    fetched = admin.evaluate(
+        "performance.getEntriesByType('resource').map(e => e.name)"
+        ".filter(u => u.includes('/static/'))"
+    )
+    wait_for(lambda: admin.evaluate("true") and set(fetched) <= set(statics))
     assert any(u.endswith("/static/admin/css/base.css") for u in statics), statics
     assert any(u.endswith(".js") for u in statics), statics
     assert all(status in (200, 304) for status in statics.values()), statics

@@ -4,13 +4,13 @@ a loaded image model under the ID clients use."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.browser import chromium, require_chromium
+from tests.browser import require_chromium
 from tests.harness import REPO, Cluster, ModelSpec, sim_weights, start_cluster, text_model
 
 pytestmark = pytest.mark.integration
@@ -40,20 +40,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         c.cleanup()
 
 
-@pytest.fixture
-def browser() -> Iterator[Any]:
-    with chromium() as b:
-        yield b
-
-
 @pytest.mark.parametrize(
     ("path", "ready"),
     [("/ui/nodes", '.card[data-node="s"]'), ("/ui/lending", "#links-all tr[data-link]")],
 )
 def test_each_page_fits_a_390_px_phone_without_horizontal_scroll(
-    cluster: Cluster, browser: Any, path: str, ready: str
+    cluster: Cluster, new_page: Callable[..., Any], path: str, ready: str
 ) -> None:
-    tab = browser.new_page(viewport=PHONE)
+    tab = new_page(viewport=PHONE)
     tab.goto(cluster.master.base_url + path)
     tab.wait_for_selector(ready)
     if path == "/ui/lending":
@@ -82,9 +76,9 @@ def test_each_page_fits_a_390_px_phone_without_horizontal_scroll(
 
 
 def test_the_pages_link_to_each_other_and_root_opens_the_nodes_page(
-    cluster: Cluster, browser: Any
+    cluster: Cluster, new_page: Callable[..., Any]
 ) -> None:
-    tab = browser.new_page()
+    tab = new_page()
     tab.goto(cluster.master.base_url + "/")
     assert tab.url.endswith("/ui/nodes")
     tab.click("text=Lending tab")
@@ -94,13 +88,13 @@ def test_the_pages_link_to_each_other_and_root_opens_the_nodes_page(
 
 
 def test_a_slaves_root_says_it_has_no_pages_and_points_to_its_master(
-    cluster: Cluster, browser: Any
+    cluster: Cluster, new_page: Callable[..., Any]
 ) -> None:
     slave = cluster.slaves["s"]
     doc = httpx.get(slave.base_url + "/", follow_redirects=False).json()
     assert doc["role"] == "slave" and doc["master_url"] == cluster.master.base_url
     assert doc["webui"] == cluster.master.base_url + "/ui/nodes"
-    tab = browser.new_page()
+    tab = new_page()
     tab.goto(slave.base_url + "/")
     assert "is a slave node" in tab.locator("h1").inner_text()
     tab.click("#master-link")
@@ -111,7 +105,7 @@ def test_a_slaves_root_says_it_has_no_pages_and_points_to_its_master(
 
 
 def test_reset_all_asks_first_and_does_nothing_when_declined(
-    cluster: Cluster, browser: Any
+    cluster: Cluster, new_page: Callable[..., Any]
 ) -> None:
     settings = cluster.master.base_url + "/router/v1/site/offload/settings"
 
@@ -121,7 +115,7 @@ def test_reset_all_asks_first_and_does_nothing_when_declined(
 
     httpx.post(settings, json={"values": {"offload_probe_idle": "7s"}}).raise_for_status()
     try:
-        tab = browser.new_page()
+        tab = new_page()
         tab.goto(cluster.master.base_url + "/ui/lending")
         tab.wait_for_selector('input[data-key="offload_probe_idle"]')
         asked: list[str] = []
@@ -147,19 +141,24 @@ def test_reset_all_asks_first_and_does_nothing_when_declined(
 
 
 def test_a_loaded_image_model_is_shown_under_the_id_clients_use(
-    cluster: Cluster, browser: Any
+    cluster: Cluster, new_page: Callable[..., Any]
 ) -> None:
     with cluster.master.client() as client:
         records = client.get("/router/v1/models").json()["models"]
         image_id = next(r["public_image_id"] for r in records if r.get("has_image"))
         assert image_id != "pic"
         client.post("/router/v1/load", json={"model": image_id}).raise_for_status()
-    tab = browser.new_page()
-    tab.goto(cluster.master.base_url + "/ui/nodes")
-    row = tab.locator('.card[data-node="s"] ul.runtimes li[data-runtime="image"]')
-    row.wait_for()
-    assert row.locator("b").inner_text() == image_id
-    assert "(pic here)" in row.inner_text()
-    tab.goto(cluster.master.base_url + "/ui/lending")
-    cell = tab.locator("#nodes tbody tr", has_text=image_id)
-    cell.wait_for()
+    try:
+        tab = new_page()
+        tab.goto(cluster.master.base_url + "/ui/nodes")
+        row = tab.locator('.card[data-node="s"] ul.runtimes li[data-runtime="image"]')
+        row.wait_for()
+        assert row.locator("b").inner_text() == image_id
+        assert "(pic here)" in row.inner_text()
+        tab.goto(cluster.master.base_url + "/ui/lending")
+        cell = tab.locator("#nodes tbody tr", has_text=image_id)
+        cell.wait_for()
+    finally:
+        # The phone tests draw the Nodes page as the fixture left it, with nothing loaded.
+        with cluster.master.client() as client:
+            client.post("/router/v1/unload", json={"model": image_id}).raise_for_status()

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
-from tests.browser import chromium, require_chromium
+from tests.browser import require_chromium
 from tests.harness import REPO, Cluster, ModelSpec, sim_weights, start_cluster, text_model, wait_for
 
 pytestmark = pytest.mark.integration
@@ -35,11 +35,21 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 @pytest.fixture
-def tab(cluster: Cluster) -> Iterator[Any]:
-    with chromium() as browser:
-        page = browser.new_page()
-        page.goto(cluster.master.base_url + "/ui/lending")
-        yield page
+def tab(cluster: Cluster, new_page: Callable[..., Any]) -> Any:
+    page = new_page()
+    page.goto(cluster.master.base_url + "/ui/lending")
+    return page
+
+
+@pytest.fixture
+def unlinked(cluster: Cluster) -> Iterator[Cluster]:
+    """The cluster, o/big's link removed after the test whatever it left: each test starts
+    from no link at all."""
+    yield cluster
+    with cluster.master.client() as client:
+        client.delete(
+            "/router/v1/site/text-routing-groups", params={"node_id": "o", "model_id": "big"}
+        ).raise_for_status()
 
 
 def text_links(cluster: Cluster) -> list[dict[str, Any]]:
@@ -78,8 +88,9 @@ def pick(tab: Any, lane: str, node: str, model: str) -> None:
 
 
 def test_a_link_made_in_the_tab_asks_for_the_acknowledgement_lends_and_is_removed(
-    cluster: Cluster, tab: Any
+    unlinked: Cluster, tab: Any
 ) -> None:
+    cluster = unlinked
     pick(tab, "text", "o", "big")
     fast = tab.locator('#link-candidates tr[data-candidate="h/fast"]')
     fast.wait_for()

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.browser import chromium, require_chromium
+from tests.browser import require_chromium
 from tests.harness import (
     CLUSTER_TOKEN,
     REPO,
@@ -64,13 +63,11 @@ def measured_loads(cluster: Cluster) -> dict[str, float]:
     return {row["config_filename"]: row["load_ms"] for row in costs.get("loads", [])}
 
 
-@contextlib.contextmanager
-def watch_load(cluster: Cluster, url_path: str, selector: str) -> Iterator[Any]:
-    with chromium() as browser:
-        tab = browser.new_page()
-        tab.goto(cluster.master.base_url + url_path)
-        tab.wait_for_selector(selector)
-        yield tab
+def watch_load(new_page: Callable[..., Any], cluster: Cluster, url_path: str, selector: str) -> Any:
+    tab = new_page()
+    tab.goto(cluster.master.base_url + url_path)
+    tab.wait_for_selector(selector)
+    return tab
 
 
 def shown(tab: Any, selector: str) -> None:
@@ -85,58 +82,60 @@ def shown(tab: Any, selector: str) -> None:
 
 
 def test_a_load_shows_its_model_elapsed_time_waiting_requests_and_then_its_expected_time(
-    cluster: Cluster,
+    cluster: Cluster, new_page: Callable[..., Any]
 ) -> None:
     chat(cluster, "quick")
-    with watch_load(cluster, "/ui/nodes", '.card[data-node="s"]') as tab:
-        card = tab.locator('.card[data-node="s"]')
-        # A first load: no load time measured yet, one client waiting on it.
-        caller = threading.Thread(target=chat, args=(cluster, "slowload"))
-        caller.start()
-        try:
-            load = card.locator('.load[data-loading="slowload"]')
-            shown(tab, '.card[data-node="s"] .load[data-loading="slowload"]')
-            text = load.inner_text()
-            assert "loading slowload" in text and "1 waiting" in text, text
-            assert "no load time measured yet" in text
-            assert card.locator(".loaded-none").count() == 0  # never "Nothing loaded" now
-            ARTIFACTS.mkdir(exist_ok=True)
-            tab.screenshot(path=str(ARTIFACTS / "nodes-loading-first.png"), full_page=True)
-        finally:
-            caller.join()
-        # Loaded: the load row goes, the model is listed.
-        card.locator('.load[data-loading="slowload"]').wait_for(state="detached", timeout=10000)
-        card.locator("ul.runtimes li", has_text="slowload").wait_for(timeout=10000)
+    tab = watch_load(new_page, cluster, "/ui/nodes", '.card[data-node="s"]')
+    card = tab.locator('.card[data-node="s"]')
+    # A first load: no load time measured yet, one client waiting on it.
+    caller = threading.Thread(target=chat, args=(cluster, "slowload"))
+    caller.start()
+    try:
+        load = card.locator('.load[data-loading="slowload"]')
+        shown(tab, '.card[data-node="s"] .load[data-loading="slowload"]')
+        text = load.inner_text()
+        assert "loading slowload" in text and "1 waiting" in text, text
+        assert "no load time measured yet" in text
+        assert card.locator(".loaded-none").count() == 0  # never "Nothing loaded" now
+        ARTIFACTS.mkdir(exist_ok=True)
+        tab.screenshot(path=str(ARTIFACTS / "nodes-loading-first.png"), full_page=True)
+    finally:
+        caller.join()
+    # Loaded: the load row goes, the model is listed.
+    card.locator('.load[data-loading="slowload"]').wait_for(state="detached", timeout=10000)
+    card.locator("ul.runtimes li", has_text="slowload").wait_for(timeout=10000)
 
-        # Once the node has measured that load, the next one shows its expected time as a bar.
-        chat(cluster, "quick")
-        wait_for(lambda: any(k.startswith("slowload") for k in measured_loads(cluster)), timeout=30)
-        caller = threading.Thread(target=chat, args=(cluster, "slowload"))
-        caller.start()
-        try:
-            bar = card.locator('.load[data-loading="slowload"] .bar')
-            shown(tab, '.card[data-node="s"] .load[data-loading="slowload"] .bar')
-            expected = float(bar.get_attribute("data-expected-ms") or 0)
-            assert SLOW_LOAD_MS <= expected < SLOW_LOAD_MS * 3, expected
-            assert "expected" in card.locator('.load[data-loading="slowload"]').inner_text()
-            tab.screenshot(path=str(ARTIFACTS / "nodes-loading-expected.png"), full_page=True)
-        finally:
-            caller.join()
-
-
-def test_the_lending_tab_shows_a_load_on_the_nodes_row(cluster: Cluster) -> None:
+    # Once the node has measured that load, the next one shows its expected time as a bar.
     chat(cluster, "quick")
-    with watch_load(cluster, "/ui/lending", "#nodes tbody tr:nth-child(2)") as tab:
-        caller = threading.Thread(target=chat, args=(cluster, "slow2"))
-        caller.start()
-        try:
-            load = tab.locator('#nodes tr .load[data-loading="slow2"]')
-            shown(tab, '#nodes tr .load[data-loading="slow2"]')
-            assert "1 waiting" in load.inner_text()
-            ARTIFACTS.mkdir(exist_ok=True)
-            tab.screenshot(path=str(ARTIFACTS / "lending-loading.png"))
-        finally:
-            caller.join()
+    wait_for(lambda: any(k.startswith("slowload") for k in measured_loads(cluster)), timeout=30)
+    caller = threading.Thread(target=chat, args=(cluster, "slowload"))
+    caller.start()
+    try:
+        bar = card.locator('.load[data-loading="slowload"] .bar')
+        shown(tab, '.card[data-node="s"] .load[data-loading="slowload"] .bar')
+        expected = float(bar.get_attribute("data-expected-ms") or 0)
+        assert SLOW_LOAD_MS <= expected < SLOW_LOAD_MS * 3, expected
+        assert "expected" in card.locator('.load[data-loading="slowload"]').inner_text()
+        tab.screenshot(path=str(ARTIFACTS / "nodes-loading-expected.png"), full_page=True)
+    finally:
+        caller.join()
+
+
+def test_the_lending_tab_shows_a_load_on_the_nodes_row(
+    cluster: Cluster, new_page: Callable[..., Any]
+) -> None:
+    chat(cluster, "quick")
+    tab = watch_load(new_page, cluster, "/ui/lending", "#nodes tbody tr:nth-child(2)")
+    caller = threading.Thread(target=chat, args=(cluster, "slow2"))
+    caller.start()
+    try:
+        load = tab.locator('#nodes tr .load[data-loading="slow2"]')
+        shown(tab, '#nodes tr .load[data-loading="slow2"]')
+        assert "1 waiting" in load.inner_text()
+        ARTIFACTS.mkdir(exist_ok=True)
+        tab.screenshot(path=str(ARTIFACTS / "lending-loading.png"))
+    finally:
+        caller.join()
 
 
 def test_node_state_reports_the_load_under_way_to_scripts(cluster: Cluster) -> None:

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 from lending.decisions import DECISION_FIELDS, NULLABLE_FIELDS, REASON_TEXT, TEXT_FIELDS
-from tests.browser import chromium, require_chromium
+from tests.browser import require_chromium
 from tests.harness import REPO, RouterNode, start_node, text_model
 
 pytestmark = pytest.mark.integration
@@ -41,9 +41,17 @@ def insert_rows(node: RouterNode, rows: list[dict[str, Any]]) -> None:
 
 
 @pytest.fixture(scope="module")
-def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterNode]:
+def written_at() -> int:
+    """The time (ms) the rows are dated from. A time range a test picks rows by is built from
+    it, not from the clock: the test may run long after the rows were written (after the other
+    test, on a loaded machine), and a range from the clock then misses the rows it means."""
+    return int(time.time() * 1000)
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory, written_at: int) -> Iterator[RouterNode]:
     n = start_node(tmp_path_factory.mktemp("webui-log"), [text_model("chat"), text_model("other")])
-    now = int(time.time() * 1000)
+    now = written_at
     base = {
         "node_id": "node-a",
         "kind": "plan",
@@ -101,12 +109,11 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterNode]:
 
 
 @pytest.fixture
-def tab(node: RouterNode) -> Iterator[Any]:
-    with chromium() as browser:
-        page = browser.new_page(viewport={"width": 1400, "height": 900})
-        page.goto(node.base_url + "/ui/lending")
-        page.wait_for_selector("#decisions tr.group")
-        yield page
+def tab(node: RouterNode, new_page: Callable[..., Any]) -> Any:
+    page = new_page(viewport={"width": 1400, "height": 900})
+    page.goto(node.base_url + "/ui/lending")
+    page.wait_for_selector("#decisions tr.group")
+    return page
 
 
 def status(tab: Any) -> str:
@@ -154,7 +161,7 @@ def test_the_log_folds_repeated_decisions_and_pages_the_rest(tab: Any) -> None:
     )
 
 
-def test_filters_are_applied_by_the_server(tab: Any) -> None:
+def test_filters_are_applied_by_the_server(tab: Any, written_at: int) -> None:
     # Outcome: every outcome the log can hold is offered; "lent" is three hours old.
     options = tab.locator("#f-outcome option").all_inner_texts()
     assert {"lent", "relay_refused", "borrowed_returned", "lease_refused"} <= set(options)
@@ -173,7 +180,10 @@ def test_filters_are_applied_by_the_server(tab: Any) -> None:
     tab.select_option("#f-model", "")
     # Node: every row here is node-a's (all time now: the lent row too).
     tab.wait_for_function("document.querySelector('#f-node option[value=\"node-a\"]')")
-    tab.select_option("#f-node", "node-a")
+    # The page showed 62 lines before this filter too: the server's answer to it is the proof.
+    with tab.expect_response(lambda r: "node_id=node-a" in r.url) as answer:
+        tab.select_option("#f-node", "node-a")
+    assert answer.value.json()["total_folds"] == 62
     tab.wait_for_function("document.querySelector('#log-status').innerText.includes('of 62')")
     # One request's rows, by its ID; its ID is in the line's details.
     tab.fill("#f-request", "req-lent-1")
@@ -184,11 +194,10 @@ def test_filters_are_applied_by_the_server(tab: Any) -> None:
     tab.fill("#f-request", "")
     tab.locator("#f-request").dispatch_event("change")
     tab.wait_for_function("document.querySelector('#log-status').innerText.includes('of 62')")
-    # A custom range around the repeated decision only.
-    now_ms = tab.evaluate("Date.now()")
+    # A custom range around the repeated decision only, from the rows' own dates.
     tab.select_option("#f-window", "custom")
-    tab.fill("#f-from", _local(tab, now_ms - 90_000))
-    tab.fill("#f-to", _local(tab, now_ms + 60_000))
+    tab.fill("#f-from", _local(tab, written_at - 90_000))
+    tab.fill("#f-to", _local(tab, written_at + 60_000))
     tab.locator("#f-to").dispatch_event("change")
     tab.wait_for_function(
         "document.querySelector('#log-status').innerText.includes('of 1 ')"
