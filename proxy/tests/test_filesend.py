@@ -276,7 +276,7 @@ async def test_a_send_the_peer_stops_is_logged_and_not_finished(
     path.write_bytes(DATA)
     request = StoppingRequest()
 
-    with caplog.at_level(logging.WARNING, logger="proxy.filesend"):
+    with caplog.at_level(logging.WARNING, logger="proxy.edge.filesend"):
         await asyncio.wait_for(filesend.send_path(request, {"path": str(path)}), 5)
 
     assert not request.finished

@@ -19,8 +19,8 @@ import orjson
 import pytest
 from aiohttp import web
 
-from proxy import realtime
-from proxy.realtime import Relay
+from proxy.edge import realtime
+from proxy.edge.realtime import Relay
 from registry.cluster import Replica
 from registry.httpclient import close_session
 from registry.nodeclient import NodeCallError
@@ -112,7 +112,7 @@ def closed_port() -> int:
 
 
 def tracebacks(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
-    return [r for r in caplog.records if r.name == "proxy.realtime" and r.exc_info]
+    return [r for r in caplog.records if r.name == "proxy.edge.realtime" and r.exc_info]
 
 
 async def test_an_unreachable_node_closes_the_session_as_a_502_without_a_traceback(
