@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import json
 import os
 import queue
+import random
 import shutil
 import signal
 import socket
@@ -36,11 +38,43 @@ START_TIMEOUT_SECS = 60.0
 DB_FILENAME = "router.sqlite3"
 
 
+def _port_slice() -> range:
+    """This process's own ports: below the kernel's ephemeral range, one slice per xdist worker.
+
+    A port the kernel hands out for `bind(0)` comes from the ephemeral range, which every
+    outgoing connection of every test draws from too; between the test choosing it and its
+    node binding it, another worker's client may take it ("Address already in use"). Ports
+    below that range are never handed out on their own, and the slices keep workers apart.
+    """
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return range(0)
+    first, slices = 10000, 32
+    size = (low - first) // slices
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    index = int(worker) % slices if worker.isdigit() else 0
+    return range(first + index * size, first + (index + 1) * size) if size >= 64 else range(0)
+
+
+_PORTS = _port_slice()
+_next_port = itertools.count(random.randrange(max(len(_PORTS), 1)))
+
+
 def free_port() -> int:
+    """A port no socket holds now, from this process's slice (or any the kernel picks)."""
+    for _ in range(len(_PORTS)):
+        port = _PORTS[next(_next_port) % len(_PORTS)]
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+        chosen: int = sock.getsockname()[1]
+        return chosen
 
 
 def sim_weights(**costs: Any) -> dict[str, Any]:

@@ -9,7 +9,6 @@ import asyncio
 import base64
 import io
 import math
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ import pytest
 
 from proxy.sim.config import SimWeights, WeightsError, load_weights
 from proxy.sim.server import main as sim_main
+from tests.harness import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 READY_DEADLINE_SECS = 20.0
@@ -69,12 +69,6 @@ class Sim:
                 self.process.kill()
                 self.process.wait()
         return self.process.returncode
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def write_weights(directory: Path, name: str, weights: dict[str, Any]) -> Path:

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
@@ -10,6 +9,7 @@ import pytest
 from aiohttp import web
 
 from registry.nodeclient import AllowList, NodeCallError, NodeClient, normalize_base_url
+from tests.harness import free_port
 
 TOKEN = "cluster-secret"
 SLAVE = "http://slave:8080"
@@ -569,12 +569,6 @@ async def test_stream_to_a_base_that_is_not_allowed_never_sends() -> None:
 
 
 # --- the default aiohttp transport against a real server -----------------------
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture
