@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import struct
-import threading
 import wave
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,13 +29,21 @@ pytestmark = pytest.mark.integration
 AUTH = {"Authorization": f"Bearer {CLUSTER_TOKEN}"}
 
 
+# A held request's output: at 1 ms a token, longer than any loaded machine needs for the
+# requests sent while it holds; the test closes it as soon as they are answered.
+HOLD_TOKENS = 30_000
+
+
 def chat(model: str, **extra: Any) -> dict[str, Any]:
     return {"model": model, "messages": [{"role": "user", "content": "hello"}], **extra}
 
 
 def shared(name: str, *, load_ms: int = 50) -> ModelSpec:
     # Same weights content and settings on every node → identical hashes → replicas.
-    return text_model(name, load_ms=load_ms, base_ms=5, output_ms_per_token=1)
+    spec = text_model(name, load_ms=load_ms, base_ms=5, output_ms_per_token=1)
+    # Room for a request that holds its replica busy for up to HOLD_TOKENS ms.
+    spec.kcpps["contextsize"] = HOLD_TOKENS + 1024
+    return spec
 
 
 def painter(ms_per_step: int) -> ModelSpec:
@@ -180,17 +187,18 @@ def test_replicas_rotate_idle_local_first(cluster: Cluster) -> None:
     assert served_by(cluster, idle) == ["master"] * 4
 
     # With the local replica busy, the replicas of the other nodes take turns.
-    held: list[int] = []
-    hold = threading.Thread(target=lambda: held.append(ask("rotate-hold", max_tokens=4000)))
-    hold.start()
-    try:
+    held = chat("twin", max_tokens=HOLD_TOKENS, stream=True)
+    with (
+        cluster.master.client() as client,
+        client.stream("POST", "/v1/chat/completions", json=held) as hold,
+    ):
+        assert hold.status_code == 200
         wait_for(lambda: master_runtime_active(cluster) == 1, timeout=20)
         busy = [f"rotate-busy-{i}" for i in range(4)]
         assert [ask(i) for i in busy] == [200] * 4
         assert master_runtime_active(cluster) == 1, "the held request ended too soon"
-    finally:
-        hold.join(60)
-    assert held == [200]
+    # The client hung up: the router stops the held request and frees its replica.
+    wait_for(lambda: master_runtime_active(cluster) == 0, timeout=20)
     first, second = served_by(cluster, busy[:2])
     assert {first, second} == {"s1", "s2"}
     assert served_by(cluster, busy) == [first, second, first, second]
