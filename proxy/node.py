@@ -85,7 +85,7 @@ class Node:
     model_state_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     """Serialises enable/disable so the table and `disabled` change in the same order."""
     assets: AssetService = field(init=False)
-    """Asset index, portable-config resolution and peer transfers (registry/assets.py)."""
+    """Asset index, portable-config resolution and peer transfers (registry/assets/)."""
     sync: ClusterSync | None = None
     """Registration (slave) and health polls (master), set by runrouter."""
     ready: bool = False

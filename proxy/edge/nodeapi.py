@@ -294,7 +294,7 @@ async def handle_site_inventory(ctx: Ctx, node: Node) -> None:
     await ctx.json(200, await inventory_local(node=node, include_files=include_files))
 
 
-# -- model assets (registry/assets.py) ------------------------------------------------------
+# -- model assets (registry/assets/) --------------------------------------------------------
 
 
 def _this_node(node: Node, doc: dict[str, Any]) -> None:
