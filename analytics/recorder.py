@@ -70,6 +70,9 @@ class Recorder:
         self._loads: list[LoadEvent] = []
         self.dropped = 0
         self._task: asyncio.Task[None] | None = None
+        # One flush at a time: a reader (the analytics view) flushes and then reads, so its
+        # flush must not return while the periodic one is still writing rows it took.
+        self._flushing = asyncio.Lock()
 
     def add_request(self, sample: RequestSample) -> None:
         if not self.enabled:
@@ -110,6 +113,11 @@ class Recorder:
         await self.flush()
 
     async def flush(self) -> int:
+        """Write every row buffered when it was called; returns how many this call wrote."""
+        async with self._flushing:
+            return await self._flush_buffered()
+
+    async def _flush_buffered(self) -> int:
         requests, self._requests = self._requests, []
         loads, self._loads = self._loads, []
         if not requests and not loads:

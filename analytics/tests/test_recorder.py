@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -232,6 +234,39 @@ def test_rows_that_arrive_during_a_failed_flush_queue_behind_the_kept_ones(
     assert rec.pending() == 2
     assert flush(rec) == 2
     assert request_models() == ["early", "late"]
+
+
+@recorder_db
+def test_a_flush_returns_only_once_a_flush_already_writing_has_committed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The analytics view flushes and then reads: a periodic flush that took the rows a moment
+    # earlier must have committed them by the time the view's flush returns.
+    real_write = recorder_module._write
+    writing = threading.Event()
+    release = threading.Event()
+
+    def slow_write(*args: Any) -> None:
+        writing.set()
+        assert release.wait(10)
+        real_write(*args)
+
+    monkeypatch.setattr(recorder_module, "_write", slow_write)
+    rec = Recorder(node_id=NODE_ID)
+    rec.add_request(sample("taken"))
+
+    async def periodic_then_reader() -> bool:
+        periodic = asyncio.ensure_future(rec.flush())
+        await asyncio.to_thread(writing.wait, 10)
+        reader = asyncio.ensure_future(rec.flush())
+        await asyncio.sleep(0)  # the reader's flush runs as far as it can
+        done_early = reader.done()
+        release.set()
+        await asyncio.gather(periodic, reader)
+        return done_early
+
+    assert async_to_sync(periodic_then_reader)() is False
+    assert request_models() == ["taken"]
 
 
 @recorder_db
