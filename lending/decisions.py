@@ -210,6 +210,9 @@ class DecisionLog:
         self._task: asyncio.Task[None] | None = None
         self._stopping: asyncio.Event | None = None
         self._failing = False
+        # One flush at a time: the decision routes flush and then read, so a flush must not
+        # return while the periodic one is still writing rows it took.
+        self._flushing = asyncio.Lock()
 
     def record(self, **fields: Any) -> None:
         """Buffer one decision row; the field names are the ``offload_decisions`` columns."""
@@ -261,6 +264,10 @@ class DecisionLog:
 
     async def flush(self) -> int:
         """Write every buffered row in one transaction; returns how many were written."""
+        async with self._flushing:
+            return await self._flush_buffered()
+
+    async def _flush_buffered(self) -> int:
         if not self._rows:
             return 0
         batch = self._rows

@@ -6,6 +6,7 @@ import asyncio
 import builtins
 import inspect
 import socket
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -290,6 +291,40 @@ def test_a_failed_flush_reapplies_the_bound_to_rows_that_arrived_meanwhile(
     times = [r["recorded_at"] for r in buffered(log)]
     assert times[0] == 3
     assert times[-1] == MAX_BUFFERED_ROWS + 2
+
+
+@writer_db
+def test_a_flush_returns_only_once_a_flush_already_writing_has_committed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The decision routes flush and then read: rows a periodic flush took a moment earlier
+    # must be committed by the time their flush returns.
+    real_write = decisions_module._write
+    writing = threading.Event()
+    release = threading.Event()
+
+    def slow_write(batch: Any) -> tuple[int, int]:
+        writing.set()
+        assert release.wait(10)
+        written: tuple[int, int] = real_write(batch)
+        return written
+
+    monkeypatch.setattr(decisions_module, "_write", slow_write)
+    log = new_log()
+    log.record(kind="plan", recorded_at=7)
+
+    async def periodic_then_reader() -> bool:
+        periodic = asyncio.ensure_future(log.flush())
+        await asyncio.to_thread(writing.wait, 10)
+        reader = asyncio.ensure_future(log.flush())
+        await asyncio.sleep(0)  # the reader's flush runs as far as it can
+        done_early = reader.done()
+        release.set()
+        await asyncio.gather(periodic, reader)
+        return done_early
+
+    assert async_to_sync(periodic_then_reader)() is False
+    assert stored("recorded_at") == [(7,)]
 
 
 @writer_db
