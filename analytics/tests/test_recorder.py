@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
@@ -16,6 +15,7 @@ from analytics.models import LoadRecord, RequestRecord
 from analytics.recorder import LoadEvent, Recorder, RequestSample
 from analytics.services import analytics_prune
 from analytics.tests.factories import LoadRecordFactory, RequestRecordFactory
+from tests.flushing import second_flush_returned_early
 
 NODE_ID = "node-a"
 # A fixed instant with whole microseconds, so a round trip through the database is exact.
@@ -255,17 +255,7 @@ def test_a_flush_returns_only_once_a_flush_already_writing_has_committed(
     rec = Recorder(node_id=NODE_ID)
     rec.add_request(sample("taken"))
 
-    async def periodic_then_reader() -> bool:
-        periodic = asyncio.ensure_future(rec.flush())
-        await asyncio.to_thread(writing.wait, 10)
-        reader = asyncio.ensure_future(rec.flush())
-        await asyncio.sleep(0)  # the reader's flush runs as far as it can
-        done_early = reader.done()
-        release.set()
-        await asyncio.gather(periodic, reader)
-        return done_early
-
-    assert async_to_sync(periodic_then_reader)() is False
+    assert not second_flush_returned_early(rec.flush, writing, release)
     assert request_models() == ["taken"]
 
 

@@ -36,6 +36,7 @@ from lending.settings_store import settings_save
 from lending.tasks import prune_decisions
 from lending.tests.factories import OffloadDecisionFactory
 from routerproject.errors import RouterError
+from tests.flushing import second_flush_returned_early
 
 NODE_ID = "node-a"
 VERSION = "1.2.3"
@@ -313,17 +314,7 @@ def test_a_flush_returns_only_once_a_flush_already_writing_has_committed(
     log = new_log()
     log.record(kind="plan", recorded_at=7)
 
-    async def periodic_then_reader() -> bool:
-        periodic = asyncio.ensure_future(log.flush())
-        await asyncio.to_thread(writing.wait, 10)
-        reader = asyncio.ensure_future(log.flush())
-        await asyncio.sleep(0)  # the reader's flush runs as far as it can
-        done_early = reader.done()
-        release.set()
-        await asyncio.gather(periodic, reader)
-        return done_early
-
-    assert async_to_sync(periodic_then_reader)() is False
+    assert not second_flush_returned_early(log.flush, writing, release)
     assert stored("recorded_at") == [(7,)]
 
 
