@@ -81,6 +81,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "django_q",
     "axes",
+    "access",
     "registry",
     "proxy",
     "lending",
