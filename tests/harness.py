@@ -403,6 +403,14 @@ class Cluster:
         for node in self.nodes():
             node.cleanup()
 
+    def start_slave(self, name: str) -> RouterNode:
+        """Start a slave that `start_cluster` was told to defer, on the port the master knows."""
+        assert name not in self.slaves, f"{name} is running already"
+        port, models, sections = self.specs[name]
+        node = start_node(self.root / name, models, port=port, **sections)
+        self.slaves[name] = node
+        return node
+
     def restart_slave(self, name: str, **kwargs: Any) -> RouterNode:
         old = self.slaves[name]
         old.cleanup(drop_db=False)
@@ -453,8 +461,13 @@ def start_cluster(
     extra_slave_urls: list[str] | None = None,
     master_sections: dict[str, dict[str, Any]] | None = None,
     per_slave_sections: dict[str, dict[str, dict[str, Any]]] | None = None,
+    deferred: tuple[str, ...] = (),
 ) -> Cluster:
     """A master and its slaves on loopback ports; returns once every slave is healthy.
+
+    Slaves named in `deferred` get their port and place in the master's `slave_urls` but are
+    not started: a test writes their files first and then calls `Cluster.start_slave`, instead
+    of paying for a start and a restart.
 
     The master starts first, so that each slave registers as it comes up. The slaves start
     together, since most of a node's start is its own imports and migrations, unless they
@@ -498,13 +511,17 @@ def start_cluster(
             for key, values in (per_slave_sections or {}).get(name, {}).items():
                 slave_sections.setdefault(key, {}).update(values)
             cluster.specs[name] = (ports[name], models, slave_sections)
+            if name in deferred:
+                continue
             cluster.slaves[name] = start_node(
                 root / name, models, port=ports[name], wait=not together, **slave_sections
             )
         if together:
             for node in cluster.slaves.values():
                 node.wait_ready()
-        healthy = [n for n in slaves if (slave_tokens or {}).get(n, CLUSTER_TOKEN) == CLUSTER_TOKEN]
+        healthy = [
+            n for n in cluster.slaves if (slave_tokens or {}).get(n, CLUSTER_TOKEN) == CLUSTER_TOKEN
+        ]
         cluster.wait_healthy(*healthy)
     except BaseException:
         cluster.cleanup()

@@ -39,20 +39,22 @@ def padded_weights(path: Path, size: int) -> str:
 
 
 def start(tmp_path: Path, size: int, *, rate: int = 0) -> tuple[Cluster, str, Path]:
-    """A master holding `chat` (weights of `size` bytes) and an empty slave s1."""
+    """A master holding `chat` (weights of `size` bytes); slave s1 starts in `install_portable`."""
+    weights = tmp_path / "weights-master" / "chat.sim.json"
+    weights.parent.mkdir()
+    digest = padded_weights(weights, size)
+    config = {"backend_mode": "sim", "contextsize": 4096, "model_param": str(weights)}
+    # The master's store is written before it starts, so it starts once with `chat` in it.
+    kcpps = tmp_path / "master" / "store" / "kcpps"
+    kcpps.mkdir(parents=True)
+    (kcpps / "chat.kcpps").write_text(json.dumps(config))
     cluster = start_cluster(
         tmp_path,
         [],
         {"s1": []},
         master_sections={"models": {"asset_serve_rate": rate}} if rate else None,
+        deferred=("s1",),
     )
-    weights = tmp_path / "weights-master" / "chat.sim.json"
-    weights.parent.mkdir()
-    digest = padded_weights(weights, size)
-    config = {"backend_mode": "sim", "contextsize": 4096, "model_param": str(weights)}
-    (cluster.master.store / "kcpps" / "chat.kcpps").write_text(json.dumps(config))
-    cluster.restart_master()
-    cluster.wait_healthy("s1")
     return cluster, digest, weights
 
 
@@ -73,10 +75,12 @@ def export(cluster: Cluster, model: str = "chat") -> dict[str, Any]:
 
 
 def install_portable(cluster: Cluster, configs: dict[str, dict[str, Any]]) -> None:
+    """Put the copied configs in s1's store, then start s1 (deferred by `start`)."""
+    kcpps = cluster.root / "s1" / "store" / "kcpps"
+    kcpps.mkdir(parents=True)
     for name, config in configs.items():
-        path = cluster.slaves["s1"].store / "kcpps" / f"{name}.kcpps"
-        path.write_text(json.dumps(config))
-    cluster.restart_slave("s1")
+        (kcpps / f"{name}.kcpps").write_text(json.dumps(config))
+    cluster.start_slave("s1")
     cluster.wait_healthy("s1")
 
 
