@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 
@@ -48,6 +49,10 @@ def _use_uvloop() -> None:
 def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "routerproject.settings")
     if len(sys.argv) > 1 and sys.argv[1] == "runrouter":
+        # A node's start imports some 1,600 modules whose objects all live as long as the
+        # process: collections during the imports find no garbage and cost a sixth of the
+        # start's CPU. `tune_gc` turns collection back on once startup is done.
+        gc.disable()
         _use_uvloop()
     explicit, argv = _config_from_argv(sys.argv)
     if explicit:

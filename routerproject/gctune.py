@@ -24,10 +24,12 @@ GEN2_THRESHOLD = 20
 
 
 def tune_gc() -> None:
+    """Freeze what startup built and collect from here on (manage.py starts a node without)."""
     sys.setswitchinterval(SWITCH_INTERVAL_SECS)
     gc.collect()
     gc.freeze()
     gc.set_threshold(GEN0_THRESHOLD, GEN1_THRESHOLD, GEN2_THRESHOLD)
+    gc.enable()
 
 
 def disable_twisted_form_parsing() -> None:
