@@ -20,6 +20,7 @@ from drf_spectacular.utils import (
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from access.audit import aaudit_request
 from lending import links as link_svc
 from lending import selectors, services
 from lending.api import serializers as s
@@ -34,6 +35,7 @@ from lending.gather import gather_remote
 from lending.keys import LendingSettingError
 from lending.ports import running_node
 from lending.propagate import links_publish
+from lending.settings_store import overrides_load
 from lending.timeline import merge_timelines, timeline_local, timeline_window
 from routerproject.api import SiteAPIView, error_response
 from routerproject.errors import RouterError
@@ -109,6 +111,10 @@ def _links_schema(lane: str, prefix: str) -> dict[str, Any]:
     }
 
 
+def _link_target(lane: str, node_id: str, model_id: str) -> str:
+    return f"{lane} {node_id}/{model_id}"
+
+
 class _LinksView(SiteAPIView):
     lane: ClassVar[link_svc.Lane]
 
@@ -142,12 +148,19 @@ class _LinksView(SiteAPIView):
             lends_to=data["lends_to"],
             borrows_from=data["borrows_from"],
         )
+        before = await database_sync_to_async(link_svc.links_touching)(
+            lane=self.lane, node_id=anchor.node_id, model_id=anchor.model_id
+        )
         saved = await database_sync_to_async(link_svc.links_replace)(
             lane=self.lane,
             anchor=anchor,
             specs=specs,
             acknowledged=data["acknowledge_different_weights"],
         )
+        # A first save for the anchor creates its links; any later one changes them.
+        action = "link.update" if before else "link.create"
+        target = _link_target(self.lane, anchor.node_id, anchor.model_id)
+        await aaudit_request(request, action, target, {"links": before}, {"links": saved})
         errors = await links_publish(running_node())
         return Response(
             {
@@ -161,9 +174,14 @@ class _LinksView(SiteAPIView):
         anchor_ref = self._anchor_query(request)
         if anchor_ref is None:
             raise RouterError(400, "node_id and model_id are required", param="node_id")
+        before = await database_sync_to_async(link_svc.links_touching)(
+            lane=self.lane, node_id=anchor_ref[0], model_id=anchor_ref[1]
+        )
         deleted = await database_sync_to_async(link_svc.links_delete)(
             lane=self.lane, node_id=anchor_ref[0], model_id=anchor_ref[1]
         )
+        target = _link_target(self.lane, *anchor_ref)
+        await aaudit_request(request, "link.delete", target, {"links": before}, {"links": []})
         errors = await links_publish(running_node())
         return Response({"deleted": deleted, **_node_errors(errors)})
 
@@ -238,12 +256,15 @@ class SettingsView(SiteAPIView):
     async def post(self, request: Request) -> Response:
         body = s.SettingsUpdateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
+        before = await database_sync_to_async(overrides_load)()
         try:
             entries = await database_sync_to_async(services.settings_update)(
                 values=body.validated_data["values"], now_ms=int(time.time() * 1000)
             )
         except LendingSettingError as exc:
             raise RouterError(400, str(exc), param=exc.key) from exc
+        after = await database_sync_to_async(overrides_load)()
+        await aaudit_request(request, "settings.update", "lending settings", before, after)
         await services.settings_changed(entries=entries)
         return Response(selectors.settings_document(entries))
 
@@ -255,10 +276,14 @@ class SettingsView(SiteAPIView):
     )
     async def delete(self, request: Request) -> Response:
         key = request.query_params.get("key", "").strip() or None
+        before = await database_sync_to_async(overrides_load)()
         try:
             entries = await database_sync_to_async(services.settings_reset)(key=key)
         except LendingSettingError as exc:
             raise RouterError(400, str(exc), param=exc.key) from exc
+        after = await database_sync_to_async(overrides_load)()
+        target = f"lending settings: {key}" if key else "lending settings"
+        await aaudit_request(request, "settings.reset", target, before, after)
         await services.settings_changed(entries=entries)
         return Response(selectors.settings_document(entries))
 
