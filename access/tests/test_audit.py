@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from django.conf import settings
 from django.contrib.auth.models import User
-from django.test import AsyncClient, Client
+from django.test import Client
 
 from access.audit import (
     Cursor,
@@ -31,7 +31,17 @@ T0_MS = 1_760_000_000_000
 
 @pytest.mark.parametrize(
     "name",
-    ["key", "api_key", "key_hash", "token", "hfToken", "secret", "password", "hash", "Authorization"],
+    [
+        "key",
+        "api_key",
+        "key_hash",
+        "token",
+        "hfToken",
+        "secret",
+        "password",
+        "hash",
+        "Authorization",
+    ],
 )
 def test_a_field_named_like_a_secret_is_a_secret(name: str) -> None:
     assert is_secret_name(name)
@@ -202,9 +212,7 @@ def test_a_bad_parameter_is_refused_naming_it(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_slave_does_not_serve_the_route(
-    client: Client, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_slave_does_not_serve_the_route(client: Client, monkeypatch: pytest.MonkeyPatch) -> None:
     router = settings.ROUTER
     slave = router.model_copy(
         update={"cluster": router.cluster.model_copy(update={"role": "slave"})}
