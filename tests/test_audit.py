@@ -217,16 +217,38 @@ def test_load_unload_disable_and_enable_are_recorded(cluster: Cluster) -> None:
         assert unloaded.status_code == 200, unloaded.text
         assert one_row(client, unload_id)["action"] == "model.unload"
 
-        state = "/router/v1/site/models/state"
+        assert client.post("/router/v1/load", json={"model": "own"}).status_code == 200
+        state = client.get("/router/v1/site/nodes/state").json()
+        backend = next(b for b in state["backends"] if b["id"] == "text-runtime")
+        generation = backend["loaded_models"][0]["generation"]
+        body = {
+            "node_id": "master",
+            "backend_id": "text-runtime",
+            "runtime_id": "text",
+            "expected_generation": generation,
+        }
+        stale, stale_id = send(
+            client,
+            "POST",
+            "/router/v1/site/nodes/unload",
+            json={**body, "expected_generation": generation + 5},
+        )
+        assert stale.status_code == 409 and rows_of(client, stale_id) == []
+        runtime, runtime_id = send(client, "POST", "/router/v1/site/nodes/unload", json=body)
+        assert runtime.status_code == 200, runtime.text
+        row = one_row(client, runtime_id)
+        assert (row["action"], row["target"]) == ("model.unload", "master/text-runtime/text")
+
+        path = "/router/v1/site/models/state"
         off, off_id = send(
-            client, "POST", state, json={"node_id": "s1", "local_id": "help", "enabled": False}
+            client, "POST", path, json={"node_id": "s1", "local_id": "help", "enabled": False}
         )
         assert off.status_code == 200, off.text
         row = one_row(client, off_id)
         assert (row["action"], row["target"]) == ("model.disable", "s1/help")
         assert (row["before"], row["after"]) == ({"enabled": True}, {"enabled": False})
         on, on_id = send(
-            client, "POST", state, json={"node_id": "s1", "local_id": "help", "enabled": True}
+            client, "POST", path, json={"node_id": "s1", "local_id": "help", "enabled": True}
         )
         assert on.status_code == 200
         assert one_row(client, on_id)["action"] == "model.enable"
