@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from channels.db import database_sync_to_async
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
+from django.db import transaction
 from django.db.models import Q
 
 from access.identity import ADMIN_USER, ANONYMOUS, CONFIG, MASTER_ACTOR, caller_of
@@ -34,6 +36,8 @@ SECRET_WORDS = frozenset(
 )
 SECRET_WORDS |= {"authorization", "credential", "credentials", "cookie"}
 _WORD_RE = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])")
+
+T = TypeVar("T")
 
 ACTOR_MAX_CHARS = 150
 ACTION_MAX_CHARS = 64
@@ -171,6 +175,54 @@ async def aaudit_request(
         after=after,
         request_id=_request_id(request),
     )
+
+
+def audited_write(
+    *,
+    actor: str,
+    action: str | Callable[[Any], str],
+    target: str,
+    read: Callable[[], Any],
+    write: Callable[[], T],
+    request_id: str | None = None,
+) -> T:
+    """Run a database write and record it in one transaction: `read` gives the thing's state
+    before and after, so no other write can slip between them, and the write stands only with
+    its row. `action` may be chosen from the state before (`link.create` or `link.update`)."""
+    with transaction.atomic():
+        before = read()
+        result = write()
+        after = read()
+        record(
+            actor=actor,
+            action=action(before) if callable(action) else action,
+            target=target,
+            before=before,
+            after=after,
+            request_id=request_id,
+        )
+    return result
+
+
+async def aaudited_write(
+    request: Any,
+    *,
+    action: str | Callable[[Any], str],
+    target: str,
+    read: Callable[[], Any],
+    write: Callable[[], T],
+) -> T:
+    """`audited_write` for an async view, naming the actor and request from `request`."""
+    actor = await aactor_of(request)
+    result: T = await database_sync_to_async(audited_write)(
+        actor=actor,
+        action=action,
+        target=target,
+        read=read,
+        write=write,
+        request_id=_request_id(request),
+    )
+    return result
 
 
 async def arecord_push(action: str, target: str, before: Any, after: Any) -> AuditEntry | None:

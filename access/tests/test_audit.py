@@ -13,6 +13,7 @@ from access.audit import (
     Cursor,
     aaudit_request,
     audit_query,
+    audited_write,
     is_secret_name,
     merge_rows,
     record,
@@ -116,6 +117,47 @@ async def test_the_actor_is_the_caller_the_front_door_recorded(
 ) -> None:
     entry = await aaudit_request(_Scoped(caller), "settings.update", "lending settings", {}, {})
     assert (entry.actor, entry.request_id) == (actor, "from-header")
+
+
+@pytest.mark.django_db
+def test_a_failed_write_records_nothing() -> None:
+    def refuse() -> None:
+        raise ValueError("refused")
+
+    with pytest.raises(ValueError):
+        audited_write(actor="ops", action="x.update", target="t", read=dict, write=refuse)
+    assert not AuditEntry.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_write_stands_only_with_its_row() -> None:
+    # The write and its row share a transaction: when the state after cannot be read (so no
+    # row can be written), the write is undone too.
+    reads = iter([{"n": 0}])
+
+    def read() -> dict[str, int]:
+        return next(reads)
+
+    def write() -> None:
+        record(actor="ops", action="inner.write", target="t")
+
+    with pytest.raises(StopIteration):
+        audited_write(actor="ops", action="x.update", target="t", read=read, write=write)
+    assert not AuditEntry.objects.exists()
+
+
+@pytest.mark.django_db
+def test_the_action_may_depend_on_the_state_before() -> None:
+    entry_count = audited_write(
+        actor="ops",
+        action=lambda before: "x.update" if before["n"] else "x.create",
+        target="t",
+        read=lambda: {"n": AuditEntry.objects.count()},
+        write=lambda: 1,
+    )
+    assert entry_count == 1
+    (row,) = AuditEntry.objects.all()
+    assert (row.action, row.before, row.after) == ("x.create", {"n": 0}, {"n": 0})
 
 
 # -- reading --------------------------------------------------------------------------------------

@@ -6,14 +6,14 @@ slave. A POST is validated whole before anything is written, so a bad entry chan
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
-from channels.db import database_sync_to_async
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from access.audit import aaudit_request
+from access.audit import aaudited_write
 from guardians.api import serializers as s
 from guardians.ports import GuardiansNode, running_node
 from guardians.services import (
@@ -104,10 +104,12 @@ class GuardiansView(SiteAPIView):
     async def _apply(
         request: Request, node: GuardiansNode, changes: list[Change], action: str
     ) -> Response:
-        before = await database_sync_to_async(guardians_load)()
-        await database_sync_to_async(guardians_apply)(changes)
-        after = await database_sync_to_async(guardians_load)()
-        target = ", ".join(_change_target(change) for change in changes) or "guardians"
-        await aaudit_request(request, action, target, before.as_audit(), after.as_audit())
+        await aaudited_write(
+            request,
+            action=action,
+            target=", ".join(_change_target(change) for change in changes) or "guardians",
+            read=lambda: guardians_load().as_audit(),
+            write=partial(guardians_apply, changes),
+        )
         errors = await guardians_publish(node)
         return Response(_document(node, errors))
