@@ -12,6 +12,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
+from django.contrib.auth.admin import GroupAdmin, UserAdmin
+from django.contrib.auth.models import Group, User
 from django.db.models import Model, QuerySet
 from django.forms.models import model_to_dict
 from django.http import HttpRequest
@@ -124,3 +126,20 @@ class AuditEntryAdmin(TypedModelAdmin[AuditEntry]):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+# Who may sign in to the admin is a management write like any other: Django's own user and
+# group pages are re-registered with the audit mixin (auth's admin module loads before this
+# one, INSTALLED_APPS order). The password hash never reaches a row: its field is named so.
+class AuditedUserAdmin(AuditedAdmin, UserAdmin):
+    audit_name = "user"
+
+
+class AuditedGroupAdmin(AuditedAdmin, GroupAdmin):
+    audit_name = "group"
+
+
+for _model, _audited_admin in ((User, AuditedUserAdmin), (Group, AuditedGroupAdmin)):
+    if admin.site.is_registered(_model):
+        admin.site.unregister(_model)
+    admin.site.register(_model, _audited_admin)

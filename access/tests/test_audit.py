@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from django.conf import settings
-from django.contrib.auth.models import User
-from django.test import Client
+from django.contrib import admin
+from django.contrib.auth.models import Group, User
+from django.db.models import QuerySet, Value
+from django.db.models.functions import Concat
+from django.http import HttpRequest
+from django.test import Client, RequestFactory
 
 from access.audit import (
     Cursor,
@@ -19,6 +23,7 @@ from access.audit import (
     record,
     scrub,
 )
+from access.audit_admin import AuditedGroupAdmin
 from access.identity import CALLER_SCOPE_KEY, CONFIG, MASTER, STORED, Caller
 from access.models import AuditEntry
 from routerproject import request_ids
@@ -286,3 +291,54 @@ def test_the_admin_lists_rows_and_offers_no_way_to_change_them(admin_client: Cli
     admin_client.post(f"/admin/access/auditentry/{entry.pk}/change/", {"actor": "someone"})
     entry.refresh_from_db()
     assert entry.actor == "ops"
+
+
+@pytest.mark.django_db
+def test_user_and_group_pages_of_the_admin_are_audited_without_the_password(
+    admin_client: Client,
+) -> None:
+    added = admin_client.post("/admin/auth/group/add/", {"name": "operators"})
+    assert added.status_code == 302
+    (group_row,) = AuditEntry.objects.filter(action="group.create")
+    made: dict[str, Any] = cast(dict[str, Any], group_row.after)
+    assert group_row.actor == "auditor"
+    assert made == {"id": made["id"], "name": "operators", "permissions": []}
+
+    doomed = User.objects.create_user("leaver", password="a-password-nobody-keeps-1")
+    gone = admin_client.post(
+        "/admin/auth/user/",
+        {"action": "delete_selected", "_selected_action": [doomed.pk], "post": "yes"},
+    )
+    assert gone.status_code == 302
+    (row,) = AuditEntry.objects.filter(action="user.delete")
+    before: dict[str, Any] = cast(dict[str, Any], row.before)
+    assert row.actor == "auditor" and before["username"] == "leaver"
+    assert "password" not in before
+    assert doomed.password not in str(AuditEntry.objects.values().get(pk=row.pk))
+
+
+class _RenamingGroupAdmin(AuditedGroupAdmin):
+    actions = ["add_suffix"]
+
+    @admin.action(description="Add a suffix to the names")
+    def add_suffix(self, request: HttpRequest, queryset: QuerySet[Group]) -> None:
+        queryset.filter(name__startswith="a").update(name=Concat("name", Value("-x")))
+
+
+@pytest.mark.django_db
+def test_any_other_bulk_action_records_each_object_it_changed() -> None:
+    user = User.objects.create_superuser("bulk", "bulk@example.invalid", "pw")
+    Group.objects.create(name="alpha")
+    Group.objects.create(name="beta")
+    model_admin = _RenamingGroupAdmin(Group, admin.site)
+    request = RequestFactory().post("/admin/auth/group/")
+    request.user = user
+    action = model_admin.get_actions(request)["add_suffix"][0]
+    action(model_admin, request, Group.objects.all())
+    (row,) = AuditEntry.objects.all()  # beta did not change: no row
+    assert (row.actor, row.action) == ("bulk", "group.add_suffix")
+    was: dict[str, Any] = cast(dict[str, Any], row.before)
+    assert (was, row.after) == (
+        {"id": was["id"], "name": "alpha", "permissions": []},
+        {"id": was["id"], "name": "alpha-x", "permissions": []},
+    )
