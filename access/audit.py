@@ -51,9 +51,20 @@ def is_secret_name(name: str) -> bool:
     return any(word.lower() in SECRET_WORDS for word in _WORD_RE.findall(name))
 
 
+class _Encoder(DjangoJSONEncoder):
+    """Django's JSON (ISO times, decimals, UUIDs); anything else, such as a related object in
+    an admin form's state, as its text."""
+
+    def default(self, o: Any) -> Any:
+        try:
+            return super().default(o)
+        except TypeError:
+            return str(o)
+
+
 def scrub(value: Any) -> Any:
     """`value` as plain JSON, with every field named like a secret left out, at any depth."""
-    plain = json.loads(json.dumps(value, cls=DjangoJSONEncoder, default=str))
+    plain = json.loads(json.dumps(value, cls=_Encoder))
     return _without_secrets(plain)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any, cast
 
 import pytest
@@ -68,6 +69,14 @@ def test_scrub_drops_secret_fields_at_any_depth_and_keeps_the_rest() -> None:
         "key_hash": "00ff",
     }
     assert scrub(doc) == {"name": "ci", "nested": [{"repository": "acme/m"}, {}]}
+
+
+def test_scrub_writes_times_as_iso_and_other_objects_as_their_text() -> None:
+    moment = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    assert scrub({"at": moment, "who": Caller(kind=CONFIG)}) == {
+        "at": "2026-01-02T03:04:05Z",
+        "who": str(Caller(kind=CONFIG)),
+    }
 
 
 @pytest.mark.django_db
