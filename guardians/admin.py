@@ -17,6 +17,7 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from access.audit_admin import AuditedAdmin
 from guardians.models import GuardianSetting
 from guardians.ports import running_node
 from guardians.services import changes_resolve, guardians_push
@@ -72,11 +73,16 @@ def _publish() -> None:
 
 
 @admin.register(GuardianSetting)
-class GuardianSettingAdmin(TypedModelAdmin[GuardianSetting]):
+class GuardianSettingAdmin(AuditedAdmin, TypedModelAdmin[GuardianSetting]):
     form = GuardianSettingForm
+    audit_name = "guardian"
     list_display = ("scope", "key", "guardian_id", "updated_at")
     list_filter = ("scope",)
     search_fields = ("key", "guardian_id")
+
+    def audit_state(self, obj: GuardianSetting) -> dict[str, Any]:
+        # `key` is the node's or model's ID here, but the audit log drops any field of that name.
+        return {"scope": obj.scope, "scope_id": obj.key, "guardian_id": obj.guardian_id}
 
     def save_model(
         self, request: HttpRequest, obj: GuardianSetting, form: Any, change: bool

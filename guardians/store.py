@@ -38,6 +38,15 @@ class Guardians:
             "models": dict(sorted(self.models.items())),
         }
 
+    def as_audit(self) -> dict[str, Any]:
+        """As the audit log keeps it: IDs as values, never as field names (the log drops fields
+        named like secrets, and a model may well be called `embed-key-v2`)."""
+        return {
+            "cluster": self.cluster,
+            "nodes": [{"node_id": k, "guardian_id": v} for k, v in sorted(self.nodes.items())],
+            "models": [{"model_id": k, "guardian_id": v} for k, v in sorted(self.models.items())],
+        }
+
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> Guardians:
         """Parse a pushed snapshot; a malformed one raises RouterError and changes nothing."""

@@ -94,6 +94,11 @@ def _touching(lane: Lane, node_id: str, model_id: str) -> Any:
     )
 
 
+def links_touching(*, lane: Lane, node_id: str, model_id: str) -> list[dict[str, Any]]:
+    """Every link of the lane that the model is the owner or the helper of."""
+    return [row.as_dict() for row in _touching(lane, node_id, model_id)]
+
+
 def links_for_anchor(
     *, lane: Lane, anchor: Endpoint, endpoints: Mapping[tuple[str, str], Endpoint]
 ) -> dict[str, Any]:

@@ -202,6 +202,12 @@ def _install(node: RegistryNode, recipes: dict[str, Recipe]) -> None:
     table.update(recipes)
 
 
+async def stored(node: RegistryNode, recipe_id: object) -> dict[str, Any] | None:
+    """The stored recipe of that ID, if any (what an apply or delete is about to change)."""
+    recipes = await asyncio.to_thread(_load_doc, Path(node.config.cluster.store_dir))
+    return next((r for r in recipes if r.get("id") == recipe_id), None)
+
+
 async def apply(node: RegistryNode, body: Mapping[str, Any]) -> dict[str, Any]:
     overwrite = body.get("overwrite", False)
     if not isinstance(overwrite, bool):

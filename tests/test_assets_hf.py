@@ -124,6 +124,19 @@ def hub_and_node(tmp_path: Path) -> Iterator[tuple[Hub, RouterNode]]:
         hub.close()
 
 
+HUB_TOKEN = "hf_auditNeverKeepsThisToken0123"
+AUDIT = "/router/v1/site/audit"
+
+
+def audit(client: Any, action: str) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = client.get(AUDIT, params={"action": action}).json()["rows"]
+    return rows
+
+
+def node_id(client: Any) -> str:
+    return str(client.get("/router/v1/site/nodes/state").json()["node_id"])
+
+
 def shared(node: RouterNode, sha: str, name: str) -> Path:
     return node.store / "model-assets" / "sha256" / sha[:2] / sha / name
 
@@ -188,12 +201,19 @@ def test_a_bound_origin_resolves_a_reference_without_one(
             assert (error["param"], error.get("code")) == (param, code), change
         assert hub.downloads == []
 
-        bound = client.post(f"{SITE}/bind", json=bind)
+        assert audit(client, "asset.bind") == []  # the refusals above wrote nothing
+        # A hub token goes with the bind; it must not reach the audit log.
+        bound = client.post(f"{SITE}/bind", json={**bind, "token": HUB_TOKEN})
         assert bound.status_code == 200, bound.text
         assert bound.json() == {
             "sha256": OTHER_SHA,
             "hf": f"hf://{REPO}@{COMMIT}/text/other.sim.json",
         }
+        (row,) = audit(client, "asset.bind")
+        assert row["target"] == f"{node_id(client)} sha256 {OTHER_SHA}"
+        assert row["after"] == bound.json()
+        assert HUB_TOKEN not in json.dumps(client.get(AUDIT).json())
+        assert HUB_TOKEN not in node.output()
         second = client.post(f"{SITE}/resolve", json={"id": "later", "wait": True})
         assert second.json()["state"] == "done", second.text
         assert second.json()["fields"][0]["source"] == "hf_lfs_sha256"
@@ -232,8 +252,12 @@ def test_substitute_rewrites_one_reference_only_while_it_still_holds_the_expecte
             assert (error["param"], error.get("code")) == (param, code), change
             assert config_path.read_bytes() == original
 
+        assert audit(client, "asset.substitute") == []  # the refusals above wrote nothing
         done = client.post(f"{SITE}/substitute", json=body)
         assert done.status_code == 200, done.text
+        (row,) = audit(client, "asset.substitute")
+        assert row["target"] == f"{node_id(client)}/later model_param"
+        assert (row["before"], row["after"]) == ({"sha256": OTHER_SHA}, done.json())
         assert done.json() == {"sha256": GOOD_SHA, "hf": f"hf://{REPO}@{COMMIT}/text/good.sim.json"}
         rewritten = json.loads(config_path.read_text())
         assert rewritten["model_param_hash"] == GOOD_SHA

@@ -6,13 +6,14 @@ slave. A POST is validated whole before anything is written, so a bad entry chan
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
-from channels.db import database_sync_to_async
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from access.audit import aaudited_write
 from guardians.api import serializers as s
 from guardians.ports import GuardiansNode, running_node
 from guardians.services import (
@@ -21,7 +22,7 @@ from guardians.services import (
     guardians_publish,
     text_model_nodes,
 )
-from guardians.store import Change, guardians_apply
+from guardians.store import Change, guardians_apply, guardians_load
 from routerproject.api import SiteAPIView, error_response
 
 
@@ -37,6 +38,10 @@ def _document(node: GuardiansNode, errors: dict[str, str] | None = None) -> dict
     if errors:
         doc["node_errors"] = [{"node_id": k, "error": v} for k, v in sorted(errors.items())]
     return doc
+
+
+def _change_target(change: Change) -> str:
+    return "cluster" if change.scope == "cluster" else f"{change.scope} {change.key}"
 
 
 GUARDIANS_ANSWER = OpenApiResponse(s.GuardiansSerializer, "The guardians after the change.")
@@ -74,7 +79,8 @@ class GuardiansView(SiteAPIView):
         body = s.GuardiansUpdateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         node = running_node()
-        return await self._apply(node, changes_resolve(node, body.validated_data))
+        changes = changes_resolve(node, body.validated_data)
+        return await self._apply(request, node, changes, "guardian.update")
 
     @extend_schema(
         operation_id="guardiansClear",
@@ -90,10 +96,20 @@ class GuardiansView(SiteAPIView):
         query.is_valid(raise_exception=True)
         scope = query.validated_data["scope"]
         key = "" if scope == "cluster" else query.validated_data["key"]
-        return await self._apply(running_node(), [Change(scope, key, None)])
+        return await self._apply(
+            request, running_node(), [Change(scope, key, None)], "guardian.delete"
+        )
 
     @staticmethod
-    async def _apply(node: GuardiansNode, changes: list[Change]) -> Response:
-        await database_sync_to_async(guardians_apply)(changes)
+    async def _apply(
+        request: Request, node: GuardiansNode, changes: list[Change], action: str
+    ) -> Response:
+        await aaudited_write(
+            request,
+            action=action,
+            target=", ".join(_change_target(change) for change in changes) or "guardians",
+            read=lambda: guardians_load().as_audit(),
+            write=partial(guardians_apply, changes),
+        )
         errors = await guardians_publish(node)
         return Response(_document(node, errors))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from lending.api import views
+from lending.api import audit, views
 
 urlpatterns = [
     path("site/routing-groups", views.ImageLinksView.as_view(), name="site-routing-groups"),
@@ -20,4 +20,5 @@ urlpatterns = [
     ),
     path("site/offload/timeline", views.TimelineView.as_view(), name="site-offload-timeline"),
     path("site/offload/summary", views.SummaryView.as_view(), name="site-offload-summary"),
+    path("site/audit", audit.AuditView.as_view(), name="site-audit"),
 ]

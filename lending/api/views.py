@@ -8,6 +8,7 @@ every slave. The views are async (adrf) because they read and push the router's 
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Any, ClassVar
 
 from channels.db import database_sync_to_async
@@ -20,6 +21,7 @@ from drf_spectacular.utils import (
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from access.audit import aaudited_write
 from lending import links as link_svc
 from lending import selectors, services
 from lending.api import serializers as s
@@ -34,6 +36,7 @@ from lending.gather import gather_remote
 from lending.keys import LendingSettingError
 from lending.ports import running_node
 from lending.propagate import links_publish
+from lending.settings_store import overrides_load
 from lending.timeline import merge_timelines, timeline_local, timeline_window
 from routerproject.api import SiteAPIView, error_response
 from routerproject.errors import RouterError
@@ -109,11 +112,21 @@ def _links_schema(lane: str, prefix: str) -> dict[str, Any]:
     }
 
 
+def _link_target(lane: str, node_id: str, model_id: str) -> str:
+    return f"{lane} {node_id}/{model_id}"
+
+
 class _LinksView(SiteAPIView):
     lane: ClassVar[link_svc.Lane]
 
     def _endpoints(self) -> dict[tuple[str, str], link_svc.Endpoint]:
         return link_svc.lane_endpoints(running_node().cluster.records(), self.lane)
+
+    def _links_of(self, node_id: str, model_id: str) -> dict[str, Any]:
+        """An anchor's links as its audit rows keep them."""
+        return {
+            "links": link_svc.links_touching(lane=self.lane, node_id=node_id, model_id=model_id)
+        }
 
     def _anchor_query(self, request: Request) -> tuple[str, str] | None:
         query = s.AnchorQuerySerializer(data=request.query_params)
@@ -142,11 +155,19 @@ class _LinksView(SiteAPIView):
             lends_to=data["lends_to"],
             borrows_from=data["borrows_from"],
         )
-        saved = await database_sync_to_async(link_svc.links_replace)(
-            lane=self.lane,
-            anchor=anchor,
-            specs=specs,
-            acknowledged=data["acknowledge_different_weights"],
+        saved = await aaudited_write(
+            request,
+            # A first save for the anchor creates its links; any later one changes them.
+            action=lambda before: "link.update" if before["links"] else "link.create",
+            target=_link_target(self.lane, anchor.node_id, anchor.model_id),
+            read=partial(self._links_of, anchor.node_id, anchor.model_id),
+            write=partial(
+                link_svc.links_replace,
+                lane=self.lane,
+                anchor=anchor,
+                specs=specs,
+                acknowledged=data["acknowledge_different_weights"],
+            ),
         )
         errors = await links_publish(running_node())
         return Response(
@@ -161,8 +182,17 @@ class _LinksView(SiteAPIView):
         anchor_ref = self._anchor_query(request)
         if anchor_ref is None:
             raise RouterError(400, "node_id and model_id are required", param="node_id")
-        deleted = await database_sync_to_async(link_svc.links_delete)(
-            lane=self.lane, node_id=anchor_ref[0], model_id=anchor_ref[1]
+        deleted = await aaudited_write(
+            request,
+            action="link.delete",
+            target=_link_target(self.lane, *anchor_ref),
+            read=partial(self._links_of, *anchor_ref),
+            write=partial(
+                link_svc.links_delete,
+                lane=self.lane,
+                node_id=anchor_ref[0],
+                model_id=anchor_ref[1],
+            ),
         )
         errors = await links_publish(running_node())
         return Response({"deleted": deleted, **_node_errors(errors)})
@@ -239,8 +269,16 @@ class SettingsView(SiteAPIView):
         body = s.SettingsUpdateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         try:
-            entries = await database_sync_to_async(services.settings_update)(
-                values=body.validated_data["values"], now_ms=int(time.time() * 1000)
+            entries = await aaudited_write(
+                request,
+                action="settings.update",
+                target="lending settings",
+                read=overrides_load,
+                write=partial(
+                    services.settings_update,
+                    values=body.validated_data["values"],
+                    now_ms=int(time.time() * 1000),
+                ),
             )
         except LendingSettingError as exc:
             raise RouterError(400, str(exc), param=exc.key) from exc
@@ -256,7 +294,13 @@ class SettingsView(SiteAPIView):
     async def delete(self, request: Request) -> Response:
         key = request.query_params.get("key", "").strip() or None
         try:
-            entries = await database_sync_to_async(services.settings_reset)(key=key)
+            entries = await aaudited_write(
+                request,
+                action="settings.reset",
+                target=f"lending settings: {key}" if key else "lending settings",
+                read=overrides_load,
+                write=partial(services.settings_reset, key=key),
+            )
         except LendingSettingError as exc:
             raise RouterError(400, str(exc), param=exc.key) from exc
         await services.settings_changed(entries=entries)

@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 
+from access.audit import arecord_push
 from proxy.edge.routes import route_for
 from proxy.node import Node, catch_up_if_stale
 from proxy.request import Ctx, parse_json_body
@@ -121,7 +122,10 @@ async def handle_routing_links(ctx: Ctx, node: Node) -> None:
 
     _slave_only(node, "links")
     snapshot = parse_snapshot(parse_json_body(ctx))
+    before = {lane: list(links) for lane, links in node.lending.links.items()}
     node.lending.set_links(snapshot)
+    after = {lane: list(links) for lane, links in node.lending.links.items()}
+    await arecord_push("link.update", "links (pushed by the master)", before, after)
     await ctx.respond(204, b"")
 
 
@@ -129,7 +133,10 @@ async def handle_guardians(ctx: Ctx, node: Node) -> None:
     from guardians.store import Guardians
 
     _slave_only(node, "guardians")
+    before = node.guardians.as_audit()
     node.guardians = Guardians.from_dict(parse_json_body(ctx))
+    after = node.guardians.as_audit()
+    await arecord_push("guardian.update", "guardians (pushed by the master)", before, after)
     await ctx.respond(204, b"")
 
 
@@ -146,7 +153,17 @@ async def handle_offload_settings(ctx: Ctx, node: Node) -> None:
             values[key] = canonical_value(key, str(raw))
         except (LendingSettingError, ValueError) as exc:
             raise RouterError(400, str(exc), param=key) from exc
+    before = dict(node.lending.values)
     node.lending.apply_settings(values, source="master")
+    after = dict(node.lending.values)
+    # Only what changed: the row says which settings the push moved, not all of them.
+    changed = sorted(k for k in after if before.get(k) != after[k])
+    await arecord_push(
+        "settings.update",
+        "lending settings (pushed by the master)",
+        {k: before.get(k) for k in changed},
+        {k: after[k] for k in changed},
+    )
     await ctx.respond(204, b"")
 
 
@@ -168,6 +185,20 @@ async def handle_offload_decisions(ctx: Ctx, node: Node) -> None:
     await node.decisions.flush()
     records = await database_sync_to_async(decisions_query)(**filters)
     await ctx.json(200, {"records": records})
+
+
+async def handle_audit(ctx: Ctx, node: Node) -> None:
+    """This node's audit rows, for the master's `GET /router/v1/site/audit`."""
+    from urllib.parse import parse_qsl
+
+    from channels.db import database_sync_to_async
+
+    from access.api.audit import audit_query_parse
+    from access.audit import audit_query
+
+    query = dict(parse_qsl(ctx.scope.get("query_string", b"").decode("latin-1")))
+    rows = await database_sync_to_async(audit_query)(**audit_query_parse(query))
+    await ctx.json(200, {"rows": rows})
 
 
 async def handle_offload_decision_folds(ctx: Ctx, node: Node) -> None:
@@ -428,6 +459,7 @@ NODE_ROUTES: dict[str, Route] = {
     "/router/v1/node/offload/decisions": (GET, handle_offload_decisions, False),
     "/router/v1/node/offload/decisions/folded": (GET, handle_offload_decision_folds, False),
     "/router/v1/node/offload/timeline": (GET, handle_offload_timeline, False),
+    "/router/v1/node/audit": (GET, handle_audit, False),
     "/router/v1/node/offload/event": (POST, handle_offload_event, False),
     "/router/v1/node/offload/grant": (POST, handle_offload_grant, False),
     "/router/v1/node/offload/request": (POST, handle_offload_request, False),

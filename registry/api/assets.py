@@ -14,6 +14,7 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from access.audit import aaudit_request
 from registry.assets.routes import (
     LOOKUP_MAX_HASHES,
     local_bind,
@@ -186,6 +187,17 @@ async def _here_or_there(
     return Response(await local(_service(), doc))
 
 
+def _node_named(doc: Mapping[str, Any]) -> str:
+    return str(doc.get("node_id") or running_node().node_id)
+
+
+async def _audit_resolve(request: Request, data: Mapping[str, Any], jobs: list[Any]) -> None:
+    """One row per resolve call: it may fetch weights onto the node and rewrite its configs."""
+    ids = [str(data["id"])] if "id" in data else [str(i) for i in data.get("ids", [])]
+    target = f"{_node_named(data)}/{','.join(ids)}"
+    await aaudit_request(request, "asset.resolve", target, None, {"jobs": jobs})
+
+
 class ExportView(SiteAPIView):
     @extend_schema(
         operation_id="modelAssetsExport",
@@ -229,10 +241,11 @@ class ResolveView(SiteAPIView):
         url = _target(data)
         if url is not None:
             doc = {"node_id": data["node_id"], "id": data["id"], "wait": data["wait"]}
-            return Response(
-                await remote_call(running_node(), url, "POST", NODE_SITE + "/resolve", doc)
-            )
-        return Response(await local_resolve(_service(), data["id"], wait=data["wait"]))
+            job = await remote_call(running_node(), url, "POST", NODE_SITE + "/resolve", doc)
+        else:
+            job = await local_resolve(_service(), data["id"], wait=data["wait"])
+        await _audit_resolve(request, data, [job])
+        return Response(job)
 
 
 class ResolveBatchView(SiteAPIView):
@@ -256,6 +269,7 @@ class ResolveBatchView(SiteAPIView):
                 )
             else:
                 jobs.append(await local_resolve(_service(), model_id, wait=data["wait"]))
+        await _audit_resolve(request, data, jobs)
         return Response({"jobs": jobs})
 
 
@@ -316,7 +330,11 @@ class BindView(SiteAPIView):
         },
     )
     async def post(self, request: Request) -> Response:
-        return await _here_or_there(request, "/bind", local_bind)
+        answer = await _here_or_there(request, "/bind", local_bind)
+        doc = cast(dict[str, Any], request.data)
+        target = f"{_node_named(doc)} sha256 {answer.data.get('sha256', '')}"
+        await aaudit_request(request, "asset.bind", target, None, answer.data)
+        return answer
 
 
 class SubstituteView(SiteAPIView):
@@ -343,7 +361,15 @@ class SubstituteView(SiteAPIView):
         },
     )
     async def post(self, request: Request) -> Response:
-        return await _here_or_there(request, "/substitute", local_substitute)
+        answer = await _here_or_there(request, "/substitute", local_substitute)
+        doc = cast(dict[str, Any], request.data)
+        where = f"{doc.get('field')}" + (
+            f"[{doc['position']}]" if doc.get("position") is not None else ""
+        )
+        target = f"{_node_named(doc)}/{doc.get('id')} {where}"
+        before = {"sha256": doc.get("expected_sha256")}
+        await aaudit_request(request, "asset.substitute", target, before, answer.data)
+        return answer
 
 
 class AssetLookupResultSerializer(serializers.Serializer):

@@ -9,6 +9,7 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from access.audit import aaudit_request
 from registry import cook
 from registry.ports import running_node
 from routerproject.api import SiteAPIView, error_response
@@ -112,7 +113,13 @@ class CookApplyView(SiteAPIView):
         },
     )
     async def post(self, request: Request) -> Response:
-        return Response(await cook.apply(running_node(), _body(request)))
+        body, node = _body(request), running_node()
+        before = await cook.stored(node, body.get("id"))
+        result = await cook.apply(node, body)
+        recipe = result["recipe"]
+        action = "recipe.update" if before else "recipe.create"
+        await aaudit_request(request, action, str(recipe["id"]), before, recipe)
+        return Response(result)
 
 
 class CookDeleteView(SiteAPIView):
@@ -125,4 +132,8 @@ class CookDeleteView(SiteAPIView):
         },
     )
     async def delete(self, request: Request, recipe_id: str) -> Response:
-        return Response(await cook.delete(running_node(), recipe_id))
+        node = running_node()
+        before = await cook.stored(node, recipe_id)
+        result = await cook.delete(node, recipe_id)
+        await aaudit_request(request, "recipe.delete", recipe_id, before, None)
+        return Response(result)

@@ -13,10 +13,11 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_sche
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from access.audit import aaudit_request
 from registry import services
 from registry.api import serializers as s
 from registry.inventory import include_files_parse, inventory_site
-from registry.ports import running_node
+from registry.ports import RegistryNode, running_node
 from routerproject.api import RouterAPIView, SiteAPIView, error_response
 from routerproject.errors import BackendError, RouterError
 
@@ -32,6 +33,23 @@ NODE_ERRORS = {
     404: error_response("The node is not known, or this node is a slave."),
     502: error_response("The node did not answer."),
 }
+
+
+def _loaded(node: RegistryNode, model_id: str) -> dict[str, Any]:
+    """What the cluster view says of a model's load, for the audit row's `before`."""
+    replicas = node.cluster.by_public_id.get(model_id) or node.cluster.by_public_image_id.get(
+        model_id, []
+    )
+    return {"loaded_on": sorted(r.node_id for r in replicas if r.record.get("loaded"))}
+
+
+def _enabled(node: RegistryNode, node_id: str, local_id: str) -> dict[str, Any]:
+    if node_id == node.node_id:
+        return {"enabled": local_id not in node.disabled}
+    remote = node.cluster.nodes.get(node_id)
+    records = remote.records if remote is not None else []
+    found = [not rec.get("disabled") for rec in records if rec.get("local_id") == local_id]
+    return {"enabled": found[0] if found else None}
 
 
 class ModelsView(RouterAPIView):
@@ -74,12 +92,13 @@ class LoadView(RouterAPIView):
     async def post(self, request: Request) -> Response:
         body = s.LoadSerializer(data=request.data)
         body.is_valid(raise_exception=True)
+        node, model = running_node(), body.validated_data["model"]
+        before = _loaded(node, model)
         try:
-            result = await services.model_load(
-                node=running_node(), model_id=body.validated_data["model"]
-            )
+            result = await services.model_load(node=node, model_id=model)
         except BackendError as exc:
             raise RouterError(502, str(exc), type="backend_error") from exc
+        await aaudit_request(request, "model.load", model, before, result)
         return Response(result)
 
 
@@ -98,9 +117,11 @@ class UnloadView(RouterAPIView):
         body.is_valid(raise_exception=True)
         model = body.validated_data.get("model")
         target = body.validated_data.get("target", "all" if not model else None)
-        result = await services.model_unload(
-            node=running_node(), model_id=model or None, target=target
-        )
+        node = running_node()
+        before = _loaded(node, model) if model else None
+        result = await services.model_unload(node=node, model_id=model or None, target=target)
+        what = model or f"{node.node_id} ({target})"
+        await aaudit_request(request, "model.unload", what, before, result)
         return Response(result)
 
 
@@ -155,7 +176,12 @@ class NodesUnloadView(SiteAPIView):
     async def post(self, request: Request) -> Response:
         body = s.RuntimeUnloadSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        return Response(await services.runtime_unload(node=running_node(), **body.validated_data))
+        data = body.validated_data
+        state = await services.runtime_unload(node=running_node(), **data)
+        target = f"{data['node_id']}/{data['backend_id']}/{data['runtime_id']}"
+        before = {"generation": data["expected_generation"], "loaded": True}
+        await aaudit_request(request, "model.unload", target, before, {"loaded": False})
+        return Response(state)
 
 
 class ModelStateView(SiteAPIView):
@@ -179,7 +205,12 @@ class ModelStateView(SiteAPIView):
     async def post(self, request: Request) -> Response:
         body = s.ModelStateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        snapshot = await services.model_state_set(node=running_node(), **body.validated_data)
+        data, node = body.validated_data, running_node()
+        before = _enabled(node, data["node_id"], data["local_id"])
+        snapshot = await services.model_state_set(node=node, **data)
+        action = "model.enable" if data["enabled"] else "model.disable"
+        target = f"{data['node_id']}/{data['local_id']}"
+        await aaudit_request(request, action, target, before, {"enabled": data["enabled"]})
         return Response(snapshot)
 
 
