@@ -30,6 +30,11 @@ class Caller:
     role: str | None = None
     # Public model IDs the key may ask for; None = all.
     models: frozenset[str] | None = None
+    # The stored key's limits (None = unlimited) and its weight in fair share.
+    rpm: int | None = None
+    tpm: int | None = None
+    max_concurrent: int | None = None
+    share: float = 1.0
 
     @property
     def key_name(self) -> str | None:
