@@ -1,25 +1,22 @@
 """The router queue of a lane: a pure, clock-injected state machine.
 
-A node whose model is enrolled in lending (owner or helper of any link) sends that model's
-requests through one `LaneQueue` per lane (text, image). At most `depth` entries of the lane are
-admitted to the backend at once; the rest wait here, where the owner may lend some to a helper.
-
-The router process wraps this machine: it calls the methods below and resolves the futures of the
-entries they report as admitted. Nothing here does I/O or touches asyncio; every entry carries an
-opaque `payload` for the caller. Time comes only from the injected clock (seconds, float).
+A node whose model is enrolled in lending (owner or helper of any link), or every model with
+`auth.fair_share` on, sends its requests through one `LaneQueue` per lane (text, image). At most
+`depth` entries of the lane are admitted to the backend at once; the rest wait here, where the
+owner may lend some to a helper. The router process wraps this machine and resolves the futures
+of the entries reported admitted. No I/O, no asyncio; every entry carries an opaque `payload`
+for the caller; time comes only from the injected clock (seconds, float).
 
 Queue order: entries that came back from a helper first (by first arrival), then native entries in
-arrival order, then borrowed entries (a helper's own work always goes ahead of borrowed work).
+arrival order (with fair share: by key, lending/fairshare.py), then borrowed entries (a helper's
+own work always goes ahead of borrowed work).
 
 An entry is HELD only while the hold keeps it waiting: each admission pass re-asks the hold for
 the head of a model whose pipe has a free slot, and a HELD entry the pass did not keep (released,
-or no slot was free) is QUEUED again. `held_since` keeps the first time it was held.
-
-Unlike the reference, a request held for a faster helper blocks only its own model's pipe, not the
-other models of the lane queued behind it, and callers can get size means over sized entries only.
-
-Hot path: one deque per (model, pinned/lendable) with lazy deletion, so enqueue, admit, complete and
-cancel are amortised O(models of the lane), which is O(1) for the usual handful of models.
+or no slot was free) is QUEUED again. `held_since` keeps the first time it was held. A request
+held for a faster helper blocks only its own model's pipe, not the other models of the lane.
+Hot path: one deque per (model, pinned/lendable) with lazy deletion: enqueue, admit, complete and
+cancel are amortised O(models of the lane), O(1) for the usual handful of models.
 """
 
 from __future__ import annotations
@@ -31,6 +28,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
+
+from lending.fairshare import FairShare
 
 # Work tuple length per lane: text is (prompt_tokens_estimate, output_tokens), image is (units,).
 # A lane not listed learns its arity from the first sized entry of each model.
@@ -73,6 +72,11 @@ class Entry:
     borrowed_ahead: int = 0
     held_since: float | None = None
     request_id: str | None = None
+    # Fair share (lending/fairshare.py): key ("" = none), weight, work, `parallel` (0: depth).
+    tenant: str = ""
+    weight: float = 1.0
+    cost: float = 1.0
+    depth: int = 0
 
 
 HoldPredicate = Callable[[Entry, "LaneQueue", float], bool]
@@ -312,6 +316,7 @@ class LaneQueue:
         on_held: HeldCallback | None = None,
         unlendable_first: Callable[[str], bool] | None = None,
         borrowed_depth: int | None = None,
+        fair: bool = False,
     ) -> None:
         if depth < 1:
             raise ValueError(f"depth must be at least 1, got {depth}")
@@ -344,6 +349,9 @@ class LaneQueue:
         # model_id -> the entry the hold kept waiting at the last admission pass.
         self._held: dict[str, Entry] = {}
         self._seq = 0
+        # Fair share: natives and borrowed entries go by key, each up to its own depth.
+        self._fair = FairShare[Entry](_waiting_native) if fair else None
+        self._fair_borrowed = FairShare[Entry](_waiting) if fair else None
 
     # ----- mutations -------------------------------------------------------------------------
 
@@ -355,6 +363,8 @@ class LaneQueue:
         if entry.borrowed:
             self._borrowed.append(entry)
             self._borrowed_live += 1
+            if self._fair_borrowed is not None:
+                self._fair_borrowed.push(entry)
         else:
             entry.borrowed_ahead = self._borrowed_admitted
             model = self._model(entry.model_id)
@@ -486,6 +496,8 @@ class LaneQueue:
             entry.state = State.DONE
         self._borrowed.clear()
         self._borrowed_live = 0
+        if self._fair_borrowed is not None:
+            self._fair_borrowed.clear()
         return handed_back
 
     # ----- queries ---------------------------------------------------------------------------
@@ -582,6 +594,7 @@ class LaneQueue:
                 "arrived_at": entry.arrived_at,
                 "pinned": entry.pinned,
                 "returned": entry.returned,
+                "key": entry.tenant or None,
             }
             if entry.state is State.LENT and entry.helper is not None:
                 row["helper_node_id"], row["helper_model_id"] = entry.helper
@@ -609,6 +622,8 @@ class LaneQueue:
         else:
             model.push(entry)
             self._waiting_models[entry.model_id] = model
+            if self._fair is not None:
+                self._fair.push(entry)
 
     def _take_waiting(self, entry: Entry, new_state: State) -> None:
         """Remove a QUEUED/HELD entry from the middle of its structure (lazily)."""
@@ -617,9 +632,9 @@ class LaneQueue:
         # The state change is what marks the deque reference dead, so it comes first.
         entry.state = new_state
         if entry.borrowed:
-            self._borrowed_live -= 1
-            if _too_sparse(len(self._borrowed), self._borrowed_live):
-                self._borrowed = deque(e for e in self._borrowed if _waiting(e))
+            if self._fair_borrowed is not None:
+                self._fair_borrowed.forget(entry)
+            self._forget_borrowed()
             return
         model = self._models[entry.model_id]
         model.remove_pending(entry)
@@ -633,8 +648,15 @@ class LaneQueue:
                 heapq.heapify(self._returned)
         else:
             model.forget(entry)
+            if self._fair is not None:
+                self._fair.forget(entry)
             if model.waiting_natives() == 0:
                 self._waiting_models.pop(entry.model_id, None)
+
+    def _forget_borrowed(self) -> None:
+        self._borrowed_live -= 1
+        if _too_sparse(len(self._borrowed), self._borrowed_live):
+            self._borrowed = deque(e for e in self._borrowed if _waiting(e))
 
     def _release_admitted(self, entry: Entry) -> None:
         del self._admitted[entry]
@@ -661,6 +683,8 @@ class LaneQueue:
         return None
 
     def _borrowed_head(self) -> Entry | None:
+        if self._fair_borrowed is not None:
+            return self._fair_borrowed.head()
         dq = self._borrowed
         while dq:
             entry = dq[0]
@@ -670,6 +694,8 @@ class LaneQueue:
         return None
 
     def _native_head(self, blocked: dict[str, Entry] | None) -> Entry | None:
+        if self._fair is not None:
+            return self._fair.head(None if not blocked else lambda e: e.model_id in blocked)
         best: Entry | None = None
         first = self._unlendable_first
         for model_id, model in self._waiting_models.items():
@@ -693,23 +719,25 @@ class LaneQueue:
         now: float | None = None
         # Models whose head the hold keeps this pass; the rest of their entries wait behind it.
         held_now: dict[str, Entry] | None = None
-        while len(self._admitted) < self.depth:
+        while self._fair is not None or len(self._admitted) < self.depth:
             entry = self._returned_head()
             if entry is None:
                 entry = self._native_head(held_now)
+                if self._full(entry):
+                    break
                 if entry is not None and self._hold is not None and self._may_hold(entry):
                     if now is None:
                         now = self._clock()
                     if self._hold(entry, self, now):
                         self._mark_held(entry, now)
-                        if held_now is None:
-                            held_now = {}
-                        held_now[entry.model_id] = entry
+                        held_now = {**(held_now or {}), entry.model_id: entry}
                         continue
                 if entry is None and self._native_pending == 0 and self._borrowed_room():
                     entry = self._borrowed_head()
                 if entry is None:
                     break
+            if self._full(entry):
+                break
             if now is None:
                 now = self._clock()
             self._admit_entry(entry, now)
@@ -717,6 +745,9 @@ class LaneQueue:
         if self._held or held_now:
             self._settle_holds(held_now)
         return admitted
+
+    def _full(self, entry: Entry | None) -> bool:
+        return entry is not None and len(self._admitted) >= (entry.depth or self.depth)
 
     def _mark_held(self, entry: Entry, now: float) -> None:
         entry.state = State.HELD
@@ -736,13 +767,19 @@ class LaneQueue:
 
     def _admit_entry(self, entry: Entry, now: float) -> None:
         # `entry` is the live head of its structure (just returned by a *_head method).
+        fair = self._fair_borrowed if entry.borrowed else self._fair
+        if fair is not None and not entry.returned:
+            fair.admitted(entry)  # while it still counts as waiting
         was_held = entry.state is State.HELD
         entry.state = State.ADMITTED
         entry.admitted_at = now
         self._admitted[entry] = None
         if entry.borrowed:
-            self._borrowed.popleft()
-            self._borrowed_live -= 1
+            if fair is None:
+                self._borrowed.popleft()
+                self._borrowed_live -= 1
+            else:
+                self._forget_borrowed()
             self._borrowed_admitted += 1
             return
         model = self._models[entry.model_id]
@@ -753,7 +790,10 @@ class LaneQueue:
             heapq.heappop(self._returned)
             self._returned_live -= 1
         else:
-            model.pop_head(entry)
+            if fair is None:
+                model.pop_head(entry)
+            else:
+                model.forget(entry)  # not always the left end of its deque
             if model.waiting_natives() == 0:
                 self._waiting_models.pop(entry.model_id, None)
         if was_held and self._held.get(entry.model_id) is entry:

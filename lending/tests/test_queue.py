@@ -643,7 +643,7 @@ def test_the_snapshot_lists_queued_held_and_lent_entries_with_their_waits():
     clock.advance(1.5)
     assert held.state is State.HELD
     rows = queue.snapshot(clock())
-    base = {"lane": "text", "model_id": "A", "pinned": False, "returned": False}
+    base = {"lane": "text", "model_id": "A", "pinned": False, "returned": False, "key": None}
     assert rows == [
         {**base, "state": "held", "waiting_ms": 3500, "arrived_at": START_SECS + 1.0},
         {
@@ -681,6 +681,7 @@ def test_the_snapshot_marks_a_returned_request_and_counts_its_wait_from_first_ar
             "arrived_at": START_SECS,
             "pinned": False,
             "returned": True,
+            "key": None,
         }
     ]
 
