@@ -89,6 +89,7 @@ _COLUMNS: tuple[tuple[str, type], ...] = (
     ("wait_ms", int),
     ("router_version", str),
     ("request_id", str),
+    ("key_name", str),
 )
 DECISION_FIELDS: tuple[str, ...] = tuple(name for name, _ in _COLUMNS)
 TEXT_FIELDS = tuple(name for name, kind in _COLUMNS if kind is str)
@@ -163,7 +164,7 @@ _CONVERTERS: tuple[Callable[[Any], Any], ...] = tuple(
 )
 # Nullable text columns: a row about no request in particular (a plan, a lease update) stores
 # NULL there, not '', so "rows of this request" and "rows of no request" stay apart in SQL.
-NULLABLE_FIELDS = frozenset({"request_id"})
+NULLABLE_FIELDS = frozenset({"request_id", "key_name"})
 _TYPES: tuple[type | tuple[type, ...], ...] = tuple(
     (str, type(None))
     if name in NULLABLE_FIELDS
@@ -466,6 +467,7 @@ def decisions_fold(
         # Measures that were 0 throughout say nothing about this decision.
         fold["measures"] = {m: v for m, v in fold["measures"].items() if v != [0, 0]}
         fold["request_ids"] = sorted(fold["request_ids"])[:REQUEST_ID_SAMPLE]
+        fold["key_names"] = sorted(fold["key_names"])[:REQUEST_ID_SAMPLE]
     total = sum(f["count"] for f in out)
     return {"folds": out, "rows": total, "truncated": truncated}
 
@@ -486,6 +488,10 @@ def _fold_aggregates() -> dict[str, Any]:
         # finer group); the log's request_id filter shows every row of one request.
         "request_min": Min("request_id"),
         "request_max": Max("request_id"),
+        # Likewise the keys the fold's requests came with: a sample, not part of the signature
+        # (a decision is the same whichever key asked; the log's rows name each one).
+        "key_min": Min("key_name"),
+        "key_max": Max("key_name"),
     }
     for m in FOLD_MEASURES:
         aggregates[f"{m}__min"] = Min(m)
@@ -508,6 +514,7 @@ def _fold_in(folds: dict[tuple[Any, ...], dict[str, Any]], g: Mapping[str, Any])
             router_versions=[],
             service_sources=[],
             request_ids=[],
+            key_names=[],
         )
         folds[key] = fold
     fold["count"] += g["n"]
@@ -523,6 +530,7 @@ def _fold_in(folds: dict[tuple[Any, ...], dict[str, Any]], g: Mapping[str, Any])
         ("router_versions", "version"),
         ("service_sources", "source"),
         ("request_ids", "request"),
+        ("key_names", "key"),
     )
     for field, names in fields:
         for value in (g[f"{names}_min"], g[f"{names}_max"]):

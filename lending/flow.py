@@ -15,11 +15,15 @@ import contextlib
 import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
+from urllib.parse import quote, unquote
 
 import aiohttp
 
+from access.identity import caller_of
+from lending.fairshare import clean_cost, clean_weight
 from lending.planner import Lease
 from lending.ports import LendingRuntime, RequestCtx, RequestJob, ServingNode
+from lending.pricing import LANES, section_fit
 from lending.queue import Entry, State
 from lending.runtime import RETURNED, _wake
 from registry.httpclient import get_session
@@ -32,6 +36,14 @@ T = TypeVar("T")
 
 Shaper = Callable[[C, J, aiohttp.ClientResponse], Awaitable[None]]
 """Answers the client from a backend's (or a helper's) response: the proxy's, passed in."""
+
+# A lent request carries its owner's key (name and fair-share weight) to the helper, where it
+# waits under that key. Only node-protocol requests (cluster token) are read for them.
+KEY_NAME_HEADER = "X-Router-Key-Name"
+KEY_SHARE_HEADER = "X-Router-Key-Share"
+KEY_NAME_MAX_CHARS = 200
+# The fair-share cost of a request its model's fit cannot price yet: about one job (ms).
+UNPRICED_COST_MS = 1000.0
 
 # The spec's cutoff for a lent request whose helper has not started answering.
 CUTOFF_FACTOR = 3.0
@@ -92,7 +104,7 @@ class RequestLending:
         try:
             lane = job.lane
             arrived = lending.clock()
-            enrolled = lending.is_enrolled(lane, job.model_id)
+            enrolled = lending.is_queued(lane, job.model_id)
             # An enrolled request's wait behind borrowed work is logged by its router queue;
             # an unlinked model goes straight to the runtime, so it is counted here: only the
             # borrowed jobs holding the runtime, not those the line below hands back.
@@ -109,7 +121,13 @@ class RequestLending:
                 node.restore.own_started(job)
             turn.launch = await acquire()
             log_waited_behind_borrowed(
-                node, lane, job.model_id, ahead, arrived, request_id=ctx.request_id
+                node,
+                lane,
+                job.model_id,
+                ahead,
+                arrived,
+                request_id=ctx.request_id,
+                key_name=tenant_of(ctx)[0],
             )
         except BaseException:
             self.done(turn)
@@ -139,6 +157,7 @@ class RequestLending:
         node = self.node
         entry = turn.entry = queue_entry(node, job)
         entry.request_id = ctx.request_id
+        entry.tenant, entry.weight = tenant_of(ctx)
         if job.has_image:
             node.owner.image_entries.add(id(entry))
         try:
@@ -152,7 +171,9 @@ class RequestLending:
         try:
             turn.entry = await helper_turn(ctx, node, job)
             node.restore.borrowed_started(job, ctx.offload_restore)
-            turn.launch = await borrowed_acquire(node, job, acquire(), request_id=ctx.request_id)
+            turn.launch = await borrowed_acquire(
+                node, job, acquire(), request_id=ctx.request_id, key_name=tenant_of(ctx)[0]
+            )
         except BaseException:
             self.done(turn)
             raise
@@ -169,11 +190,13 @@ def queue_entry(node: ServingNode, job: RequestJob) -> Entry:
     now = node.lending.clock()
     pinned = job.stream or not job.lendable
     if job.lane == "image" and job.image is not None:
-        return Entry(job.model_id, now, work=(float(job.image.units),), pinned=pinned)
+        return fair_priced(
+            node, job, Entry(job.model_id, now, work=(float(job.image.units),), pinned=pinned)
+        )
     costs = node.lending.costs
     profile = costs.tokens.get(job.model_id) if costs is not None else None
     if profile is None:
-        return Entry(job.model_id, now, pinned=pinned)
+        return fair_priced(node, job, Entry(job.model_id, now, pinned=pinned))
     max_tokens = job.max_tokens
     # Work is priced against fits in measured tokens, so it takes the mean ratio; only the
     # context gate below errs on the safe side with the conservative one.
@@ -182,14 +205,70 @@ def queue_entry(node: ServingNode, job: RequestJob) -> Entry:
     context = profile.required_context(
         len(job.body), max_tokens, node.lending.settings.context_reserve
     )
-    return Entry(
-        job.model_id,
-        now,
-        work=(float(prompt), output),
-        cached=cached_work(prompt, job.cached_prompt_bytes, len(job.body)),
-        context=context,
-        pinned=pinned,
+    return fair_priced(
+        node,
+        job,
+        Entry(
+            job.model_id,
+            now,
+            work=(float(prompt), output),
+            cached=cached_work(prompt, job.cached_prompt_bytes, len(job.body)),
+            context=context,
+            pinned=pinned,
+        ),
     )
+
+
+def fair_priced(node: ServingNode, job: RequestJob, entry: Entry) -> Entry:
+    """With fair share: the entry's cost (the model's fit's price of its work, in ms) and its
+    depth (the backend's `parallel`)."""
+    if not node.lending.fair_share:
+        return entry
+    entry.depth = max(1, job.cfg.parallel or 1)
+    costs = node.lending.costs
+    lane = job.lane
+    fit = section_fit(costs.models, lane, job.model_id) if costs and lane in LANES else None
+    price = fit.predict(entry.work) if fit is not None and entry.work else None
+    entry.cost = clean_cost(price, UNPRICED_COST_MS)
+    return entry
+
+
+def tenant_of(ctx: RequestCtx) -> tuple[str, float]:
+    """(key name, fair-share weight) a request waits under; ("", 1.0) without a stored key.
+
+    A borrowed request waits under its owner's key, which the relay carried in headers (the
+    node protocol's, never a client's: `ctx.borrowed` is set only there).
+    """
+    if ctx.borrowed:
+        raw = (ctx.header(KEY_NAME_HEADER.lower().encode()) or b"").decode("latin-1")
+        name = unquote(raw.strip())[:KEY_NAME_MAX_CHARS]
+        share = ctx.header(KEY_SHARE_HEADER.lower().encode()) or b""
+        try:
+            weight = clean_weight(float(share.decode("ascii")))
+        except (UnicodeDecodeError, ValueError):
+            weight = 1.0
+        return name, weight
+    caller = caller_of(ctx.scope)
+    return caller.key_name or "", clean_weight(caller.share)
+
+
+def relayed_key_headers(ctx: RequestCtx) -> dict[str, str]:
+    """The master passes a lent request's key headers on to the helper as the owner sent them."""
+    found = {}
+    for name in (KEY_NAME_HEADER, KEY_SHARE_HEADER):
+        value = ctx.header(name.lower().encode())
+        if value:
+            found[name] = value.decode("latin-1")
+    return found
+
+
+def key_headers(ctx: RequestCtx) -> dict[str, str]:
+    """The relay headers that carry the request's key to the helper (none without a key)."""
+    name, weight = tenant_of(ctx)
+    if not name:
+        return {}
+    # Percent-encoded: a header carries latin-1 only (a plain name passes unchanged).
+    return {KEY_NAME_HEADER: quote(name, safe=""), KEY_SHARE_HEADER: repr(weight)}
 
 
 def cached_work(prompt_tokens: float, cached_bytes: int, body_bytes: int) -> tuple[float, ...]:
@@ -298,6 +377,7 @@ def _log_waited(node: ServingNode, lane: str, entry: Entry) -> None:
         entry.borrowed_ahead,
         entry.arrived_at,
         request_id=entry.request_id,
+        key_name=entry.tenant,
     )
 
 
@@ -309,6 +389,7 @@ def log_waited_behind_borrowed(
     arrived_at: float,
     *,
     request_id: str | None = None,
+    key_name: str | None = None,
 ) -> None:
     """The helper row for a native request that had borrowed work ahead of it on arrival."""
     if borrowed_ahead <= 0:
@@ -322,6 +403,7 @@ def log_waited_behind_borrowed(
         borrowed_ahead=borrowed_ahead,
         wait_ms=int((node.lending.clock() - arrived_at) * 1000),
         request_id=request_id or None,
+        key_name=key_name or None,
     )
 
 
@@ -331,6 +413,22 @@ def _cutoff(lease: Lease) -> float | None:
     switch = lease.helper_switch_ms or 0.0
     job = lease.helper_service_ms or 0.0
     return CUTOFF_FACTOR * (switch + job) / 1000.0 + CUTOFF_GRACE_SECS
+
+
+def _offload_headers(
+    ctx: RequestCtx, node: ServingNode, job: RequestJob, authorization: str
+) -> dict[str, str]:
+    """The headers of a lent request from an owner to the master (`offload/request`)."""
+    return {
+        "Content-Type": job.content_type.decode("latin-1"),
+        "Authorization": authorization,
+        "X-Tensors-Offload-Owner": node.node_id,
+        "X-Tensors-Offload-Owner-Model": job.model_id,
+        "X-Tensors-Offload-Path": job.backend_path,
+        "X-Tensors-Offload-Lane": job.lane,
+        "X-Request-Id": ctx.request_id,
+        **key_headers(ctx),
+    }
 
 
 async def relay(ctx: C, node: ServingNode, job: J, lease: Lease, shape: Shaper[C, J]) -> bool:
@@ -356,6 +454,7 @@ async def relay(ctx: C, node: ServingNode, job: J, lease: Lease, shape: Shaper[C
                             body=job.body,
                             content_type=content_type,
                             request_id=ctx.request_id,
+                            key_headers=key_headers(ctx),
                         )
                     )
                 except RelayRefused:
@@ -366,15 +465,7 @@ async def relay(ctx: C, node: ServingNode, job: J, lease: Lease, shape: Shaper[C
                 url = client.checked_url(
                     node.config.cluster.master_url, "/router/v1/node/offload/request"
                 )
-                headers = {
-                    "Content-Type": content_type,
-                    "Authorization": client.authorization,
-                    "X-Tensors-Offload-Owner": node.node_id,
-                    "X-Tensors-Offload-Owner-Model": job.model_id,
-                    "X-Tensors-Offload-Path": job.backend_path,
-                    "X-Tensors-Offload-Lane": job.lane,
-                    "X-Request-Id": ctx.request_id,
-                }
+                headers = _offload_headers(ctx, node, job, client.authorization)
                 resp = await stack.enter_async_context(
                     get_session().post(url, data=job.body, headers=headers, allow_redirects=False)
                 )
@@ -398,7 +489,12 @@ async def relay(ctx: C, node: ServingNode, job: J, lease: Lease, shape: Shaper[C
 
 
 def _helper_row(
-    node: ServingNode, lane: str, model_id: str, reason: str, request_id: str | None
+    node: ServingNode,
+    lane: str,
+    model_id: str,
+    reason: str,
+    request_id: str | None,
+    key_name: str | None = None,
 ) -> None:
     node.decisions.record(
         kind="helper",
@@ -408,11 +504,17 @@ def _helper_row(
         outcome="borrowed_returned",
         reason=reason,
         request_id=request_id or None,
+        key_name=key_name or None,
     )
 
 
 async def borrowed_acquire(
-    node: ServingNode, job: RequestJob, acquiring: Awaitable[T], *, request_id: str | None = None
+    node: ServingNode,
+    job: RequestJob,
+    acquiring: Awaitable[T],
+    *,
+    request_id: str | None = None,
+    key_name: str | None = None,
 ) -> T:
     """Wait for the runtime (maybe a model load) unless the helper's own work takes it back."""
     lane = job.lane
@@ -433,7 +535,7 @@ async def borrowed_acquire(
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
-    _helper_row(node, lane, job.model_id, "own_work_arrived", request_id)
+    _helper_row(node, lane, job.model_id, "own_work_arrived", request_id, key_name)
     raise offload_returned("the helper's own work arrived before this request started")
 
 
@@ -441,17 +543,21 @@ async def helper_turn(ctx: RequestCtx, node: ServingNode, job: RequestJob) -> En
     """Queue a borrowed request behind every native one; 409 whenever it must go back."""
     lending = node.lending
     lane = job.lane
+    key_name = tenant_of(ctx)[0]
     if lane not in ("text", "image"):
         raise offload_returned("this lane does not take borrowed work")
     if not lending.accepting_borrowed(lane):
-        _helper_row(node, lane, job.model_id, "helper_busy_on_arrival", ctx.request_id)
+        _helper_row(node, lane, job.model_id, "helper_busy_on_arrival", ctx.request_id, key_name)
         raise offload_returned("the helper is busy with its own work")
     if not ctx.offload_load and not node.runtimes.is_loaded(job.cfg):
-        _helper_row(node, lane, job.model_id, "load_forbidden", ctx.request_id)
+        _helper_row(node, lane, job.model_id, "load_forbidden", ctx.request_id, key_name)
         raise offload_returned("serving would need a model load that the link forbids")
-    entry = Entry(job.model_id, lending.clock(), borrowed=True, request_id=ctx.request_id)
+    # Sized and priced like a native request, and queued under its owner's key.
+    entry = queue_entry(node, job)
+    entry.borrowed, entry.pinned, entry.request_id = True, False, ctx.request_id
+    entry.tenant, entry.weight = tenant_of(ctx)
     outcome = await lending.admit(lane, entry)
     if outcome == RETURNED:
-        _helper_row(node, lane, job.model_id, "own_work_arrived", ctx.request_id)
+        _helper_row(node, lane, job.model_id, "own_work_arrived", ctx.request_id, key_name)
         raise offload_returned("the helper's own work arrived")
     return entry

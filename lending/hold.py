@@ -121,6 +121,7 @@ class HoldPolicy:
             lent_out=len(queue.lent(entry.model_id)),
             wait_ms=int(now_ms - entry.arrived_at * 1000.0),
             request_id=entry.request_id,
+            key_name=entry.tenant or None,
         )
         delay = max(0.0, (helper + service - now_ms) / 1000.0) + 0.001
         loop = asyncio.get_running_loop()

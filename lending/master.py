@@ -439,6 +439,7 @@ class MasterLending:
         body: bytes,
         content_type: str,
         request_id: str = "",
+        key_headers: Mapping[str, str] | None = None,
     ) -> AsyncIterator[aiohttp.ClientResponse]:
         """Forward a lent request to the leased helper; yields the helper's response.
 
@@ -446,11 +447,10 @@ class MasterLending:
         helper cannot be reached, or forwarding fails before the helper answers.
         """
         lease, remote, client = self._relay_target(lane, owner_node, owner_model, request_id)
-        try:
+        with contextlib.suppress(ValueError):  # not JSON: the helper gets it as the owner sent it
             body = set_body_model(body, lease.helper_model_id)
-        except ValueError:
-            pass  # not JSON: the helper sees the body as the owner sent it
         headers = self._relay_headers(lease, client.authorization, content_type, request_id)
+        headers.update(key_headers or {})  # the owner's key: the helper queues under it
         helper = lease.helper_node_id
         task = asyncio.current_task()
         assert task is not None

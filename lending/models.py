@@ -136,6 +136,13 @@ class OffloadDecision(models.Model):
         db_index=True,
         help_text="The X-Request-Id of the request the row is about; null for plans and leases.",
     )
+    key_name = models.CharField(
+        max_length=200,
+        null=True,
+        blank=True,
+        help_text="The stored API key the request came with (its owner's, when lent); null for "
+        "rows about no request and for requests without a stored key.",
+    )
 
     class Meta:
         db_table = "offload_decisions"

@@ -228,6 +228,7 @@ class OwnerLending:
                 lent_out=out_before + number,
                 wait_ms=int((now - entry.arrived_at) * 1000),
                 request_id=entry.request_id,
+                key_name=entry.tenant or None,
             )
             future = entry.payload
             if isinstance(future, asyncio.Future) and not future.done():
@@ -282,6 +283,7 @@ class OwnerLending:
             outcome="returned",
             lent_out=max(0, len(queue.lent(entry.model_id)) - 1),
             request_id=entry.request_id,
+            key_name=entry.tenant or None,
         )
 
     # -- events ---------------------------------------------------------------------------------

@@ -111,6 +111,15 @@ class RequestCtx(Protocol):
         """Its X-Request-Id: decision rows about it carry it, and so do relays to a helper."""
         ...
 
+    @property
+    def scope(self) -> dict[str, Any]:
+        """The ASGI scope: the front door's `Caller` (access/identity.py) is in it."""
+        ...
+
+    def header(self, name: bytes) -> bytes | None:
+        """A request header's value (lower-case name), or None."""
+        ...
+
 
 class ImageSize(Protocol):
     @property

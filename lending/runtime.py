@@ -6,7 +6,9 @@ costs from this node's own analytics, queues empty.
 
 A model that is owner or helper in any link of a lane is *enrolled*: its requests on that lane
 go through the lane's router queue, which admits at most `scheduling_backend_depth` of them to
-the backend at once and holds the rest. A model with no link never touches any of this.
+the backend at once and holds the rest. A model with no link never touches any of this, unless
+`auth.fair_share` is on: then every model's requests wait in their lane's queue, admitted across
+keys by weighted fair share (lending/fairshare.py), each up to its backend's `parallel`.
 """
 
 from __future__ import annotations
@@ -43,8 +45,10 @@ class Lending:
         node_id: str,
         file_values: Mapping[str, str],
         clock: Callable[[], float] = time.monotonic,
+        fair_share: bool = False,
     ) -> None:
         self.node_id = node_id
+        self.fair_share = fair_share
         self.clock = clock
         self.file_values = dict(file_values)
         self.values: dict[str, str] = {**_defaults(), **self.file_values}
@@ -87,6 +91,10 @@ class Lending:
     def is_enrolled(self, lane: str, model_id: str) -> bool:
         enrolled = self.enrolled.get(lane)
         return enrolled is not None and model_id in enrolled
+
+    def is_queued(self, lane: str, model_id: str) -> bool:
+        """Whether the model's requests wait in its lane's router queue (linked, or fair share)."""
+        return self.fair_share or self.is_enrolled(lane, model_id)
 
     def is_owner(self, lane: str, model_id: str) -> bool:
         return model_id in self.owners.get(lane, frozenset())
@@ -132,6 +140,7 @@ class Lending:
                 on_held=policy.on_held if policy is not None else None,
                 unlendable_first=unlendable_first,
                 borrowed_depth=BORROWED_BACKEND_DEPTH,
+                fair=self.fair_share,
             )
             self.queues[lane] = queue
             self.policies[lane] = policy
@@ -191,6 +200,18 @@ class Lending:
 
     def held_now(self) -> list[dict[str, Any]]:
         return self.held_requests(self.clock())
+
+    def waiting_by_key(self) -> list[dict[str, Any]]:
+        """Requests waiting in the router queues (queued or held) per lane, model and key."""
+        counts: dict[tuple[str, str, str], int] = {}
+        for lane, queue in self.queues.items():
+            for entry in queue.pending():
+                at = (lane, entry.model_id, entry.tenant)
+                counts[at] = counts.get(at, 0) + 1
+        return [
+            {"lane": lane, "model_id": model, "key": key or None, "waiting": n}
+            for (lane, model, key), n in sorted(counts.items())
+        ]
 
     def expected_load_ms(self, config_filename: str) -> float | None:
         costs = self.costs

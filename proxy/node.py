@@ -245,7 +245,11 @@ def _load_finished(recorder: Recorder, event: LoadEvent) -> None:
 def _wire_lending(node: Node, config: RouterConfig) -> None:
     """Lending's parts of the node: its settings, the owner's and helper's sides, the request
     gate and the decision log."""
-    node.lending = Lending(node_id=config.cluster.node_id, file_values=config.lending_file_values())
+    node.lending = Lending(
+        node_id=config.cluster.node_id,
+        file_values=config.lending_file_values(),
+        fair_share=config.auth.fair_share,
+    )
     node.owner = OwnerLending(node)
     node.lending.hold_policy = lambda lane: HoldPolicy(node, lane)
     node.lending.lease_live = lambda lane, model_id: node.owner.live(lane, model_id) is not None

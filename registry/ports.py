@@ -130,6 +130,10 @@ class OwnWork(Protocol):
         """Requests the router holds or has lent, as `site/nodes/state` lists them."""
         ...
 
+    def waiting_by_key(self) -> list[dict[str, Any]]:
+        """Requests waiting in the router queues per lane, model and key (`site/nodes/state`)."""
+        ...
+
     def expected_load_ms(self, config_filename: str) -> float | None:
         """This node's mean time to load a config, from its own loads; None if never measured."""
         ...

@@ -264,6 +264,7 @@ def node_state(*, node: RegistryNode) -> dict[str, Any]:
         "backends": backends,
         "active_requests": active,
         "held_requests": node.lending.held_now(),
+        "waiting_by_key": node.lending.waiting_by_key(),
         "analytics_buffered": node.recorder.pending(),
         "asset_transfers": _asset_transfers(node),
         "affinity": {

@@ -287,6 +287,11 @@ class DecisionFoldSerializer(serializers.Serializer):
         child=serializers.CharField(),
         help_text="A sample (at most 10) of the request IDs the rows are about.",
     )
+    key_names = serializers.ListField(
+        child=serializers.CharField(),
+        help_text="A sample of the stored keys the rows' requests came with (a lent request "
+        "names its owner's key).",
+    )
 
 
 class DecisionFoldsSerializer(serializers.Serializer):

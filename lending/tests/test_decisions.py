@@ -198,6 +198,7 @@ def test_a_flush_writes_every_buffered_row_exactly() -> None:
         "wait_ms": 0,
         "router_version": VERSION,
         "request_id": None,
+        "key_name": None,
     }
     assert rows[1]["outcome"] == "native_waited_behind_borrowed"
     assert rows[1]["borrowed_ahead"] == 1

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from analytics.fitting import TokenProfile
-from lending.flow import queue_entry
+from access.identity import CALLER_SCOPE_KEY, STORED, Caller
+from analytics.fitting import CostFit, TokenProfile
+from lending.flow import UNPRICED_COST_MS, key_headers, queue_entry, tenant_of
 
 
 @dataclass
@@ -27,12 +28,21 @@ class FakeJob:
     max_tokens: int | None = 16
     image: FakeImage | None = None
     cached_prompt_bytes: int = 0
+    cfg: Any = None
 
 
-def node(profile: TokenProfile | None) -> Any:
-    costs = SimpleNamespace(tokens={"A": profile} if profile is not None else {})
+def node(
+    profile: TokenProfile | None, *, fair_share: bool = False, fit: CostFit | None = None
+) -> Any:
+    costs = SimpleNamespace(
+        tokens={"A": profile} if profile is not None else {},
+        models={("A", "llm"): fit} if fit is not None else {},
+    )
     lending = SimpleNamespace(
-        clock=lambda: 12.5, costs=costs, settings=SimpleNamespace(context_reserve=0)
+        clock=lambda: 12.5,
+        costs=costs,
+        settings=SimpleNamespace(context_reserve=0),
+        fair_share=fair_share,
     )
     return SimpleNamespace(lending=lending)
 
@@ -71,3 +81,65 @@ def test_the_prompt_prefix_the_owner_holds_in_cache_is_its_cached_work() -> None
     assert entry.cached == (75.0, 0.0)
     assert whole.cached == (100.0, 0.0)
     assert none.cached == ()
+
+
+# ----- fair share ----------------------------------------------------------------------------
+
+# 10 ms a request plus 1 ms a prompt token and 2 ms an output token.
+FIT = CostFit(base_ms=10.0, slopes_ms=(1.0, 2.0), samples=20)
+
+
+def test_with_fair_share_a_request_costs_its_fits_price_and_goes_up_to_parallel() -> None:
+    job = FakeJob("text", cfg=SimpleNamespace(parallel=3))
+    entry = queue_entry(node(PROFILE, fair_share=True, fit=FIT), job)  # type: ignore[arg-type]
+    # 10 + 100 prompt tokens x 1 + 16 output tokens x 2.
+    assert (entry.cost, entry.depth) == (142.0, 3)
+
+
+def test_an_unpriced_request_costs_about_one_job_and_no_parallel_means_one() -> None:
+    job = FakeJob("text", cfg=SimpleNamespace(parallel=None))
+    entry = queue_entry(node(None, fair_share=True, fit=FIT), job)  # type: ignore[arg-type]
+    assert (entry.cost, entry.depth) == (UNPRICED_COST_MS, 1)
+
+
+def test_without_fair_share_the_entry_keeps_the_lanes_depth_and_unit_cost() -> None:
+    job = FakeJob("text", cfg=SimpleNamespace(parallel=3))
+    entry = queue_entry(node(PROFILE, fit=FIT), job)  # type: ignore[arg-type]
+    assert (entry.cost, entry.depth) == (1.0, 0)
+
+
+@dataclass
+class FakeCtx:
+    borrowed: bool = False
+    scope: dict[str, Any] | None = None
+    headers: dict[bytes, bytes] | None = None
+
+    def header(self, name: bytes) -> bytes | None:
+        return (self.headers or {}).get(name)
+
+
+def test_a_request_waits_under_its_stored_key_and_that_keys_share() -> None:
+    caller = Caller(kind=STORED, name="team a", share=3.0)
+    ctx = FakeCtx(scope={CALLER_SCOPE_KEY: caller})
+    assert tenant_of(ctx) == ("team a", 3.0)  # type: ignore[arg-type]
+    assert key_headers(ctx) == {"X-Router-Key-Name": "team%20a", "X-Router-Key-Share": "3.0"}  # type: ignore[arg-type]
+    # A client's own headers count for nothing on a request that was not lent.
+    spoof = FakeCtx(scope={}, headers={b"x-router-key-name": b"boss"})
+    assert tenant_of(spoof) == ("", 1.0)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("headers", "expected"),
+    [
+        ({b"x-router-key-name": b"team%20a", b"x-router-key-share": b"3.0"}, ("team a", 3.0)),
+        ({b"x-router-key-name": b"b", b"x-router-key-share": b"nan"}, ("b", 1.0)),
+        ({b"x-router-key-name": b"b", b"x-router-key-share": b"-2"}, ("b", 1.0)),
+        ({b"x-router-key-name": b"b", b"x-router-key-share": b"\xff"}, ("b", 1.0)),
+        ({b"x-router-key-name": b"x" * 500}, ("x" * 200, 1.0)),
+        ({}, ("", 1.0)),
+    ],
+)
+def test_a_borrowed_request_waits_under_its_owners_key_whatever_the_headers_hold(
+    headers: dict[bytes, bytes], expected: tuple[str, float]
+) -> None:
+    assert tenant_of(FakeCtx(borrowed=True, scope={}, headers=headers)) == expected  # type: ignore[arg-type]

@@ -27,13 +27,15 @@ def test_every_decision_column_is_either_folded_on_or_measured() -> None:
     # A new column must be placed: shown as part of what a row says, or as a number it weighed.
     # The request ID differs on every row that has one: folding on it would fold nothing, so
     # each fold carries a sample of its rows' IDs and the log filters by one ID instead.
-    # The trigger is counted per fold (several triggers can ask for one decision).
+    # The trigger is counted per fold (several triggers can ask for one decision). The key
+    # name is sampled like the request ID: a decision is the same whichever key asked.
     placed = {
         "recorded_at",
         "trigger",
         "service_source",
         "router_version",
         "request_id",
+        "key_name",
         *FOLD_SIGNATURE,
         *FOLD_MEASURES,
     }

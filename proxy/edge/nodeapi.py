@@ -261,7 +261,7 @@ async def handle_offload_grant(ctx: Ctx, node: Node) -> None:
 
 async def handle_offload_request(ctx: Ctx, node: Node) -> None:
     """Relay a lent request to the leased helper (master only); 409 when it cannot."""
-    from lending.flow import offload_returned
+    from lending.flow import offload_returned, relayed_key_headers
     from lending.master import RelayRefused, get_master
     from registry.bodies import set_body_model
 
@@ -298,6 +298,7 @@ async def handle_offload_request(ctx: Ctx, node: Node) -> None:
             body=ctx.body,
             content_type=content_type,
             request_id=ctx.request_id,
+            key_headers=relayed_key_headers(ctx),
         ) as resp:
             ctype = resp.headers.get("Content-Type", "application/json").encode("latin-1")
             await ctx.start(resp.status, [(b"content-type", ctype)])

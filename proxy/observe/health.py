@@ -18,6 +18,7 @@ from typing import Any
 
 from channels.db import database_sync_to_async
 
+from lending.flow import tenant_of
 from proxy.node import Node
 from proxy.observe import metrics
 from proxy.request import Ctx
@@ -64,6 +65,7 @@ def _line(ctx: Ctx, node: Node, level: int, status: int, now: float) -> None:
         "backend": ctx.backend,
         "lent": bool(ctx.lent_to),
         "lent_to": ctx.lent_to,
+        "key_name": tenant_of(ctx)[0] or None,
         "status": status,
         "bytes": ctx.sent_bytes,
         "ms": ms,
@@ -71,13 +73,14 @@ def _line(ctx: Ctx, node: Node, level: int, status: int, now: float) -> None:
     # The request ID leads every line of the request already (the log format's `[id]`).
     access.log(
         level,
-        "%s %s model=%s node=%s backend=%s lent_to=%s status=%d bytes=%d ms=%.1f",
+        "%s %s model=%s node=%s backend=%s lent_to=%s key=%s status=%d bytes=%d ms=%.1f",
         ctx.method,
         ctx.path,
         fields["model"] or "-",
         fields["node"],
         ctx.backend or "-",
         ctx.lent_to or "-",
+        fields["key_name"] or "-",
         status,
         ctx.sent_bytes,
         ms,

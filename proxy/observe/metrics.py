@@ -318,6 +318,15 @@ class NodeCollector(Collector):
         for key, value in sorted(counts.items()):
             depth.add_metric(key, value)
         yield depth
+        by_key = GaugeMetricFamily(
+            "router_queue_waiting_by_key",
+            "Requests waiting in the router queue (queued or held) by lane, model and stored key "
+            '(key="" for requests without one); with auth.fair_share every model queues there.',
+            labels=("lane", "model", "key"),
+        )
+        for row in lending.waiting_by_key():
+            by_key.add_metric((row["lane"], row["model_id"], row["key"] or ""), row["waiting"])
+        yield by_key
 
     @staticmethod
     def _affinity(node: Node) -> Iterator[Metric]:

@@ -315,6 +315,18 @@ class HeldRequestSerializer(serializers.Serializer):
     returned = serializers.BooleanField(required=False, help_text="Handed back by a helper.")
     helper_node_id = serializers.CharField(required=False, help_text="Lent requests only.")
     helper_model_id = serializers.CharField(required=False, help_text="Lent requests only.")
+    key = serializers.CharField(
+        allow_null=True,
+        required=False,
+        help_text="The stored key it came with (its owner's, when borrowed); null without one.",
+    )
+
+
+class WaitingByKeySerializer(serializers.Serializer):
+    lane = serializers.CharField()
+    model_id = serializers.CharField()
+    key = serializers.CharField(allow_null=True, help_text="null: requests without a stored key.")
+    waiting = serializers.IntegerField(help_text="Queued or held in the router queue now.")
 
 
 class AffinityCountsSerializer(serializers.Serializer):
@@ -344,6 +356,11 @@ class NodeStateSerializer(serializers.Serializer):
         help_text="The local model ID once per request running on it.",
     )
     held_requests = HeldRequestSerializer(many=True)
+    waiting_by_key = WaitingByKeySerializer(
+        many=True,
+        help_text="Requests waiting in the router queue per lane, model and key (every model "
+        "with auth.fair_share, else linked models).",
+    )
     analytics_buffered = serializers.IntegerField(help_text="Analytics rows not yet written.")
     asset_transfers = TransferSerializer(
         many=True, help_text="Model asset copies into this node: running ones, then the last 5."

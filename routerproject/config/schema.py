@@ -170,6 +170,9 @@ class ServerConfig(_Section):
 class AuthConfig(_Section):
     inference_keys: list[SecretKey] = Field(default_factory=list, repr=False)
     admin_keys: list[SecretKey] = Field(default_factory=list, repr=False)
+    # Every model's requests wait in the router queue, admitted across keys by weighted fair
+    # share (lending/fairshare.py); off keeps the spec's flow (only linked models queue there).
+    fair_share: StrictBool = False
 
 
 SecurityProfile = Literal["secure", "trusted_lan"]
