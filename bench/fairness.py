@@ -303,16 +303,16 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=20)
     parser.add_argument("--skip-real", action="store_true")
     args = parser.parse_args()
-    model = {
+    model: dict[str, Any] = {
         "flood_fifo": flood_summary(model_run(flood_jobs(args.jobs, args.seconds), fair=False)),
         "flood_fair": flood_summary(model_run(flood_jobs(args.jobs, args.seconds), fair=True)),
         "weights": weight_summary(model_run(weight_jobs(args.jobs), fair=True)),
     }
     model["verdicts"] = verdicts(model["flood_fifo"], model["flood_fair"], model["weights"])
-    real = {"skipped": "--skip-real"} if args.skip_real else real_parts(args)
+    real: dict[str, Any] = {"skipped": "--skip-real"} if args.skip_real else real_parts(args)
     if "skipped" not in real:
         real["verdicts"] = verdicts(real["flood_fifo"], real["flood_fair"], real["weights"])
-    result = {
+    result: dict[str, Any] = {
         "bench": "fairness",
         "model": model,
         "real": real,
