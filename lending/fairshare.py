@@ -122,14 +122,20 @@ class FairShare(Generic[E]):
     def admitted(self, entry: E) -> None:
         """`entry`, which `head` just returned, leaves for the backend."""
         tenant = self._tenants[entry.tenant]
-        head = self._live_head(tenant)
-        if head is not entry:
+        queue = tenant.queue
+        # `head` left the live head at the left end; anything else is a caller's mistake.
+        if not queue or queue[0] is not entry:
             raise ValueError("only the head of its tenant can be admitted")
-        tenant.queue.popleft()
+        queue.popleft()
         start = tenant.start
-        self.virtual = max(self.virtual, start)
-        # The caller cleans both (clean_weight, clean_cost); a bad one still must not crash.
-        tenant.finish = start + clean_cost(entry.cost, 1.0) / clean_weight(entry.weight)
+        if start > self.virtual:
+            self.virtual = start
+        cost, weight = entry.cost, entry.weight
+        if not (type(cost) is float and 0.0 < cost < math.inf):
+            cost = clean_cost(cost, 1.0)  # the caller cleans it; a bad one must not crash
+        if not (type(weight) is float and 0.0 < weight < math.inf):
+            weight = clean_weight(weight)
+        tenant.finish = start + cost / weight
         self._left(tenant)
         nxt = self._live_head(tenant)
         if nxt is None:

@@ -970,7 +970,11 @@ def test_config_to_dict_is_json_with_secrets_redacted(tmp_path: Path) -> None:
     text = json.dumps(data)
     for secret in ("inf-1", "adm-1", "cluster-secret", "db-password"):
         assert secret not in text
-    assert data["auth"] == {"inference_keys": ["***", "***"], "admin_keys": ["***"]}
+    assert data["auth"] == {
+        "inference_keys": ["***", "***"],
+        "admin_keys": ["***"],
+        "fair_share": False,
+    }
     assert data["cluster"]["token"] == "***"
     assert data["database"]["url"] == "postgres://router:***@db/router"
     assert data["cluster"]["sync_interval"] == "1m30s"
@@ -1009,3 +1013,16 @@ def test_building_a_config_in_python_still_checks_cross_section_rules(tmp_path: 
             models=cfg.models,
             cluster=ClusterConfig(role="master", store_dir=tmp_path / "store"),
         )
+
+
+# ---------------------------------------------------------------------- fair share
+
+
+def test_fair_share_is_off_unless_the_file_turns_it_on(tmp_path: Path) -> None:
+    assert load(tmp_path, "").auth.fair_share is False
+    assert load(tmp_path, "auth:\n  fair_share: true\n").auth.fair_share is True
+
+
+def test_a_fair_share_that_is_not_a_boolean_is_refused_with_its_line(tmp_path: Path) -> None:
+    error = load_error(tmp_path, "server:\n  bind: 127.0.0.1:8080\nauth:\n  fair_share: 'yes'\n")
+    assert_only_problem(error, "auth.fair_share", 4)
