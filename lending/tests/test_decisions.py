@@ -801,3 +801,14 @@ def test_every_outcome_and_reason_the_code_records_is_explained() -> None:
     assert outcomes <= set(OUTCOME_TEXT), outcomes - set(OUTCOME_TEXT)
     assert reasons <= set(REASON_TEXT), reasons - set(REASON_TEXT)
     assert set(DECISION_OUTCOMES) == set(OUTCOME_TEXT)
+
+
+@pytest.mark.django_db
+def test_a_fold_samples_the_keys_its_requests_came_with_without_splitting_on_them() -> None:
+    make_rows(
+        plan(100, kind="dispatch", outcome="lent", reason="", request_id="r1", key_name="team-a"),
+        plan(200, kind="dispatch", outcome="lent", reason="", request_id="r2", key_name="team-b"),
+        plan(300, kind="dispatch", outcome="lent", reason="", request_id="r3"),
+    )
+    (lent,) = [f for f in fold_all()["folds"] if f["outcome"] == "lent"]
+    assert (lent["count"], lent["key_names"]) == (3, ["team-a", "team-b"])

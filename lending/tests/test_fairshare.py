@@ -259,3 +259,52 @@ def test_the_core_with_many_keys_picks_the_smallest_start_tag() -> None:
     assert fair.start_tag("k3") == 0.0
     assert fair.waiting()["k999"] == 1
     assert len(fair) == 997
+
+
+# ----- lending keeps its rules ------------------------------------------------------------------
+
+
+def test_a_request_back_from_a_helper_goes_first_whatever_its_keys_share() -> None:
+    clock = FakeClock()
+    queue = fair_queue(clock)
+    running = arrive(queue, clock, "A", cost=1.0)
+    lent_one = arrive(queue, clock, "A", cost=1.0, work=(1.0, 1.0))
+    other = arrive(queue, clock, "B", cost=1.0, work=(1.0, 1.0))
+    assert queue.withdraw("M", 1, helper=("n2", "M"), size=lambda e: e.tenant == "A") == [lent_one]
+    queue.lent_returned(lent_one)
+    # B is next by share, but the returned request keeps the head of the queue.
+    assert queue.complete(running) == [lent_one]
+    assert queue.complete(lent_one) == [other]
+
+
+def test_lending_still_takes_the_largest_waiting_requests_whatever_their_keys() -> None:
+    clock = FakeClock()
+    queue = fair_queue(clock)
+    arrive(queue, clock, "A", cost=1.0)
+    small = arrive(queue, clock, "A", cost=1.0, work=(10.0, 1.0))
+    big = arrive(queue, clock, "B", cost=1.0, work=(900.0, 1.0))
+    mid = arrive(queue, clock, "C", cost=1.0, work=(500.0, 1.0))
+    taken = queue.withdraw("M", 2, helper=("n2", "M"), size=lambda e: e.work[0])
+    assert taken == [big, mid]
+    assert queue.pending() == [small]
+
+
+def test_a_request_held_for_a_helper_blocks_only_its_own_model() -> None:
+    clock = FakeClock()
+
+    def hold_x(entry: Entry, queue: LaneQueue, now: float) -> bool:
+        return entry.model_id == "X"
+
+    queue = LaneQueue("text", depth=2, clock=clock, fair=True, hold=hold_x)
+    earlier = Entry("Y", clock(), tenant="B", cost=5.0)
+    queue.enqueue(earlier)
+    running = Entry("X", clock(), tenant="A", cost=1.0)
+    queue.enqueue(running)
+    queue.complete(earlier)
+    held = Entry("X", clock(), tenant="A", cost=1.0)  # start tag 1
+    queue.enqueue(held)
+    assert held.state is State.HELD
+    other = Entry("Y", clock(), tenant="B", cost=1.0)  # start tag 5: behind the held one
+    # The held request is next by share, but it blocks only model X: Y takes the free slot.
+    assert queue.enqueue(other) == [other]
+    assert held.state is State.HELD

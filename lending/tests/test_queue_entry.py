@@ -10,7 +10,13 @@ import pytest
 
 from access.identity import CALLER_SCOPE_KEY, STORED, Caller
 from analytics.fitting import CostFit, TokenProfile
-from lending.flow import UNPRICED_COST_MS, key_headers, queue_entry, tenant_of
+from lending.flow import (
+    UNPRICED_COST_MS,
+    key_headers,
+    queue_entry,
+    relayed_key_headers,
+    tenant_of,
+)
 
 
 @dataclass
@@ -143,3 +149,14 @@ def test_a_borrowed_request_waits_under_its_owners_key_whatever_the_headers_hold
     headers: dict[bytes, bytes], expected: tuple[str, float]
 ) -> None:
     assert tenant_of(FakeCtx(borrowed=True, scope={}, headers=headers)) == expected  # type: ignore[arg-type]
+
+
+def test_the_master_passes_the_owners_key_headers_on_as_they_came() -> None:
+    ctx = FakeCtx(
+        headers={b"x-router-key-name": b"team%20a", b"x-router-key-share": b"3.0", b"x": b"y"}
+    )
+    assert relayed_key_headers(ctx) == {  # type: ignore[arg-type]
+        "X-Router-Key-Name": "team%20a",
+        "X-Router-Key-Share": "3.0",
+    }
+    assert relayed_key_headers(FakeCtx(headers={})) == {}  # type: ignore[arg-type]

@@ -110,3 +110,18 @@ def test_a_nodes_queue_puts_streams_first_while_its_owner_holds_a_live_lease(
         assert not admitted.pinned
     finally:
         node.restore.close()
+
+
+def test_waiting_requests_are_counted_per_lane_model_and_key() -> None:
+    lend = Lending(node_id="n", file_values={}, clock=lambda: 5.0, fair_share=True)
+    assert lend.is_queued("text", "unlinked")
+    queue = lend.queue("text")
+    for tenant in ("a", "a", "", "b", "a"):
+        queue.enqueue(Entry("m", 5.0, tenant=tenant, depth=1))
+    # The first one runs; the other four wait.
+    assert lend.waiting_by_key() == [
+        {"lane": "text", "model_id": "m", "key": None, "waiting": 1},
+        {"lane": "text", "model_id": "m", "key": "a", "waiting": 2},
+        {"lane": "text", "model_id": "m", "key": "b", "waiting": 1},
+    ]
+    assert not Lending(node_id="n", file_values={}).is_queued("text", "unlinked")
