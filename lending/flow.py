@@ -127,7 +127,7 @@ class RequestLending:
                 ahead,
                 arrived,
                 request_id=ctx.request_id,
-                key_name=tenant_of(ctx)[0],
+                key_name=tenant_of(ctx)[0] if ahead else None,
             )
         except BaseException:
             self.done(turn)
