@@ -69,7 +69,9 @@ def own_cluster(tmp_path: Path) -> Iterator[Cluster]:
         c.cleanup()
 
 
-def burst(c: Cluster, n: int, *, max_tokens: int = 10) -> list[httpx.Response]:
+def burst(
+    c: Cluster, n: int, *, max_tokens: int = 10, headers: dict[str, str] | None = None
+) -> list[httpx.Response]:
     """`n` requests at once to the owner, each with an X-Request-Id of its own."""
     out: list[httpx.Response] = []
     lock = threading.Lock()
@@ -81,7 +83,7 @@ def burst(c: Cluster, n: int, *, max_tokens: int = 10) -> list[httpx.Response]:
                 "messages": [{"role": "user", "content": "hi"}],
                 "max_tokens": max_tokens,
             }
-            trace = {"X-Request-Id": f"burst-{uuid.uuid4().hex}"}
+            trace = {"X-Request-Id": f"burst-{uuid.uuid4().hex}", **(headers or {})}
             resp = client.post("/v1/chat/completions", json=body, headers=trace)
         with lock:
             out.append(resp)
@@ -189,6 +191,34 @@ def test_a_lent_request_keeps_its_id_on_the_owner_the_master_and_the_helper(
     # helper answered (that is the helper's row).
     wait_for(lambda: ids - borrowed_ids() <= owner_ids(), timeout=15, interval=0.2)
     assert not borrowed_ids() & owner_ids()
+
+
+def test_a_lent_request_waits_on_the_helper_under_its_owners_key(cluster: Cluster) -> None:
+    """Needs stored keys (issue 25): skipped on a build without `site/api-keys`."""
+    with cluster.master.client() as client:
+        made = client.post(
+            "/router/v1/site/api-keys", json={"name": "lending-team", "role": "inference"}
+        )
+    if made.status_code in (404, 405):
+        pytest.skip("needs stored keys (issue 25: POST /router/v1/site/api-keys)")
+    assert made.status_code == 201, made.text
+    bearer = {"Authorization": f"Bearer {made.json()['key']}"}
+    with cluster.slaves["o"].client() as owner:
+        wait_for(lambda: owner.get("/v1/models", headers=bearer).status_code == 200, timeout=10)
+    since = _now_ms()
+    responses = burst(cluster, 8, headers=bearer)
+    assert [r.status_code for r in responses] == [200] * 8
+    ids = {r.headers["x-request-id"] for r in responses}
+
+    def lent_rows() -> list[dict[str, Any]]:
+        rows = decisions(cluster, since_ms=since, node_id="o", outcome="lent")
+        return [r for r in rows if r.get("request_id") in ids]
+
+    rows = wait_for(lent_rows, timeout=15, interval=0.2)
+    assert {r.get("key_name") for r in rows} == {"lending-team"}
+    helper = cluster.slaves["h"]
+    # The helper queued and logged the borrowed requests under the owner's key.
+    wait_for(lambda: any("key=lending-team" in ln for ln in helper.lines if "access" in ln))
 
 
 def test_the_lending_tab_data_shows_nodes_and_leases(cluster: Cluster) -> None:
