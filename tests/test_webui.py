@@ -144,6 +144,9 @@ def test_the_nodes_page_lists_held_requests_with_their_state(
         tab.wait_for_selector('section[data-node="o"] ul.held li', timeout=30_000)
         text = tab.locator('section[data-node="o"] ul.held').inner_text()
         assert "big" in text and "queued" in text
+        # Waiting requests per key: these came with no stored key.
+        waiting = tab.locator('section[data-node="o"] ul.waiting-keys').inner_text()
+        assert "big" in waiting and "no key" in waiting
         assert tab.locator("section.card").count() == 3
         ARTIFACTS.mkdir(exist_ok=True)
         tab.screenshot(path=str(ARTIFACTS / "nodes-page.png"), full_page=True)
@@ -154,6 +157,7 @@ def test_the_nodes_page_lists_held_requests_with_their_state(
         ).json()
         held = state["held_requests"]
         assert any(r["model_id"] == "big" and r["state"] == "queued" for r in held), held
+        assert any(w["model_id"] == "big" and w["key"] is None for w in state["waiting_by_key"])
     finally:
         httpx.delete(settings_path)
         for t in threads:
