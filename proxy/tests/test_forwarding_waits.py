@@ -150,6 +150,7 @@ async def test_an_unlinked_models_wait_behind_running_borrowed_work_is_logged(
             "borrowed_ahead": 1,
             "wait_ms": 250,
             "request_id": "own-1",
+            "key_name": None,
         }
     ]
 
