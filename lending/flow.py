@@ -18,6 +18,7 @@ from typing import Any, Generic, TypeVar
 
 import aiohttp
 
+from access.keyheader import key_name_header
 from lending.planner import Lease
 from lending.ports import LendingRuntime, RequestCtx, RequestJob, ServingNode
 from lending.queue import Entry, State
@@ -356,6 +357,7 @@ async def relay(ctx: C, node: ServingNode, job: J, lease: Lease, shape: Shaper[C
                             body=job.body,
                             content_type=content_type,
                             request_id=ctx.request_id,
+                            key_name=ctx.key_name,
                         )
                     )
                 except RelayRefused:
@@ -374,6 +376,7 @@ async def relay(ctx: C, node: ServingNode, job: J, lease: Lease, shape: Shaper[C
                     "X-Tensors-Offload-Path": job.backend_path,
                     "X-Tensors-Offload-Lane": job.lane,
                     "X-Request-Id": ctx.request_id,
+                    **key_name_header(ctx.key_name),
                 }
                 resp = await stack.enter_async_context(
                     get_session().post(url, data=job.body, headers=headers, allow_redirects=False)

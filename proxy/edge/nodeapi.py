@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 
+from access.keyheader import KEY_NAME_HEADER_BYTES, key_name_from_header
 from proxy.edge.routes import route_for
 from proxy.node import Node, catch_up_if_stale
 from proxy.request import Ctx, parse_json_body
@@ -244,6 +245,8 @@ async def handle_offload_request(ctx: Ctx, node: Node) -> None:
     if not owner or not model or route is None or not path.startswith("/") or path.startswith("//"):
         raise RouterError(400, "lent request needs owner, model and a valid inference path")
     master = get_master(node)
+    # The owner's key: the helper (this master, or the node it relays to) records it.
+    ctx.relayed_key_name = key_name_from_header(ctx.header(KEY_NAME_HEADER_BYTES))
     lease = master.lease_for(lane, owner, model)
     content_type = (ctx.header(b"content-type") or b"application/json").decode("latin-1")
     if lease is not None and lease.helper_node_id == node.node_id:
@@ -267,6 +270,7 @@ async def handle_offload_request(ctx: Ctx, node: Node) -> None:
             body=ctx.body,
             content_type=content_type,
             request_id=ctx.request_id,
+            key_name=ctx.relayed_key_name,
         ) as resp:
             ctype = resp.headers.get("Content-Type", "application/json").encode("latin-1")
             await ctx.start(resp.status, [(b"content-type", ctype)])
@@ -450,6 +454,7 @@ def _inner(handler: Handler, inner_path: str) -> Handler:
         # Served through this node's own pipeline, exactly as a client request to it would be.
         # Only here, behind the cluster token, is the borrowed mark read from a header.
         ctx.path = inner_path
+        ctx.relayed_key_name = key_name_from_header(ctx.header(KEY_NAME_HEADER_BYTES))
         if ctx.header(b"x-tensors-offload") == b"1":
             ctx.borrowed = True
             ctx.offload_load = ctx.header(b"x-tensors-offload-load") == b"1"

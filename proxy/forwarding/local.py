@@ -143,6 +143,8 @@ def _record(ctx: Ctx, node: Node, job: Job, failure: RouterError | None = None) 
     image = job.image
     status = _outcome(ctx, failure)
     metrics.tokens_counted(job.public_id, prompt_tokens, output_tokens)
+    key_name = ctx.key_name
+    metrics.key_usage_counted(key_name, 200 <= status < 300, prompt_tokens, output_tokens)
     node.recorder.add_request(
         RequestSample(
             node_id=node.node_id,
@@ -170,6 +172,7 @@ def _record(ctx: Ctx, node: Node, job: Job, failure: RouterError | None = None) 
             finished_at=time.time(),
             borrowed=ctx.borrowed,
             request_id=ctx.request_id or None,
+            key_name=key_name,
         )
     )
 
