@@ -57,6 +57,14 @@ class RelayRefused(Exception):
         self.reason = reason
 
 
+def _for_helper(body: bytes, helper_model_id: str) -> bytes:
+    """A lent request's body addressed to the helper's model."""
+    try:
+        return set_body_model(body, helper_model_id)
+    except ValueError:
+        return body  # not JSON: the helper sees the body as the owner sent it
+
+
 class MasterLending:
     def __init__(self, node: ServingNode) -> None:
         self.node = node
@@ -450,13 +458,9 @@ class MasterLending:
         helper cannot be reached, or forwarding fails before the helper answers.
         """
         lease, remote, client = self._relay_target(lane, owner_node, owner_model, request_id)
-        try:
-            body = set_body_model(body, lease.helper_model_id)
-        except ValueError:
-            pass  # not JSON: the helper sees the body as the owner sent it
-        headers = self._relay_headers(
-            lease, client.authorization, content_type, request_id, key_name
-        )
+        body = _for_helper(body, lease.helper_model_id)
+        auth = client.authorization
+        headers = self._relay_headers(lease, auth, content_type, request_id, key_name)
         helper = lease.helper_node_id
         task = asyncio.current_task()
         assert task is not None

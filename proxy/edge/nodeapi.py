@@ -202,6 +202,22 @@ async def handle_offload_timeline(ctx: Ctx, node: Node) -> None:
     await ctx.json(200, doc)
 
 
+async def handle_usage(ctx: Ctx, node: Node) -> None:
+    """This node's own usage rows for the master's `site/usage` (analytics/usage.py)."""
+    import time
+    from urllib.parse import parse_qsl
+
+    from channels.db import database_sync_to_async
+
+    from analytics.usage import parse_usage_query, usage_local
+
+    query = dict(parse_qsl(ctx.scope.get("query_string", b"").decode("latin-1")))
+    usage = parse_usage_query(query, now_ms=int(time.time() * 1000))
+    await node.recorder.flush()
+    rows = await database_sync_to_async(usage_local)(node_id=node.node_id, query=usage)
+    await ctx.json(200, {"node_id": node.node_id, "rows": rows})
+
+
 async def handle_offload_event(ctx: Ctx, node: Node) -> None:
     from lending.master import get_master
 
@@ -432,6 +448,7 @@ NODE_ROUTES: dict[str, Route] = {
     "/router/v1/node/offload/decisions": (GET, handle_offload_decisions, False),
     "/router/v1/node/offload/decisions/folded": (GET, handle_offload_decision_folds, False),
     "/router/v1/node/offload/timeline": (GET, handle_offload_timeline, False),
+    "/router/v1/node/usage": (GET, handle_usage, False),
     "/router/v1/node/offload/event": (POST, handle_offload_event, False),
     "/router/v1/node/offload/grant": (POST, handle_offload_grant, False),
     "/router/v1/node/offload/request": (POST, handle_offload_request, False),
