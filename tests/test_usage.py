@@ -233,3 +233,13 @@ def test_metrics_count_requests_and_tokens_per_key_on_the_serving_node(sent: Sen
     # Requests without a stored key count under the empty key (on o, or on h when lent).
     keyless = [metric(t, "router_key_requests_total", key="", outcome="ok") for t in (owner, text)]
     assert sum(keyless) == ANONYMOUS_REQUESTS
+
+
+def test_a_slave_has_neither_the_usage_route_nor_the_pages(sent: Sent) -> None:
+    # The master answers for the cluster; a slave answers only its node-protocol part.
+    with sent.cluster.slaves["o"].client() as client:
+        for path in ("/router/v1/site/usage", "/ui/usage", "/ui/keys"):
+            assert client.get(path).status_code == 404, path
+        own = client.get("/router/v1/node/usage", params={"group_by": "node"}, headers=AUTH)
+    assert own.status_code == 200
+    assert [r["node_id"] for r in own.json()["rows"]] == ["o"]
