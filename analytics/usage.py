@@ -103,7 +103,7 @@ def usage_local(*, node_id: str, query: UsageQuery) -> list[dict[str, Any]]:
     A row keeps the node and, when grouped by model, the local model ID and lane: only the
     master knows the public ID they have in the cluster (`usage_merge` maps them).
     """
-    from django.db.models import Count, F, Q, Sum
+    from django.db.models import Count, Q, Sum
     from django.db.models.functions import TruncDate
 
     from analytics.models import RequestRecord
@@ -127,7 +127,7 @@ def usage_local(*, node_id: str, query: UsageQuery) -> list[dict[str, Any]]:
             requests=Count("id"),
             errors=Count("id", filter=Q(success=False)),
             prompt_tokens=Sum("prompt_tokens"),
-            completion_tokens=Sum(F("output_tokens")),
+            completion_tokens=Sum("output_tokens"),
             backend_ms=Sum("duration_ms"),
             lent=Count("id", filter=Q(borrowed=True)),
         )
