@@ -18,6 +18,7 @@ from typing import Any, Generic, TypeVar
 
 import aiohttp
 
+from access.keyheader import key_name_header
 from lending.planner import Lease
 from lending.ports import LendingRuntime, RequestCtx, RequestJob, ServingNode
 from lending.queue import Entry, State
@@ -356,6 +357,7 @@ async def relay(ctx: C, node: ServingNode, job: J, lease: Lease, shape: Shaper[C
                             body=job.body,
                             content_type=content_type,
                             request_id=ctx.request_id,
+                            key_name=ctx.key_name,
                         )
                     )
                 except RelayRefused:
@@ -366,15 +368,7 @@ async def relay(ctx: C, node: ServingNode, job: J, lease: Lease, shape: Shaper[C
                 url = client.checked_url(
                     node.config.cluster.master_url, "/router/v1/node/offload/request"
                 )
-                headers = {
-                    "Content-Type": content_type,
-                    "Authorization": client.authorization,
-                    "X-Tensors-Offload-Owner": node.node_id,
-                    "X-Tensors-Offload-Owner-Model": job.model_id,
-                    "X-Tensors-Offload-Path": job.backend_path,
-                    "X-Tensors-Offload-Lane": job.lane,
-                    "X-Request-Id": ctx.request_id,
-                }
+                headers = _relay_request_headers(ctx, node, job, client.authorization)
                 resp = await stack.enter_async_context(
                     get_session().post(url, data=job.body, headers=headers, allow_redirects=False)
                 )
@@ -392,6 +386,23 @@ async def relay(ctx: C, node: ServingNode, job: J, lease: Lease, shape: Shaper[C
         if ctx.started:
             raise
         return False
+
+
+def _relay_request_headers(
+    ctx: RequestCtx, node: ServingNode, job: RequestJob, authorization: str
+) -> dict[str, str]:
+    """A slave owner's lent request to the master: whose it is, where it goes, and the key it
+    came with (the helper's usage row names it)."""
+    return {
+        "Content-Type": job.content_type.decode("latin-1"),
+        "Authorization": authorization,
+        "X-Tensors-Offload-Owner": node.node_id,
+        "X-Tensors-Offload-Owner-Model": job.model_id,
+        "X-Tensors-Offload-Path": job.backend_path,
+        "X-Tensors-Offload-Lane": job.lane,
+        "X-Request-Id": ctx.request_id,
+        **key_name_header(ctx.key_name),
+    }
 
 
 # -- helper -----------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from access.keyheader import key_name_header
 from analytics.fitting import fits_from_wire
 from lending.planner import Endpoint, Lease, LinkTarget, PlanResult, Settings, plan_lane
 from lending.pricing import LANES, CostTable, Lane
@@ -54,6 +55,14 @@ class RelayRefused(Exception):
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+def _for_helper(body: bytes, helper_model_id: str) -> bytes:
+    """A lent request's body addressed to the helper's model."""
+    try:
+        return set_body_model(body, helper_model_id)
+    except ValueError:
+        return body  # not JSON: the helper sees the body as the owner sent it
 
 
 class MasterLending:
@@ -412,13 +421,15 @@ class MasterLending:
 
     @staticmethod
     def _relay_headers(
-        lease: Lease, authorization: str, content_type: str, request_id: str
+        lease: Lease, authorization: str, content_type: str, request_id: str, key_name: str | None
     ) -> dict[str, str]:
-        """The headers of a lent request to its helper: what the lease asks of the helper model."""
+        """The headers of a lent request to its helper: what the lease asks of the helper model,
+        and the owner's key name (the helper's usage row counts the request under it)."""
         headers = {
             "Content-Type": content_type,
             "Authorization": authorization,
             "X-Tensors-Offload": "1",
+            **key_name_header(key_name),
         }
         if request_id:
             headers["X-Request-Id"] = request_id
@@ -439,6 +450,7 @@ class MasterLending:
         body: bytes,
         content_type: str,
         request_id: str = "",
+        key_name: str | None = None,
     ) -> AsyncIterator[aiohttp.ClientResponse]:
         """Forward a lent request to the leased helper; yields the helper's response.
 
@@ -446,11 +458,9 @@ class MasterLending:
         helper cannot be reached, or forwarding fails before the helper answers.
         """
         lease, remote, client = self._relay_target(lane, owner_node, owner_model, request_id)
-        try:
-            body = set_body_model(body, lease.helper_model_id)
-        except ValueError:
-            pass  # not JSON: the helper sees the body as the owner sent it
-        headers = self._relay_headers(lease, client.authorization, content_type, request_id)
+        body = _for_helper(body, lease.helper_model_id)
+        auth = client.authorization
+        headers = self._relay_headers(lease, auth, content_type, request_id, key_name)
         helper = lease.helper_node_id
         task = asyncio.current_task()
         assert task is not None

@@ -111,6 +111,11 @@ class RequestCtx(Protocol):
         """Its X-Request-Id: decision rows about it carry it, and so do relays to a helper."""
         ...
 
+    @property
+    def key_name(self) -> str | None:
+        """The stored key it came with: a relay to a helper carries it for the usage row."""
+        ...
+
 
 class ImageSize(Protocol):
     @property

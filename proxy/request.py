@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from access.identity import caller_of
 from registry.affinity import PrefixMatch
 from routerproject import request_ids
 from routerproject.errors import RouterError, error_body
@@ -66,6 +67,17 @@ class Ctx:
     """Time waiting on the model: queue, load, backend or the next node (not router work)."""
     prefix_match: PrefixMatch | None = None
     """The replica the routing choice picked for the prompt prefix it holds in cache."""
+    relayed_key_name: str | None = None
+    """The key name the node that let the request in sent with it (node protocol only)."""
+
+    @property
+    def key_name(self) -> str | None:
+        """The stored key the request's usage counts against: the relaying node's word on a
+        node-protocol call, else the caller the front door recorded (read late: the edge
+        authorizes after it made this context)."""
+        if self.relayed_key_name is not None:
+            return self.relayed_key_name
+        return caller_of(self.scope).key_name
 
     def header(self, name: bytes) -> bytes | None:
         for key, value in self.scope["headers"]:

@@ -16,6 +16,8 @@ urlpatterns = [
     path("router/v1/", include("proxy.api.urls")),
     path("ui/", include("lending.ui")),
     path("ui/", include("registry.ui")),
+    path("ui/", include("analytics.ui")),
+    path("ui/", include("access.webui")),
     path("ui/nodes", views.nodes_page, name="ui-nodes"),
     path("", views.index, name="index"),
 ]

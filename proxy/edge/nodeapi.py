@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 
 from access.audit import arecord_push
+from access.keyheader import KEY_NAME_HEADER_BYTES, key_name_from_header
 from proxy.edge.routes import route_for
 from proxy.node import Node, catch_up_if_stale
 from proxy.request import Ctx, parse_json_body
@@ -232,6 +233,22 @@ async def handle_offload_timeline(ctx: Ctx, node: Node) -> None:
     await ctx.json(200, doc)
 
 
+async def handle_usage(ctx: Ctx, node: Node) -> None:
+    """This node's own usage rows for the master's `site/usage` (analytics/usage.py)."""
+    import time
+    from urllib.parse import parse_qsl
+
+    from channels.db import database_sync_to_async
+
+    from analytics.usage import parse_usage_query, usage_local
+
+    query = dict(parse_qsl(ctx.scope.get("query_string", b"").decode("latin-1")))
+    usage = parse_usage_query(query, now_ms=int(time.time() * 1000))
+    await node.recorder.flush()
+    rows = await database_sync_to_async(usage_local)(node_id=node.node_id, query=usage)
+    await ctx.json(200, {"node_id": node.node_id, "rows": rows})
+
+
 async def handle_offload_event(ctx: Ctx, node: Node) -> None:
     from lending.master import get_master
 
@@ -275,6 +292,8 @@ async def handle_offload_request(ctx: Ctx, node: Node) -> None:
     if not owner or not model or route is None or not path.startswith("/") or path.startswith("//"):
         raise RouterError(400, "lent request needs owner, model and a valid inference path")
     master = get_master(node)
+    # The owner's key: the helper (this master, or the node it relays to) records it.
+    ctx.relayed_key_name = key_name_from_header(ctx.header(KEY_NAME_HEADER_BYTES))
     lease = master.lease_for(lane, owner, model)
     content_type = (ctx.header(b"content-type") or b"application/json").decode("latin-1")
     if lease is not None and lease.helper_node_id == node.node_id:
@@ -298,6 +317,7 @@ async def handle_offload_request(ctx: Ctx, node: Node) -> None:
             body=ctx.body,
             content_type=content_type,
             request_id=ctx.request_id,
+            key_name=ctx.relayed_key_name,
         ) as resp:
             ctype = resp.headers.get("Content-Type", "application/json").encode("latin-1")
             await ctx.start(resp.status, [(b"content-type", ctype)])
@@ -460,6 +480,7 @@ NODE_ROUTES: dict[str, Route] = {
     "/router/v1/node/offload/decisions/folded": (GET, handle_offload_decision_folds, False),
     "/router/v1/node/offload/timeline": (GET, handle_offload_timeline, False),
     "/router/v1/node/audit": (GET, handle_audit, False),
+    "/router/v1/node/usage": (GET, handle_usage, False),
     "/router/v1/node/offload/event": (POST, handle_offload_event, False),
     "/router/v1/node/offload/grant": (POST, handle_offload_grant, False),
     "/router/v1/node/offload/request": (POST, handle_offload_request, False),
@@ -482,6 +503,7 @@ def _inner(handler: Handler, inner_path: str) -> Handler:
         # Served through this node's own pipeline, exactly as a client request to it would be.
         # Only here, behind the cluster token, is the borrowed mark read from a header.
         ctx.path = inner_path
+        ctx.relayed_key_name = key_name_from_header(ctx.header(KEY_NAME_HEADER_BYTES))
         if ctx.header(b"x-tensors-offload") == b"1":
             ctx.borrowed = True
             ctx.offload_load = ctx.header(b"x-tensors-offload-load") == b"1"

@@ -63,7 +63,8 @@ class Job:
     max_tokens: int | None = None
     usage: dict[str, Any] | None = None
     lent: bool = False
-    """Answered by a helper: the helper records it; the owner's own fits must not see it."""
+    """Answered by a helper: the helper records it; the owner's own fits must not see it.
+    (One a helper hands back is the owner's again: the helper records nothing of it.)"""
     has_image: bool = False
     """Carries an image: never lent to a helper without vision."""
     service_ms: float | None = None
@@ -130,10 +131,24 @@ def _outcome(ctx: Ctx, failure: RouterError | None) -> int:
     return ctx.status
 
 
+def handed_back(ctx: Ctx, failure: RouterError | None) -> bool:
+    """A borrowed request its owner gets back: an answer head of 409 or 5xx (see
+    lending.flow.relay), or cut off before any answer (the owner's cutoff, or its client gone).
+    The owner records it, so this attempt is not a request of its own: usage and the per-key
+    metrics would count it twice."""
+    if not ctx.borrowed:
+        return False
+    if ctx.started:
+        return ctx.status == 409 or ctx.status >= 500
+    if ctx.disconnected:
+        return True
+    return failure is not None and (failure.status == 409 or failure.status >= 500)
+
+
 def _record(ctx: Ctx, node: Node, job: Job, failure: RouterError | None = None) -> None:
     from analytics.recorder import RequestSample
 
-    if job.lent or job.not_sent:
+    if job.lent or job.not_sent or handed_back(ctx, failure):
         return
     usage = job.usage or {}
     prompt_tokens = _int(usage.get("prompt_tokens", usage.get("input_tokens")))
@@ -143,6 +158,8 @@ def _record(ctx: Ctx, node: Node, job: Job, failure: RouterError | None = None) 
     image = job.image
     status = _outcome(ctx, failure)
     metrics.tokens_counted(job.public_id, prompt_tokens, output_tokens)
+    key_name = ctx.key_name
+    metrics.key_usage_counted(key_name, 200 <= status < 300, prompt_tokens, output_tokens)
     node.recorder.add_request(
         RequestSample(
             node_id=node.node_id,
@@ -170,6 +187,7 @@ def _record(ctx: Ctx, node: Node, job: Job, failure: RouterError | None = None) 
             finished_at=time.time(),
             borrowed=ctx.borrowed,
             request_id=ctx.request_id or None,
+            key_name=key_name,
         )
     )
 
