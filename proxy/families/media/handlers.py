@@ -377,7 +377,7 @@ async def handle_sd_models(ctx: Ctx, node: Node) -> None:
             "sha256": "",
         }
         for pid, replicas in sorted(node.cluster.by_public_image_id.items())
-        if any(not r.record.get("disabled") for r in replicas)
+        if any(not r.record.get("disabled") for r in replicas) and ctx.may_use(pid)
     ]
     await ctx.json(200, entries)
 
