@@ -224,7 +224,9 @@ def test_an_unknown_id_is_404(client: Client) -> None:
         assert response.json()["error"]["code"] == "key_not_found"
 
 
-def test_on_a_slave_the_routes_do_not_exist(client: Client, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_on_a_slave_the_routes_do_not_exist(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from django.conf import settings
 
     router = settings.ROUTER
