@@ -30,7 +30,7 @@ else:
             return cls
 
 
-class ApiKeyForm(forms.ModelForm):  # type: ignore[type-arg]
+class ApiKeyForm(forms.ModelForm):
     """The same rules as the site API's body (access/api/serializers.py), on a form."""
 
     class Meta:

@@ -1,3 +1,4 @@
+# ruff: noqa: F811
 """Stored keys at the node's edge: who may send what, the caller each request carries, and the
 model scope on every path family and model list (README, "Giving people keys")."""
 
@@ -12,6 +13,8 @@ from access.identity import ANONYMOUS, CONFIG, MASTER, STORED, Caller, caller_of
 from access.keys import KeyRecord, KeyTable, install_table, reset_for_tests, secret_hash
 from proxy.edge.app import ProxyApp
 from proxy.edge.gate import Gate
+
+# The node fixture of the ASGI app's tests, shared: each test's `make_node` argument is it.
 from proxy.tests.test_app import NodeFactory, _chat, make_node, request  # noqa: F401
 
 Message = dict[str, Any]
