@@ -204,6 +204,13 @@ async def test_a_model_outside_the_keys_scope_is_403_on_every_family(
     assert kobold.status == 403 and error_of(kobold)["code"] == "model_not_allowed"
     retrieve = await request(app, "GET", "/v1/models/slow", headers=key)
     assert retrieve.status == 403
+    image = await request(
+        app, "POST", "/v1/images/generations", {"model": "slow", "prompt": "a cat"}, headers=key
+    )
+    assert image.status == 403 and error_of(image)["code"] == "model_not_allowed"
+    # Refused before the model is looked up: a model the node does not hold is refused alike.
+    unknown = await request(app, "POST", "/api/v1/generate", {"model": "elsewhere"}, headers=key)
+    assert unknown.status == 403
     # Nothing was loaded for any of them.
     assert not list(node.runtimes.loaded())
 

@@ -30,6 +30,7 @@ async def handle_kobold(ctx: Ctx, node: Node) -> None:
         model = loaded_text_model(node)
     if not isinstance(model, str):
         raise RouterError(400, "model must be a string", param="model")
+    ctx.model = model
     prefix, ctx.prefix_match = prefix_of(node, doc)
     replica = resolve(
         node, model, "llm", borrowed=ctx.borrowed, prefix=prefix, match=ctx.prefix_match
