@@ -8,6 +8,8 @@ from typing import Any
 
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from access.keys import ROLES
@@ -39,6 +41,7 @@ class StrictPositiveNumberField(serializers.FloatField):
         return float(data)
 
 
+@extend_schema_field(OpenApiTypes.DATETIME)
 class FutureTimeField(serializers.Field):
     """An RFC 3339 time with its offset, later than now."""
 

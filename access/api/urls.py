@@ -8,5 +8,5 @@ from access.api import views
 
 urlpatterns = [
     path("site/api-keys", views.ApiKeysView.as_view(), name="site-api-keys"),
-    path("site/api-keys/<int:key_id>", views.ApiKeyView.as_view(), name="site-api-key"),
+    path("site/api-keys/<str:key_id>", views.ApiKeyView.as_view(), name="site-api-key"),
 ]

@@ -20,6 +20,7 @@ from access import selectors, services
 from access.api import serializers as s
 from access.ports import AccessNode, running_node
 from routerproject.api import SiteAPIView, error_response
+from routerproject.errors import RouterError
 
 BAD_INPUT = error_response(
     "A bad field (an unknown field, a taken name, a model the cluster does not know, a limit "
@@ -40,6 +41,15 @@ def _checked(body: Any, node: AccessNode) -> dict[str, Any]:
     if fields.get("models") is not None:
         services.api_key_check_models(fields["models"], node.public_model_ids())
     return fields
+
+
+def _key_id(text: str) -> int:
+    # The path's ID is the row's integer key; anything else names no key.
+    if not text.isdigit() or len(text) > 18:
+        raise RouterError(
+            404, f"no key with id {text[:40]!r}", type="not_found", code="key_not_found"
+        )
+    return int(text)
 
 
 def _answer(after: dict[str, Any], errors: dict[str, str]) -> dict[str, Any]:
@@ -90,9 +100,9 @@ class ApiKeyView(SiteAPIView):
         summary="One stored key (without its secret)",
         responses={200: KEY_ANSWER, 404: NO_KEY},
     )
-    async def get(self, request: Request, key_id: int) -> Response:
+    async def get(self, request: Request, key_id: str) -> Response:
         def read() -> dict[str, Any]:
-            key = services.api_key_get(key_id=key_id)
+            key = services.api_key_get(key_id=_key_id(key_id))
             return selectors.api_key_dict(key, now=timezone.now())
 
         return Response(await database_sync_to_async(read)())
@@ -108,11 +118,12 @@ class ApiKeyView(SiteAPIView):
             409: error_response("The key is revoked (code key_revoked)."),
         },
     )
-    async def patch(self, request: Request, key_id: int) -> Response:
+    async def patch(self, request: Request, key_id: str) -> Response:
         node = running_node()
+        number = _key_id(key_id)
         fields = _checked(s.ApiKeyUpdateSerializer(data=request.data), node)
         write = await database_sync_to_async(services.api_key_update)(
-            key_id=key_id, fields=fields, now=timezone.now()
+            key_id=number, fields=fields, now=timezone.now()
         )
         errors = await node.keys_publish()
         return Response(_answer(write.after, errors))
@@ -122,10 +133,10 @@ class ApiKeyView(SiteAPIView):
         summary="Revoke a key (the row stays, so usage and the audit log keep its name)",
         responses={200: KEY_ANSWER, 404: NO_KEY},
     )
-    async def delete(self, request: Request, key_id: int) -> Response:
+    async def delete(self, request: Request, key_id: str) -> Response:
         node = running_node()
         write = await database_sync_to_async(services.api_key_revoke)(
-            key_id=key_id, now=timezone.now()
+            key_id=_key_id(key_id), now=timezone.now()
         )
         errors = await node.keys_publish()
         return Response(_answer(write.after, errors))

@@ -22,7 +22,8 @@ import orjson
 from django.conf import settings
 
 from access.identity import ANONYMOUS_CALLER, CALLER_SCOPE_KEY, Caller
-from proxy.edge.gate import MASTER_CALLER, Gate, Refusal, parse_address
+from access.keys import admin_caller
+from proxy.edge.gate import MASTER_CALLER, Gate, Refusal, bearer_token, parse_address
 from proxy.edge.nodeapi import NODE_PREFIX, node_route
 from proxy.edge.routes import route_for
 from proxy.node import Node, get_node
@@ -164,7 +165,11 @@ class ProxyApp:
         path, method = scope["path"], scope["method"]
         # `send` already adds the request ID: this context must not add it twice.
         ctx = Ctx(scope, receive, send, path, method)
-        caller = gate.admin_caller(ctx.header)
+        # The admin keys of Django's settings, as this check always read them (the same list
+        # as the node's config in a router process; tests change the settings alone).
+        config_keys = tuple(key.encode() for key in settings.ROUTER.auth.admin_keys)
+        token = bearer_token(ctx.header(b"authorization"))
+        caller = admin_caller(token, config_keys, gate.keys())
         if caller is None:
             if admin_key_required(path, method):
                 await ctx.error(

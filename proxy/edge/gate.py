@@ -104,7 +104,8 @@ def host_name(host: bytes | None) -> str | None:
     return text.rsplit(":", 1)[0] if text.count(":") == 1 else text
 
 
-def _bearer(header: bytes | None) -> bytes:
+def bearer_token(header: bytes | None) -> bytes:
+    """The key of an `Authorization: Bearer <key>` header (empty without one)."""
     header = header or b""
     return header[7:].strip() if header.startswith(b"Bearer ") else b""
 
@@ -117,7 +118,7 @@ KEY_SUBPROTOCOL_PREFIX = b"openai-insecure-api-key."
 def inference_token(header: HeaderLookup) -> bytes:
     """The inference key a request carries: its Bearer header, an `x-api-key` header (the
     Anthropic SDK's, on `/v1/messages`), or the key subprotocol of a WebSocket upgrade."""
-    token = _bearer(header(b"authorization"))
+    token = bearer_token(header(b"authorization"))
     if token:
         return token
     api_key = (header(b"x-api-key") or b"").strip()
@@ -285,7 +286,9 @@ class Gate:
     def admin_caller(self, header: HeaderLookup) -> Caller | None:
         """Who a management request's Bearer key says it is; None: it carries no admin key
         where one is required."""
-        return admin_caller(_bearer(header(b"authorization")), self.admin_key_bytes, self.keys())
+        return admin_caller(
+            bearer_token(header(b"authorization")), self.admin_key_bytes, self.keys()
+        )
 
     def admin_keys_required(self) -> bool:
         return bool(self.admin_keys) or self.keys().admin_required
@@ -312,7 +315,7 @@ class Gate:
     def _node_refusal(self, header: HeaderLookup) -> Refusal | None:
         if not self.token or self.standalone:
             return Refusal(401, "cluster token is required", type="unauthorized")
-        if not hmac.compare_digest(_bearer(header(b"authorization")), self.token):
+        if not hmac.compare_digest(bearer_token(header(b"authorization")), self.token):
             return Refusal(401, "invalid cluster token", type="unauthorized")
         return None
 

@@ -118,7 +118,14 @@ async def test_an_admin_role_key_opens_the_management_api_and_is_its_caller(
     assert (caller.kind, caller.name, caller.actor) == (STORED, "ops", "ops")
 
 
-async def test_every_request_let_through_carries_its_caller(make_node: NodeFactory) -> None:
+async def test_every_request_let_through_carries_its_caller(
+    make_node: NodeFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django.conf import settings
+
+    router = settings.ROUTER
+    auth = router.auth.model_copy(update={"admin_keys": ["sk-config-admin"]})
+    monkeypatch.setattr(settings, "ROUTER", router.model_copy(update={"auth": auth}))
     node = make_node(
         auth={"inference_keys": [CONFIG_KEY], "admin_keys": ["sk-config-admin"]},
         cluster={"node_id": "app-test", "role": "master", "token": TOKEN},
