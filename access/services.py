@@ -36,7 +36,7 @@ def _duplicate(name: str) -> RouterError:
     return RouterError(400, f'name "{name}" is taken by another key', param="name")
 
 
-def api_key_check_models(models: Collection[str] | None, known: Collection[str] | None) -> None:
+def api_key_check_models(*, models: Collection[str] | None, known: Collection[str] | None) -> None:
     """400 naming the first entry of `models` that is no public model ID in `known`."""
     if models is None or known is None:
         return

@@ -39,7 +39,7 @@ def _checked(body: Any, node: AccessNode) -> dict[str, Any]:
     body.is_valid(raise_exception=True)
     fields = _fields(dict(body.validated_data))
     if fields.get("models") is not None:
-        services.api_key_check_models(fields["models"], node.public_model_ids())
+        services.api_key_check_models(models=fields["models"], known=node.public_model_ids())
     return fields
 
 

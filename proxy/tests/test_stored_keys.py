@@ -241,3 +241,30 @@ async def test_model_lists_show_only_the_keys_models(make_node: NodeFactory) -> 
     assert [m["id"] for m in full.json()["data"]] == ["chat", "slow"]
     tags = await request(app, "GET", "/api/tags", headers=scoped)
     assert [m["name"] for m in tags.json()["models"]] == ["chat"]
+
+
+async def test_kobolds_model_answer_names_only_a_model_the_key_may_use(
+    make_node: NodeFactory,
+) -> None:
+    node = make_node()
+    app = ProxyApp(Recorder(), node_getter=lambda: node)
+    loaded = await request(
+        app, "POST", "/v1/chat/completions", _chat("chat", max_tokens=1), headers=bearer(OPS)
+    )
+    assert loaded.status == 200
+    install_table(
+        KeyTable(
+            [
+                KeyRecord(name="ops", key_hash=secret_hash(OPS), role="admin"),
+                KeyRecord(name="slowpoke", key_hash=secret_hash(ALICE), models=frozenset({"slow"})),
+            ]
+        )
+    )
+    runs = await request(app, "GET", "/api/v1/model", headers=bearer(OPS))
+    assert runs.json() == {"result": "koboldcpp/chat"}
+    scoped = await request(app, "GET", "/api/v1/model", headers=bearer(ALICE))
+    assert scoped.json() == {"result": "ReadOnly"}
+    ps = await request(app, "GET", "/api/ps", headers=bearer(ALICE))
+    assert ps.json()["models"] == []
+    every = await request(app, "GET", "/api/ps", headers=bearer(OPS))
+    assert [m["name"] for m in every.json()["models"]] == ["chat"]
