@@ -331,7 +331,8 @@ class RouterAutoSchema(AutoSchema):
         if getattr(self.view, "admin_key_required", True):
             operation["security"] = [{"adminKey": []}]
             responses["401"] = _error_object(
-                "`auth.admin_keys` is set and the request carries none of them."
+                "Admin keys exist (`auth.admin_keys` or a stored admin key) and the request "
+                "carries none of them."
             )
         else:
             operation["security"] = []
@@ -377,7 +378,8 @@ def _error_object(description: str) -> dict[str, Any]:
 ADMIN_KEY_SCHEME: dict[str, Any] = {
     "type": "http",
     "scheme": "bearer",
-    "description": "One of `auth.admin_keys`. Checked only when that list is set.",
+    "description": "One of `auth.admin_keys`, or a stored key of role `admin` (`rk-…`). "
+    "Checked only when either exists.",
 }
 
 
