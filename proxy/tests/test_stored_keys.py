@@ -268,3 +268,32 @@ async def test_kobolds_model_answer_names_only_a_model_the_key_may_use(
     assert ps.json()["models"] == []
     every = await request(app, "GET", "/api/ps", headers=bearer(OPS))
     assert [m["name"] for m in every.json()["models"]] == ["chat"]
+
+
+async def test_a_realtime_session_for_a_model_outside_the_scope_is_refused(
+    make_node: NodeFactory,
+) -> None:
+    import orjson
+    from asgiref.testing import ApplicationCommunicator
+
+    from proxy.edge.realtime import RealtimeApp
+
+    node = make_node()
+    app = RealtimeApp(node_getter=lambda: node)
+    scope = {
+        "type": "websocket",
+        "path": "/v1/realtime",
+        "query_string": b"model=slow",
+        "headers": [(b"authorization", b"Bearer " + ALICE.encode())],
+        "subprotocols": [],
+        "client": ("127.0.0.1", 50000),
+    }
+    comm = ApplicationCommunicator(app, scope)
+    await comm.send_input({"type": "websocket.connect"})
+    assert (await comm.receive_output(20))["type"] == "websocket.accept"
+    event = orjson.loads((await comm.receive_output(20))["text"])
+    assert event["error"]["code"] == "model_not_allowed"
+    closed = await comm.receive_output(20)
+    assert closed["type"] == "websocket.close" and closed["code"] == 4403
+    await comm.wait(20)
+    assert caller_of(scope).name == "alice"
