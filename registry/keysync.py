@@ -116,9 +116,13 @@ def keys_answer(fingerprint: str | None) -> dict[str, object]:
     return table.to_wire()
 
 
-def keys_receive(doc: object) -> KeyTable:
-    """Install the table a master pushed or answered (ValueError when it is malformed)."""
-    table = KeyTable.from_wire(doc)
+async def keys_receive(doc: object) -> KeyTable:
+    """Install the table a master pushed or answered (ValueError when it is malformed).
+
+    Built off the event loop: ten thousand keys take tens of milliseconds to index, which the
+    requests in flight need not wait for.
+    """
+    table = await asyncio.to_thread(KeyTable.from_wire, doc)
     if table.fingerprint != current_table().fingerprint:
         install_table(table)
         logger.info(
@@ -157,7 +161,7 @@ class KeySync:
             if status != 200 or not isinstance(doc, dict):
                 raise NodeCallError("status", f"master answered {status}", status=status)
             if "keys" in doc:
-                keys_receive(doc)
+                await keys_receive(doc)
         except (NodeCallError, ValueError) as exc:
             self._note(str(exc))
             return False
@@ -165,12 +169,18 @@ class KeySync:
         return True
 
     async def watch_once(self) -> bool:
-        """Republish when the rows changed since the last look; True when it published."""
+        """Republish when the rows changed since the last look and the table in force is not
+        theirs yet; True when it published."""
         version = await database_sync_to_async(api_keys_version)()
         if version == self._version:
             return False
         self._version = version
-        await keys_publish(self.node)
+        table = await database_sync_to_async(api_keys_table)()
+        if table.fingerprint == current_table().fingerprint:
+            # The site API published this change itself already.
+            return False
+        install_table(table)
+        await keys_push(self.node, table)
         return True
 
     def _note(self, error: str) -> None:

@@ -161,3 +161,21 @@ async def test_only_a_slave_takes_a_push(make_node: NodeFactory) -> None:
     answer = await request(app, "POST", KEYS_PATH, WITH_ALICE.to_wire(), headers=auth)
     assert answer.status == 409
     assert current_table().lookup(ALICE.encode()) is None
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_the_master_publishes_a_row_written_elsewhere_once(make_node: NodeFactory) -> None:
+    from channels.db import database_sync_to_async
+    from django.utils import timezone
+
+    from access.services import api_key_create
+
+    node = make_node(cluster={"node_id": "m", "role": "master", "token": TOKEN})
+    sync = KeySync(node)
+    assert not await sync.watch_once()  # no rows: the empty table in force is theirs
+    # What `manage.py create_api_key` or the admin does, in another process or thread.
+    write = await database_sync_to_async(api_key_create)(name="scripted", now=timezone.now())
+    assert write.secret is not None
+    assert await sync.watch_once()
+    assert current_table().lookup(write.secret.encode()) is not None
+    assert not await sync.watch_once()
