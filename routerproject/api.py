@@ -4,8 +4,9 @@ error envelope, strict body fields and the schema conventions (JSON in and out: 
 The admin key is checked at the ASGI edge (`proxy.edge.app.ProxyApp`), before Django reads the body,
 where `admin_key_required` from here says which requests need one and `access.keys.admin_caller`
 accepts a config admin key or a stored key of role `admin` (`admin_key_valid` is the config-only
-rule); DRF permissions express only role rules (`SiteRoute`). Bodies are validated by serializers built from the strict fields below, and
-a serializer error answers 400 in the OpenAI envelope with `param` naming the field at fault.
+rule); DRF permissions express only role rules (`SiteRoute`). Bodies are validated by
+serializers built from the strict fields below, and a serializer error answers 400 in the
+OpenAI envelope with `param` naming the field at fault.
 """
 
 from __future__ import annotations
