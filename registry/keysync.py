@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 from urllib.parse import quote
 
+import orjson
 from channels.db import database_sync_to_async
 
 from access.keys import KeyTable, current_table, install_table
@@ -116,8 +118,24 @@ def keys_answer(fingerprint: str | None) -> dict[str, object]:
     return table.to_wire()
 
 
-async def keys_receive(doc: object) -> KeyTable:
-    """Install the table a master pushed or answered (ValueError when it is malformed).
+KEYS_FILENAME = "api-keys.json"
+"""In a slave's store: the last table its master sent (hashes, never secrets)."""
+
+
+def keys_file(node: ClusterMember) -> Path:
+    return Path(node.config.cluster.store_dir) / KEYS_FILENAME
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".tmp")
+    partial.write_bytes(data)
+    partial.replace(path)
+
+
+async def keys_receive(node: ClusterMember, doc: object) -> KeyTable:
+    """Install the table a master pushed or answered (ValueError when it is malformed), and
+    keep it in the slave's store for its next start.
 
     Built off the event loop: ten thousand keys take tens of milliseconds to index, which the
     requests in flight need not wait for.
@@ -128,7 +146,33 @@ async def keys_receive(doc: object) -> KeyTable:
         logger.info(
             "key table from the master: %d key(s), fingerprint %s", len(table), table.fingerprint
         )
+        data = orjson.dumps(table.to_wire())
+        try:
+            await asyncio.to_thread(_write_atomically, keys_file(node), data)
+        except OSError as exc:
+            logger.warning("could not keep the key table in %s: %s", keys_file(node), exc)
     return table
+
+
+async def keys_restore(node: ClusterMember) -> bool:
+    """A slave starts with the table its master last sent, so a restart while the master is
+    unreachable neither opens the node to everyone nor locks its key holders out. True when a
+    kept table was installed."""
+    path = keys_file(node)
+    try:
+        data = await asyncio.to_thread(path.read_bytes)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        logger.warning("could not read the kept key table %s: %s", path, exc)
+        return False
+    try:
+        table = await asyncio.to_thread(KeyTable.from_wire, orjson.loads(data))
+    except (ValueError, orjson.JSONDecodeError) as exc:
+        logger.warning("the kept key table %s is unreadable (%s): ignored", path, exc)
+        return False
+    install_table(table)
+    return True
 
 
 class KeySync:
@@ -161,7 +205,7 @@ class KeySync:
             if status != 200 or not isinstance(doc, dict):
                 raise NodeCallError("status", f"master answered {status}", status=status)
             if "keys" in doc:
-                await keys_receive(doc)
+                await keys_receive(node, doc)
         except (NodeCallError, ValueError) as exc:
             self._note(str(exc))
             return False

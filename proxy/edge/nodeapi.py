@@ -148,7 +148,7 @@ async def handle_api_keys(ctx: Ctx, node: Node) -> None:
         return
     _slave_only(node, "keys")
     try:
-        await keys_receive(parse_json_body(ctx))
+        await keys_receive(node, parse_json_body(ctx))
     except ValueError as exc:
         raise RouterError(400, f"invalid key table: {exc}") from exc
     await ctx.respond(204, b"")

@@ -24,7 +24,7 @@ from proxy.edge.app import ProxyApp
 
 # The node fixture of the ASGI app's tests, shared: each test's `make_node` argument is it.
 from proxy.tests.test_app import Fallback, NodeFactory, make_node, request  # noqa: F401
-from registry.keysync import KEYS_PATH, KeySync, keys_answer
+from registry.keysync import KEYS_PATH, KeySync, keys_answer, keys_file, keys_restore
 from registry.nodeclient import AllowList, NodeClient
 
 MASTER_URL = "http://127.0.0.1:18998"
@@ -179,3 +179,24 @@ async def test_the_master_publishes_a_row_written_elsewhere_once(make_node: Node
     assert await sync.watch_once()
     assert current_table().lookup(write.secret.encode()) is not None
     assert not await sync.watch_once()
+
+
+async def test_a_slave_keeps_the_masters_table_for_its_next_start(make_node: NodeFactory) -> None:
+    node = slave(make_node, Master(WITH_ALICE))
+    assert not await keys_restore(node)  # nothing kept yet: starts as before
+    assert await KeySync(node).pull_once()
+    kept = keys_file(node).read_text()
+    assert ALICE not in kept and secret_hash(ALICE) in kept
+    # A restart while the master is unreachable: the kept table, not an open node.
+    reset_for_tests()
+    assert await keys_restore(node)
+    assert current_table().fingerprint == WITH_ALICE.fingerprint
+    assert current_table().lookup(ALICE.encode()) is not None
+
+
+async def test_an_unreadable_kept_table_is_ignored(make_node: NodeFactory) -> None:
+    node = slave(make_node, Master(WITH_ALICE))
+    keys_file(node).parent.mkdir(parents=True, exist_ok=True)
+    keys_file(node).write_text("{not json")
+    assert not await keys_restore(node)
+    assert current_table().fingerprint != WITH_ALICE.fingerprint

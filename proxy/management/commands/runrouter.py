@@ -270,13 +270,15 @@ class NodeRunner:
 
     async def _start_keys(self) -> None:
         """The stored-key table before the first registration: a master builds it from its
-        database (so the slaves that register get it), a slave asks its master for it once
-        (so it does not serve keyless for a sync interval); then the loop that keeps it."""
-        from registry.keysync import KeySync
+        database (so the slaves that register get it), a slave takes the one it kept and asks
+        its master once (so it does not serve keyless for a sync interval); then the loop
+        that keeps it."""
+        from registry.keysync import KeySync, keys_restore
 
         self.keys = KeySync(self.node)
         try:
             if self.node.role == "slave":
+                await keys_restore(self.node)
                 await self.keys.pull_once()
             else:
                 await self.keys.watch_once()
