@@ -21,7 +21,9 @@ from typing import Any
 import orjson
 from django.conf import settings
 
-from proxy.edge.gate import Gate, Refusal, inference_token, parse_address
+from access.identity import ANONYMOUS_CALLER, CALLER_SCOPE_KEY, Caller
+from access.keys import admin_caller
+from proxy.edge.gate import MASTER_CALLER, Gate, Refusal, bearer_token, parse_address
 from proxy.edge.nodeapi import NODE_PREFIX, node_route
 from proxy.edge.routes import route_for
 from proxy.node import Node, get_node
@@ -29,7 +31,7 @@ from proxy.observe import health
 from proxy.request import JSON, ASGIApp, Ctx, Receive, Scope, Send
 from proxy.serving.core import Handler, Route
 from routerproject import request_ids
-from routerproject.api import admin_key_required, admin_key_valid
+from routerproject.api import admin_key_required
 from routerproject.errors import RouterError, error_body, is_ollama_path
 
 logger = logging.getLogger(__name__)
@@ -89,7 +91,7 @@ class ProxyApp:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send, request_id: str) -> None:
         path = scope["path"]
-        refusal = self._guard(scope, path)
+        refusal, gate = self._guard(scope, path)
         if refusal is not None:
             ctx = Ctx(scope, receive, send, path, scope["method"])
             await ctx.start(refusal.status, [(b"content-type", JSON), *refusal.headers])
@@ -97,7 +99,7 @@ class ProxyApp:
             return
         resolved = _resolve(path)
         if resolved is None:
-            await self._management(scope, receive, _with_request_id(send, request_id))
+            await self._management(scope, receive, _with_request_id(send, request_id), gate)
             return
         (methods, handler, needs_key), cluster_call = resolved
         ctx = Ctx(scope, receive, send, path, scope["method"], request_id=request_id)
@@ -106,11 +108,14 @@ class ProxyApp:
             if cluster_call:
                 # The cluster token opens only node routes, and every node route needs it.
                 self._authorize_node(ctx, node)
+                scope[CALLER_SCOPE_KEY] = MASTER_CALLER
             if ctx.method not in methods:
                 await self._method_not_allowed(ctx, methods)
                 return
-            if needs_key and not cluster_call:
-                self._authorize(ctx, node)
+            if not cluster_call:
+                scope[CALLER_SCOPE_KEY] = (
+                    self._authorize(ctx, gate) if needs_key else ANONYMOUS_CALLER
+                )
             if ctx.method == "POST":
                 await self._read_body(ctx, node.config.server.max_body_bytes)
             await self._run(ctx, node, handler)
@@ -132,9 +137,10 @@ class ProxyApp:
         finally:
             health.finish(ctx, node, cluster_call=cluster_call)
 
-    def _guard(self, scope: Scope, path: str) -> Refusal | None:
+    def _guard(self, scope: Scope, path: str) -> tuple[Refusal | None, Gate]:
         """The address and browser rules again, for requests that did not come through the
-        node's front door (which applies them before reading the body)."""
+        node's front door (which applies them before reading the body); and the gate whose key
+        rules the request is then held to."""
         config = self.node_getter().config
         gate = self._gate
         if gate is None or gate.config is not config:
@@ -153,24 +159,30 @@ class ProxyApp:
 
         client = scope.get("client")
         peer = parse_address(client[0]) if client else None
-        return gate.address_refusal(peer, header) or gate.host_refusal(path, header)
+        return gate.address_refusal(peer, header) or gate.host_refusal(path, header), gate
 
-    async def _management(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _management(self, scope: Scope, receive: Receive, send: Send, gate: Gate) -> None:
         path, method = scope["path"], scope["method"]
-        if admin_key_required(path, method):
-            # `send` already adds the request ID: this context must not add it twice.
-            ctx = Ctx(scope, receive, send, path, method)
-            if not admin_key_valid(ctx.header(b"authorization"), settings.ROUTER.auth.admin_keys):
+        # `send` already adds the request ID: this context must not add it twice.
+        ctx = Ctx(scope, receive, send, path, method)
+        # The admin keys of Django's settings, as this check always read them (the same list
+        # as the node's config in a router process; tests change the settings alone).
+        config_keys = tuple(key.encode() for key in settings.ROUTER.auth.admin_keys)
+        token = bearer_token(ctx.header(b"authorization"))
+        caller = admin_caller(token, config_keys, gate.keys())
+        if caller is None:
+            if admin_key_required(path, method):
                 await ctx.error(
                     RouterError(401, "a valid admin key is required", type="unauthorized")
                 )
                 return
-        if self._gate is not None:
-            ctx = Ctx(scope, receive, send, path, method)
-            refusal = self._gate.write_refusal(method, path, ctx.header)
-            if refusal is not None:
-                await ctx.error(refusal.error())
-                return
+            # A public page (the WebUI, the schema) or no route: nobody in particular.
+            caller = ANONYMOUS_CALLER
+        scope[CALLER_SCOPE_KEY] = caller
+        refusal = gate.write_refusal(method, path, ctx.header)
+        if refusal is not None:
+            await ctx.error(refusal.error())
+            return
         await self.fallback(scope, receive, send)
 
     async def _run(self, ctx: Ctx, node: Node, handler: Handler) -> None:
@@ -214,17 +226,11 @@ class ProxyApp:
         await ctx.end(error_body(ctx.path, err))
 
     @staticmethod
-    def _authorize(ctx: Ctx, node: Node) -> None:
-        keys = node.config.auth.inference_keys
-        if not keys:
-            return
-        token = inference_token(ctx.header)
-        # Every key is compared, match or not, so timing says nothing about which one is close.
-        ok = False
-        for key in keys:
-            ok |= hmac.compare_digest(token, key.encode())
-        if not ok:
+    def _authorize(ctx: Ctx, gate: Gate) -> Caller:
+        caller = gate.client_caller(ctx.header)
+        if caller is None:
             raise RouterError(401, "a valid inference key is required", type="unauthorized")
+        return caller
 
     @staticmethod
     def _authorize_node(ctx: Ctx, node: Node) -> None:

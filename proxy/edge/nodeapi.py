@@ -8,6 +8,7 @@ registry snapshots, runtimes, workload.
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import parse_qs
 
 import orjson
 
@@ -29,6 +30,7 @@ INFERENCE_PREFIX = "/router/v1/node/inference"
 ANY = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"})
 
 Route = tuple[frozenset[str], Handler, bool]
+GET_POST = GET | POST
 
 
 async def handle_register(ctx: Ctx, node: Node) -> None:
@@ -138,6 +140,25 @@ async def handle_guardians(ctx: Ctx, node: Node) -> None:
     node.guardians = Guardians.from_dict(parse_json_body(ctx))
     after = node.guardians.as_audit()
     await arecord_push("guardian.update", "guardians (pushed by the master)", before, after)
+    await ctx.respond(204, b"")
+
+
+async def handle_api_keys(ctx: Ctx, node: Node) -> None:
+    """POST: a slave takes the master's key table (hashes, never secrets). GET: the master
+    answers a slave's pull, `?fingerprint=` being the slave's (registry/keysync.py)."""
+    from registry.keysync import keys_answer, keys_receive
+
+    if ctx.method == "GET":
+        if node.role == "slave":
+            raise RouterError(409, "a slave serves no key table", code="not_master")
+        query = parse_qs(ctx.scope.get("query_string", b"").decode("latin-1"))
+        await ctx.json(200, keys_answer(query.get("fingerprint", [None])[0]))
+        return
+    _slave_only(node, "keys")
+    try:
+        await keys_receive(node, parse_json_body(ctx))
+    except ValueError as exc:
+        raise RouterError(400, f"invalid key table: {exc}") from exc
     await ctx.respond(204, b"")
 
 
@@ -475,6 +496,7 @@ NODE_ROUTES: dict[str, Route] = {
     "/router/v1/node/routing-links": (POST, handle_routing_links, False),
     "/router/v1/node/offload/settings": (POST, handle_offload_settings, False),
     "/router/v1/node/guardians": (POST, handle_guardians, False),
+    "/router/v1/node/api-keys": (GET_POST, handle_api_keys, False),
     "/router/v1/node/offload/summary": (GET, handle_offload_summary, False),
     "/router/v1/node/offload/decisions": (GET, handle_offload_decisions, False),
     "/router/v1/node/offload/decisions/folded": (GET, handle_offload_decision_folds, False),

@@ -31,11 +31,12 @@ import aiohttp
 import orjson
 from daphne.ws_protocol import WebSocketProtocol
 
-from proxy.edge.gate import KEY_SUBPROTOCOL_PREFIX, Gate, parse_address
+from access.identity import CALLER_SCOPE_KEY, caller_of
+from proxy.edge.gate import KEY_SUBPROTOCOL_PREFIX, MASTER_CALLER, Gate, parse_address
 from proxy.edge.nodeapi import INFERENCE_PREFIX
 from proxy.families.voice.handlers import REALTIME_PATH
 from proxy.node import Node, get_node
-from proxy.request import Receive, Scope, Send
+from proxy.request import Receive, Scope, Send, model_not_allowed
 from proxy.runtimes.backends import auth_headers
 from registry.cluster import Replica
 from registry.httpclient import get_session
@@ -155,7 +156,9 @@ class RealtimeApp:
         if gate.address_refusal(peer, header) or gate.key_refusal("GET", path, header):
             await send({"type": "websocket.close", "code": 1000})
             return
-        relay = Relay(node, scope, receive, send, from_node=path == NODE_REALTIME_PATH)
+        from_node = path == NODE_REALTIME_PATH
+        scope[CALLER_SCOPE_KEY] = MASTER_CALLER if from_node else gate.client_caller(header)
+        relay = Relay(node, scope, receive, send, from_node=from_node)
         await relay.run()
 
 
@@ -187,6 +190,8 @@ class Relay:
     async def run(self) -> None:
         try:
             model = self._model()
+            if not caller_of(self.scope).may_use(model):
+                raise model_not_allowed(model)
             kind = _kind(self.node, model)
             replica = resolve(self.node, model, kind, borrowed=self.from_node)
         except RouterError as err:

@@ -27,7 +27,8 @@ TAGS: list[Schema] = [
 INFERENCE_KEY: Schema = {
     "type": "http",
     "scheme": "bearer",
-    "description": "One of `auth.inference_keys`. Checked only when that list is set.",
+    "description": "One of `auth.inference_keys`, or a stored key (`rk-…`, any role). Checked "
+    "only when either exists.",
 }
 
 # -- small builders --------------------------------------------------------------------------
@@ -364,9 +365,15 @@ def _client_schemas() -> dict[str, Schema]:
 
 def _client_errors(*, ollama: bool = False, model: bool = True) -> dict[str, Schema]:
     errors = {
-        "401": _error("`auth.inference_keys` is set and the request carries none.", ollama=ollama),
+        "401": _error(
+            "Keys are required (`auth.inference_keys` or stored keys exist) and the request "
+            "carries no valid one (unknown, revoked or expired).",
+            ollama=ollama,
+        ),
         "403": _error(
-            "The client is outside `server.allowed_cidrs` (address_not_allowed).", ollama=ollama
+            "The client is outside `server.allowed_cidrs` (address_not_allowed), or the "
+            "request's key may not use the model it names (model_not_allowed).",
+            ollama=ollama,
         ),
     }
     if not model:

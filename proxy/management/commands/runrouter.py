@@ -147,6 +147,7 @@ class NodeRunner:
         self.stopping = False
         self.tasks: set[asyncio.Task[None]] = set()
         self.ticker: Any = None
+        self.keys: Any = None
         self.rotating: asyncio.Task[None] | None = None
 
     def run(self) -> int:
@@ -238,6 +239,7 @@ class NodeRunner:
         from registry.sync import RegistrationRefused
 
         node.decisions.start()
+        await self._start_keys()
         try:
             await self.sync.start()
         except RegistrationRefused as exc:
@@ -265,6 +267,25 @@ class NodeRunner:
             file=sys.stderr,
             flush=True,
         )
+
+    async def _start_keys(self) -> None:
+        """The stored-key table before the first registration: a master builds it from its
+        database (so the slaves that register get it), a slave takes the one it kept and asks
+        its master once (so it does not serve keyless for a sync interval); then the loop
+        that keeps it."""
+        from registry.keysync import KeySync, keys_restore
+
+        self.keys = KeySync(self.node)
+        try:
+            if self.node.role == "slave":
+                await keys_restore(self.node)
+                await self.keys.pull_once()
+            else:
+                await self.keys.watch_once()
+        except Exception:
+            # The loop retries; a node without its table yet still starts.
+            logger.exception("loading the stored-key table failed")
+        self.keys.start()
 
     async def _start_background(self) -> None:
         """The analytics recorder, the upstream discovery, the workers and log rotation."""
@@ -384,6 +405,8 @@ class NodeRunner:
                 logger.exception("closing the listening socket %s failed", port)
         node = self.node
         await self.sync.stop()
+        if self.keys is not None:
+            await self.keys.stop()
         if self.ticker is not None:
             await self.ticker.stop()
         # Requests in flight get their answers; past the grace period they are cut off and
