@@ -163,7 +163,16 @@ class KeyTable:
         self._by_digest: dict[bytes, _Entry] = {}
         for record in self.records:
             digest = bytes.fromhex(record.key_hash)
-            caller = Caller(kind=STORED, name=record.name, role=record.role, models=record.models)
+            caller = Caller(
+                kind=STORED,
+                name=record.name,
+                role=record.role,
+                models=record.models,
+                rpm=record.rpm,
+                tpm=record.tpm,
+                max_concurrent=record.max_concurrent,
+                share=record.share,
+            )
             expires = math.inf if record.expires_at_ms is None else record.expires_at_ms
             self._by_digest[digest] = _Entry(digest, record, caller, expires)
         self.fingerprint = _fingerprint(self.records, self.required, self.admin_required)

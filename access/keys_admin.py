@@ -17,6 +17,7 @@ from django.http import HttpRequest
 from django.utils import timezone
 
 from access import services
+from access.audit_admin import AuditedAdmin
 from access.keys import new_secret, secret_hash, visible_prefix
 from access.models import ApiKey
 
@@ -83,7 +84,8 @@ class ApiKeyForm(forms.ModelForm):
 
 
 @admin.register(ApiKey)
-class ApiKeyAdmin(TypedModelAdmin[ApiKey]):
+class ApiKeyAdmin(AuditedAdmin):
+    audit_name = "api_key"
     form = ApiKeyForm
     list_display = ("name", "key_prefix", "role", "models_shown", "expires_at", "state")
     list_filter = ("role",)

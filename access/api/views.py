@@ -8,9 +8,11 @@ secret exists in one answer only: the 201 of the POST.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from channels.db import database_sync_to_async
+from django.db import transaction
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.request import Request
@@ -18,6 +20,7 @@ from rest_framework.response import Response
 
 from access import selectors, services
 from access.api import serializers as s
+from access.audit import aactor_of, record, request_id_of
 from access.ports import AccessNode, running_node
 from routerproject.api import SiteAPIView, error_response
 from routerproject.errors import RouterError
@@ -50,6 +53,32 @@ def _key_id(text: str) -> int:
             404, f"no key with id {text[:40]!r}", type="not_found", code="key_not_found"
         )
     return int(text)
+
+
+async def _audited(
+    request: Request, action: str, write: Callable[[], services.KeyWrite]
+) -> services.KeyWrite:
+    """Run a key write and its audit row in one transaction: the write stands only with its row."""
+    actor, request_id = await aactor_of(request), request_id_of(request)
+
+    def run() -> services.KeyWrite:
+        with transaction.atomic():
+            done = write()
+            if done.before == done.after:
+                # Revoking a revoked key changes nothing, so nothing is written to the log.
+                return done
+            record(
+                actor=actor,
+                action=action,
+                target=done.key.name,
+                before=done.before,
+                after=done.after,
+                request_id=request_id,
+            )
+        return done
+
+    result: services.KeyWrite = await database_sync_to_async(run)()
+    return result
 
 
 def _answer(after: dict[str, Any], errors: dict[str, str]) -> dict[str, Any]:
@@ -85,7 +114,10 @@ class ApiKeysView(SiteAPIView):
     async def post(self, request: Request) -> Response:
         node = running_node()
         fields = _checked(s.ApiKeyCreateSerializer(data=request.data), node)
-        write = await database_sync_to_async(services.api_key_create)(**fields, now=timezone.now())
+        now = timezone.now()
+        write = await _audited(
+            request, "api_key.create", lambda: services.api_key_create(**fields, now=now)
+        )
         errors = await node.keys_publish()
         return Response({**_answer(write.after, errors), "key": write.secret}, status=201)
 
@@ -122,8 +154,11 @@ class ApiKeyView(SiteAPIView):
         node = running_node()
         number = _key_id(key_id)
         fields = _checked(s.ApiKeyUpdateSerializer(data=request.data), node)
-        write = await database_sync_to_async(services.api_key_update)(
-            key_id=number, fields=fields, now=timezone.now()
+        now = timezone.now()
+        write = await _audited(
+            request,
+            "api_key.update",
+            lambda: services.api_key_update(key_id=number, fields=fields, now=now),
         )
         errors = await node.keys_publish()
         return Response(_answer(write.after, errors))
@@ -135,8 +170,9 @@ class ApiKeyView(SiteAPIView):
     )
     async def delete(self, request: Request, key_id: str) -> Response:
         node = running_node()
-        write = await database_sync_to_async(services.api_key_revoke)(
-            key_id=_key_id(key_id), now=timezone.now()
+        number, now = _key_id(key_id), timezone.now()
+        write = await _audited(
+            request, "api_key.revoke", lambda: services.api_key_revoke(key_id=number, now=now)
         )
         errors = await node.keys_publish()
         return Response(_answer(write.after, errors))

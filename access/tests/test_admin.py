@@ -10,7 +10,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from access.keys import secret_hash
-from access.models import ApiKey
+from access.models import ApiKey, AuditEntry
 
 pytestmark = pytest.mark.django_db
 
@@ -68,3 +68,18 @@ def test_the_revoke_action_keeps_the_row(admin_client: Client) -> None:
     key.refresh_from_db()
     assert key.revoked_at is not None
     assert admin_client.get(f"{CHANGELIST}{key.pk}/delete/").status_code == 403
+
+
+def test_writes_in_the_admin_are_audited_under_the_admin_user(admin_client: Client) -> None:
+    page = add(admin_client).content.decode()  # type: ignore[attr-defined]
+    (secret,) = set(re.findall(r"rk-[A-Za-z0-9_-]{43}", page))
+    key = ApiKey.objects.get(name="alice")
+    admin_client.post(CHANGELIST, {"action": "revoke", "_selected_action": [str(key.pk)]})
+    rows = list(AuditEntry.objects.order_by("id"))
+    assert [(r.actor, r.action) for r in rows] == [
+        ("root", "api_key.create"),
+        ("root", "api_key.revoke"),
+    ]
+    assert rows[1].after["revoked_at"] is not None
+    stored = str([[r.before, r.after] for r in rows])
+    assert secret not in stored and key.key_hash not in stored

@@ -12,7 +12,7 @@ import pytest
 from django.test import Client
 
 from access.keys import current_table, reset_for_tests, secret_hash
-from access.models import ApiKey
+from access.models import ApiKey, AuditEntry
 
 # The views reach the database through database_sync_to_async, which closes the connection
 # around each call: only committed rows (transaction=True) survive that.
@@ -237,3 +237,25 @@ def test_on_a_slave_the_routes_do_not_exist(
     assert client.get(URL).status_code == 404
     assert post(client, {"name": "alice"}).status_code == 404
     assert not ApiKey.objects.exists()
+
+
+def test_every_key_write_leaves_one_audit_row_without_the_secret(client: Client) -> None:
+    created = post(client, {"name": "alice", "rpm": 5}).json()
+    assert patch(client, created["id"], {"rpm": 9}).status_code == 200
+    assert client.delete(f"{URL}/{created['id']}").status_code == 200
+    # A second revocation and a refused write change nothing, so they record nothing.
+    assert client.delete(f"{URL}/{created['id']}").status_code == 200
+    assert post(client, {"name": "alice"}).status_code == 400
+    rows = list(AuditEntry.objects.order_by("id"))
+    assert [(r.action, r.target) for r in rows] == [
+        ("api_key.create", "alice"),
+        ("api_key.update", "alice"),
+        ("api_key.revoke", "alice"),
+    ]
+    assert rows[0].before is None and rows[0].after["rpm"] == 5
+    assert (rows[1].before["rpm"], rows[1].after["rpm"]) == (5, 9)
+    assert rows[2].before["revoked_at"] is None and rows[2].after["revoked_at"] is not None
+    stored = orjson.dumps([[r.before, r.after] for r in rows]).decode()
+    assert created["key"] not in stored and secret_hash(created["key"]) not in stored
+    # The test client carries no key: the node's own config key opened the route.
+    assert {r.actor for r in rows} == {"config key"}

@@ -9,7 +9,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from access.keys import secret_hash
-from access.models import ApiKey
+from access.models import ApiKey, AuditEntry
 
 pytestmark = pytest.mark.django_db
 
@@ -38,11 +38,15 @@ def test_it_creates_a_key_and_prints_its_secret_once() -> None:
     assert (key.role, key.allowed_models) == ("admin", ["a", "b"])
     assert key.expires_at is not None and key.expires_at.year == 2999
     assert out.count(secrets[0]) == 1
+    (row,) = AuditEntry.objects.all()
+    assert (row.actor, row.action, row.target) == ("manage.py", "api_key.create", "ci")
+    assert secrets[0] not in str(row.after)
 
 
 def test_a_dry_run_creates_nothing() -> None:
     out = run("--name", "ci", "--dry-run")
     assert "nothing created" in out and "rk-" not in out
+    assert not AuditEntry.objects.exists()
     assert not ApiKey.objects.exists()
 
 

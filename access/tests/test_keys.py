@@ -54,6 +54,13 @@ def test_a_known_secret_finds_its_key_and_says_who_it_is() -> None:
     assert caller.key_name == "alice"
 
 
+def test_the_caller_carries_the_keys_limits_and_share() -> None:
+    table = KeyTable([record(rpm=60, tpm=9000, max_concurrent=2, share=3.0)])
+    caller = table.lookup(SECRET.encode(), now_ms=T0_MS)
+    assert caller is not None
+    assert (caller.rpm, caller.tpm, caller.max_concurrent, caller.share) == (60, 9000, 2, 3.0)
+
+
 @pytest.mark.parametrize("presented", [OTHER.encode(), b"", SECRET[:-1].encode(), b"alice"])
 def test_anything_but_the_secret_finds_no_key(presented: bytes) -> None:
     assert KeyTable([record()]).lookup(presented, now_ms=T0_MS) is None

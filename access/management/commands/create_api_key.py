@@ -12,13 +12,18 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import transaction
 from django.utils import timezone
 
 from access import services
 from access.api.serializers import ApiKeyCreateSerializer
+from access.audit import record
 from access.keys import ROLES
 from routerproject.api import field_error
 from routerproject.errors import RouterError
+
+# The audit log's actor for keys made on the node's own command line (no key, no admin user).
+COMMAND_ACTOR = "manage.py"
 
 
 class Command(BaseCommand):
@@ -57,7 +62,15 @@ class Command(BaseCommand):
             self.stdout.write(self.style.SUCCESS("Dry run: nothing created."))
             return
         try:
-            write = services.api_key_create(**fields, now=timezone.now())
+            with transaction.atomic():
+                write = services.api_key_create(**fields, now=timezone.now())
+                record(
+                    actor=COMMAND_ACTOR,
+                    action="api_key.create",
+                    target=write.key.name,
+                    before=None,
+                    after=write.after,
+                )
         except RouterError as exc:
             raise CommandError(exc.message) from exc
         key = write.key
