@@ -4,6 +4,7 @@ revoke as an action, no delete."""
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
@@ -80,6 +81,7 @@ def test_writes_in_the_admin_are_audited_under_the_admin_user(admin_client: Clie
         ("root", "api_key.create"),
         ("root", "api_key.revoke"),
     ]
-    assert rows[1].after["revoked_at"] is not None
+    revoked: Any = rows[1].after
+    assert revoked["revoked_at"] is not None
     stored = str([[r.before, r.after] for r in rows])
     assert secret not in stored and key.key_hash not in stored

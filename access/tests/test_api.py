@@ -252,9 +252,10 @@ def test_every_key_write_leaves_one_audit_row_without_the_secret(client: Client)
         ("api_key.update", "alice"),
         ("api_key.revoke", "alice"),
     ]
-    assert rows[0].before is None and rows[0].after["rpm"] == 5
-    assert (rows[1].before["rpm"], rows[1].after["rpm"]) == (5, 9)
-    assert rows[2].before["revoked_at"] is None and rows[2].after["revoked_at"] is not None
+    states: list[tuple[Any, Any]] = [(r.before, r.after) for r in rows]
+    assert states[0][0] is None and states[0][1]["rpm"] == 5
+    assert (states[1][0]["rpm"], states[1][1]["rpm"]) == (5, 9)
+    assert states[2][0]["revoked_at"] is None and states[2][1]["revoked_at"] is not None
     stored = orjson.dumps([[r.before, r.after] for r in rows]).decode()
     assert created["key"] not in stored and secret_hash(created["key"]) not in stored
     # The test client carries no key: the node's own config key opened the route.
