@@ -31,6 +31,7 @@ from access.keys import KeyTable, current_table, install_table
 from access.selectors import api_keys_table, api_keys_version
 from registry.nodeclient import NodeCallError
 from registry.ports import ClusterMember
+from registry.slavepush import push_to_slaves
 
 logger = logging.getLogger(__name__)
 
@@ -39,8 +40,6 @@ KEYS_PATH = "/router/v1/node/api-keys"
 # master answers (plus the call itself). The call is a fingerprint when nothing changed.
 KEYS_PULL_INTERVAL_SECS = 1.0
 KEYS_CALL_TIMEOUT_SECS = 2.0
-
-_last_outcome: dict[str, str] = {}
 
 
 async def keys_publish(node: ClusterMember) -> dict[str, str]:
@@ -57,40 +56,14 @@ async def keys_push(
     node: ClusterMember, table: KeyTable, *, only: str | None = None
 ) -> dict[str, str]:
     """POST the table to every registered slave (or just `only`); node_id → error."""
-    client = node.client
-    if node.role != "master" or client is None:
-        return {}
-    doc = table.to_wire()
-    targets = [
-        (n.node_id, n.node_url)
-        for n in node.cluster.nodes.values()
-        if only is None or n.node_id == only
-    ]
-
-    async def one(node_id: str, url: str) -> tuple[str, str]:
-        try:
-            status, answer = await client.call_json(
-                "POST", url, KEYS_PATH, json=doc, timeout=KEYS_CALL_TIMEOUT_SECS
-            )
-        except NodeCallError as exc:
-            return node_id, str(exc)
-        if not 200 <= status < 300:
-            return node_id, f"HTTP {status}: {answer}"
-        return node_id, ""
-
-    results = await asyncio.gather(*(one(nid, url) for nid, url in targets))
-    errors = {}
-    for node_id, error in results:
-        if _last_outcome.get(node_id) != error:
-            # One line when a slave's outcome changes, not one per push.
-            if error:
-                logger.warning("push of the key table to %s failed: %s", node_id, error)
-            elif node_id in _last_outcome:
-                logger.info("push of the key table to %s works again", node_id)
-            _last_outcome[node_id] = error
-        if error:
-            errors[node_id] = error
-    return errors
+    return await push_to_slaves(
+        node,
+        KEYS_PATH,
+        table.to_wire(),
+        only=only,
+        timeout=KEYS_CALL_TIMEOUT_SECS,
+        what="the key table",
+    )
 
 
 def keys_catch_up(
