@@ -16,9 +16,9 @@ import queue
 import random
 import shutil
 import signal
-import ssl
 import socket
 import sqlite3
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -495,7 +495,9 @@ def start_cluster(
     master_port = free_port()
     ports = {name: free_port() for name in slaves}
     master_url = f"{scheme}://127.0.0.1:{master_port}"
-    slave_urls = [f"{scheme}://127.0.0.1:{p}" for p in ports.values()] + list(extra_slave_urls or [])
+    slave_urls = [f"{scheme}://127.0.0.1:{p}" for p in ports.values()] + list(
+        extra_slave_urls or []
+    )
     sections: dict[str, Any] = {
         "cluster": {
             "role": "master",

@@ -199,9 +199,7 @@ def test_during_a_token_rollout_the_old_and_new_tokens_open_node_routes(
     assert old.status_code == 401
 
 
-def test_a_client_certificate_of_another_ca_fails_the_handshake(
-    cluster: Cluster, pki: Pki
-) -> None:
+def test_a_client_certificate_of_another_ca_fails_the_handshake(cluster: Cluster, pki: Pki) -> None:
     cert, key = pki.issue("intruder", trustme.CA())
     context = ssl.create_default_context(cafile=str(pki.ca_file))
     context.load_cert_chain(str(cert), str(key))
@@ -218,7 +216,7 @@ def test_a_slave_with_a_certificate_of_another_ca_is_refused(
     cluster: Cluster, pki: Pki, tmp_path: Path
 ) -> None:
     stranger = trustme.CA()
-    sections = _merge(
+    sections: dict[str, Any] = _merge(
         pki.sections("stranger", stranger),
         {
             "cluster": {

@@ -46,7 +46,7 @@ def _error(tmp_path: Path, text: str) -> ConfigError:
 
 
 def _keys(error: ConfigError) -> list[str]:
-    return [problem.key for problem in error.problems]
+    return [str(problem.key) for problem in error.problems]
 
 
 def test_a_matching_pair_and_cas_load(tmp_path: Path) -> None:
@@ -110,9 +110,7 @@ def test_one_of_the_pair_alone_is_an_error_naming_the_other(
 
 def test_a_file_that_is_no_certificate_is_an_error_on_the_certificate(tmp_path: Path) -> None:
     f = _files(tmp_path)
-    error = _error(
-        tmp_path, f"server:\n  tls_cert_file: {f['junk']}\n  tls_key_file: {f['key']}\n"
-    )
+    error = _error(tmp_path, f"server:\n  tls_cert_file: {f['junk']}\n  tls_key_file: {f['key']}\n")
     assert _keys(error) == ["server.tls_cert_file"]
 
 
@@ -132,8 +130,7 @@ def test_a_mismatched_cluster_client_pair_is_an_error_on_its_key(tmp_path: Path)
     f = _files(tmp_path)
     error = _error(
         tmp_path,
-        f"cluster:\n  tls_client_cert_file: {f['cert']}\n"
-        f"  tls_client_key_file: {f['other_key']}\n",
+        f"cluster:\n  tls_client_cert_file: {f['cert']}\n  tls_client_key_file: {f['other_key']}\n",
     )
     assert _keys(error) == ["cluster.tls_client_key_file"]
 
