@@ -9,7 +9,11 @@ to nodes that ask for a client certificate (`server.tls_client_ca_file` on their
 from __future__ import annotations
 
 import ssl
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
+
+from registry.hashing import resolve_model_path
 
 
 def node_ssl_context(cluster: Any) -> ssl.SSLContext | None:
@@ -24,6 +28,45 @@ def node_ssl_context(cluster: Any) -> ssl.SSLContext | None:
     return context
 
 
-def ca_ssl_context(ca_file: Any) -> ssl.SSLContext:
-    """A verifying context that trusts only `ca_file` (an upstream backend's own CA)."""
-    return ssl.create_default_context(cafile=str(ca_file))
+def ca_file_problem(path: Path) -> str | None:
+    """Why `path` cannot serve as a CA bundle, or None when it can."""
+    try:
+        ssl.create_default_context(cafile=str(path))
+    except ssl.SSLError:
+        # An OSError too: caught first.
+        return "holds no PEM CA certificate"
+    except OSError as exc:
+        return f"cannot be read: {exc.strerror or exc}"
+    return None
+
+
+def upstream_ca_file(
+    raw: Mapping[str, Any], base_dir: Path, backend_mode: str
+) -> tuple[Path | None, str | None]:
+    """A model config's `upstream_tls_ca_file`, checked when the config is read (a wrong one is
+    that config's error, not every request's): the path, or why it cannot serve."""
+    value = raw.get("upstream_tls_ca_file")
+    if value is None:
+        return None, None
+    if backend_mode != "upstream":
+        return None, "is only allowed with backend_mode upstream"
+    if not isinstance(value, str) or not value:
+        return None, "must be a file path"
+    path = resolve_model_path(value, base_dir=base_dir)
+    problem = ca_file_problem(path)
+    return (None, problem) if problem else (path, None)
+
+
+_BY_CA_FILE: dict[str, ssl.SSLContext] = {}
+
+
+def ca_ssl_context(ca_file: Any) -> ssl.SSLContext | bool:
+    """What an `https://` backend is verified against: only `ca_file` (an upstream's own CA,
+    one context per file, kept for the pool to reuse), or the system's store when None."""
+    if ca_file is None:
+        return True
+    key = str(ca_file)
+    context = _BY_CA_FILE.get(key)
+    if context is None:
+        context = _BY_CA_FILE[key] = ssl.create_default_context(cafile=key)
+    return context
