@@ -124,6 +124,6 @@ def test_a_wrong_upstream_ca_file_is_the_configs_error(
 def test_an_upstream_ca_file_needs_the_upstream_mode(tmp_path: Path, ca: trustme.CA) -> None:
     ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
     (tmp_path / "w.sim.json").write_text("{}")
-    raw = {"model_param": "w.sim.json", "upstream_tls_ca_file": "ca.pem"}
+    raw: dict[str, object] = {"model_param": "w.sim.json", "upstream_tls_ca_file": "ca.pem"}
     with pytest.raises(ModelConfigError, match="only allowed with backend_mode upstream"):
         _load(tmp_path, raw)
