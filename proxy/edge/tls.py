@@ -95,7 +95,12 @@ class ServerTLS:
         return True
 
     def wrap(self, factory: Any) -> TLSMemoryBIOFactory:
-        return TLSMemoryBIOFactory(self, False, factory)  # type: ignore[arg-type]
+        wrapped = TLSMemoryBIOFactory(self, False, factory)  # type: ignore[arg-type]
+        # Twisted's default holds small writes for one more loop turn to batch them; measured
+        # here (bench/tls.py) that turn is most of what TLS adds to a small answer, and a
+        # stream's chunks are written as they come over plain HTTP too.
+        wrapped.protocol = TLSMemoryBIOProtocol
+        return wrapped
 
 
 def _reason(exc: BaseException) -> str:
