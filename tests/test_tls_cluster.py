@@ -325,3 +325,11 @@ def test_the_time_of_a_refused_handshake_is_bounded(cluster: Cluster) -> None:
             while sock.recv(4096):
                 pass
     assert time.monotonic() - started < 25
+
+
+def test_the_dockerfile_healthcheck_asks_a_tls_node_over_https(cluster: Cluster) -> None:
+    from tests.test_observability import run_healthcheck
+
+    done = run_healthcheck(cluster.slaves["h"].config_path)
+    assert done.returncode == 0, done.stderr
+    assert "https://127.0.0.1:" in done.stdout
