@@ -6,6 +6,7 @@ and a renewed certificate taken on SIGHUP while a stream on an old connection go
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import socket
 import ssl
@@ -19,13 +20,27 @@ import httpx
 import pytest
 import trustme
 
-from tests.harness import Cluster, start_cluster, start_node, text_model, wait_for
+from tests.harness import (
+    Cluster,
+    ModelSpec,
+    sim_weights,
+    start_cluster,
+    start_node,
+    text_model,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
 OLD_TOKEN = "old-cluster-token-0123456789"
 NEW_TOKEN = "new-cluster-token-0123456789"
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+# A model that takes /v1/realtime sessions (the sim echoes frames).
+TALKER = ModelSpec(
+    "talk",
+    {"contextsize": 4096, "parallel": 1},
+    {"model_param": sim_weights(base_ms=5), "ttsmodel": sim_weights(base_ms=5)},
+)
 
 
 class Pki:
@@ -82,7 +97,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[Clus
     the new one; h accepts only the new one, so the master must be sending it."""
     c = start_cluster(
         tmp_path_factory.mktemp("tlscluster"),
-        [],
+        [TALKER],
         {
             "o": [text_model("big", load_ms=50, base_ms=5, output_ms_per_token=40)],
             "h": [text_model("fast", load_ms=50, base_ms=5, output_ms_per_token=2)],
@@ -333,3 +348,15 @@ def test_the_dockerfile_healthcheck_asks_a_tls_node_over_https(cluster: Cluster)
     done = run_healthcheck(cluster.slaves["h"].config_path)
     assert done.returncode == 0, done.stderr
     assert "https://127.0.0.1:" in done.stdout
+
+
+def test_a_realtime_session_runs_over_wss(cluster: Cluster, pki: Pki) -> None:
+    from websockets.sync.client import connect
+
+    context = ssl.create_default_context(cafile=str(pki.ca_file))
+    url = cluster.master.base_url.replace("https://", "wss://") + "/v1/realtime?model=talk"
+    with connect(url, ssl=context, open_timeout=30) as ws:
+        ws.send("hello")
+        frame = ws.recv(timeout=10)
+    assert isinstance(frame, str)
+    assert json.loads(frame) == {"model": "talk", "echo": "hello"}
