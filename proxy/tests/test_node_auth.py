@@ -154,3 +154,21 @@ def test_a_reload_that_cannot_load_keeps_the_previous_certificate(tmp_path: Path
     other.private_key_pem.write_to_path(str(tmp_path / "key.pem"))
     assert tls.reload() is True
     assert tls.context is not before
+
+
+class _Socket:
+    """What `_tell_tls` reads of a WebSocket protocol: its transport."""
+
+    def __init__(self, transport: object) -> None:
+        self.transport = transport
+
+
+def test_a_websocket_on_a_tls_node_is_told_wss_and_whether_a_certificate_came() -> None:
+    from proxy.management.commands.runrouter import _tell_tls
+
+    scope: dict[str, Any] = {"type": "websocket"}
+    _tell_tls(_Socket(object()), scope, True)
+    assert scope == {"type": "websocket", "scheme": "wss", CLIENT_CERT_SCOPE_KEY: False}
+    plain: dict[str, Any] = {"type": "websocket"}
+    _tell_tls(_Socket(object()), plain, False)
+    assert plain == {"type": "websocket", CLIENT_CERT_SCOPE_KEY: False}

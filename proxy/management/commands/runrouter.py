@@ -126,6 +126,8 @@ def _tell_tls(protocol: Any, scope: dict[str, Any], tls: bool) -> None:
     transport = getattr(channel, "transport", None) or protocol.transport
     scope[CLIENT_CERT_SCOPE_KEY] = has_client_cert(transport)
     if tls and scope["type"] == "websocket":
+        # Daphne sets an HTTP request's scheme from the transport but leaves a WebSocket's
+        # unset, which ASGI reads as "ws".
         scope["scheme"] = "wss"
 
 
