@@ -370,7 +370,9 @@ async def relay(ctx: C, node: ServingNode, job: J, lease: Lease, shape: Shaper[C
                 )
                 headers = _relay_request_headers(ctx, node, job, client.authorization)
                 resp = await stack.enter_async_context(
-                    get_session().post(url, data=job.body, headers=headers, allow_redirects=False)
+                    get_session().post(
+                        url, data=job.body, headers=headers, allow_redirects=False, ssl=client.ssl
+                    )
                 )
             # The cutoff is for a helper that has not started answering. This one has: a long
             # answer now streams back whole instead of being cut off half-way.

@@ -469,7 +469,9 @@ class MasterLending:
         try:
             try:
                 url = client.checked_url(remote.node_url, "/router/v1/node/inference" + path)
-                ctx = get_session().post(url, data=body, headers=headers, allow_redirects=False)
+                ctx = get_session().post(
+                    url, data=body, headers=headers, allow_redirects=False, ssl=client.ssl
+                )
                 resp = await ctx.__aenter__()
             except (NodeCallError, aiohttp.ClientError, OSError, TimeoutError) as exc:
                 logger.warning("relay to %s failed: %s", helper, exc)

@@ -43,6 +43,7 @@ from registry.kcpps import Lane, ModelConfig
 from registry.nodeclient import AllowList, NodeClient
 from registry.recipes import Recipe, load_recipes
 from registry.sync import ClusterSync
+from registry.tlsclient import node_ssl_context
 from routerproject.config import RouterConfig
 
 logger = logging.getLogger(__name__)
@@ -322,7 +323,10 @@ def build_node(
     if c.role != "standalone":
         urls = [u for u in (c.public_url, c.master_url, *c.slave_urls) if u]
         node.client = NodeClient(
-            token=c.token, allow=AllowList(urls), control_timeout=c.control_timeout
+            token=c.token,
+            allow=AllowList(urls),
+            control_timeout=c.control_timeout,
+            ssl_context=node_ssl_context(c),
         )
     return node
 

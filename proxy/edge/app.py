@@ -26,6 +26,7 @@ from access.keys import admin_caller
 from proxy.edge.gate import MASTER_CALLER, Gate, Refusal, bearer_token, parse_address
 from proxy.edge.nodeapi import NODE_PREFIX, node_route
 from proxy.edge.routes import route_for
+from proxy.edge.tls import CLIENT_CERT_SCOPE_KEY, client_cert_refusal
 from proxy.node import Node, get_node
 from proxy.observe import health
 from proxy.request import JSON, ASGIApp, Ctx, Receive, Scope, Send
@@ -237,9 +238,17 @@ class ProxyApp:
         token = node.config.cluster.token
         if not token or node.role == "standalone":
             raise RouterError(401, "cluster token is required", type="unauthorized")
+        if node.config.server.tls_client_ca_file is not None and not ctx.scope.get(
+            CLIENT_CERT_SCOPE_KEY
+        ):
+            # Before the token's verdict, so a caller without the certificate cannot test tokens.
+            raise client_cert_refusal().error()
         header = ctx.header(b"authorization") or b""
         given = header[7:].strip() if header.startswith(b"Bearer ") else b""
-        if not hmac.compare_digest(given, token.encode()):
+        ok = False
+        for accepted in (token, *node.config.cluster.previous_tokens):
+            ok |= hmac.compare_digest(given, accepted.encode())
+        if not ok:
             raise RouterError(401, "invalid cluster token", type="unauthorized")
 
     @staticmethod

@@ -160,6 +160,10 @@ class Gate:
         self.admin_key_bytes: tuple[bytes, ...] = tuple(key.encode() for key in self.admin_keys)
         self.keys = keys
         self.token: bytes = config.cluster.token.encode()
+        # The current token and the older ones still accepted while a new one rolls out.
+        self.accepted_tokens: tuple[bytes, ...] = tuple(
+            token.encode() for token in (config.cluster.token, *config.cluster.previous_tokens)
+        )
         self.standalone: bool = config.cluster.role == "standalone"
 
     # -- addresses -----------------------------------------------------------------------------
@@ -315,7 +319,12 @@ class Gate:
     def _node_refusal(self, header: HeaderLookup) -> Refusal | None:
         if not self.token or self.standalone:
             return Refusal(401, "cluster token is required", type="unauthorized")
-        if not hmac.compare_digest(bearer_token(header(b"authorization")), self.token):
+        given = bearer_token(header(b"authorization"))
+        ok = False
+        # Every accepted token is compared, so timing tells nothing about which one matched.
+        for token in self.accepted_tokens:
+            ok |= hmac.compare_digest(given, token)
+        if not ok:
             return Refusal(401, "invalid cluster token", type="unauthorized")
         return None
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -282,7 +283,7 @@ class Relay:
             served = cfg.served_model
             url = f"{launch.base_url}{launch.backend_path(REALTIME_PATH)}"
             url += "?" + self._backend_query(served)
-            async with self._connect(url, auth_headers(cfg), public_id) as backend:
+            async with self._connect(url, auth_headers(cfg), public_id, launch.tls) as backend:
                 yield backend, Session(public_id, served)
         finally:
             runtime.release()
@@ -303,17 +304,18 @@ class Relay:
                 502, f"node {replica.node_id!r} cannot be reached: {exc}", type="backend_error"
             ) from exc
         headers = {"Authorization": client.authorization}
-        async with self._connect(url, headers, public_id) as backend:
+        async with self._connect(url, headers, public_id, client.ssl) as backend:
             yield backend, Session(public_id, replica.local_id)
 
     @contextlib.asynccontextmanager
     async def _connect(
-        self, url: str, headers: dict[str, str], public_id: str
+        self, url: str, headers: dict[str, str], public_id: str, tls: ssl.SSLContext | bool
     ) -> AsyncIterator[aiohttp.ClientWebSocketResponse]:
         try:
             backend = await get_session().ws_connect(
                 url,
                 headers=headers,
+                ssl=tls,
                 protocols=self.offered,
                 timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=BACKEND_CLOSE_SECS),
                 max_msg_size=0,

@@ -270,6 +270,7 @@ async def _send(
             data=body,
             headers=_backend_headers(job),
             timeout=node.request_timeout,
+            ssl=launch.tls,
         ) as resp:
             if job.guardian_fallback and resp.status in REFUSAL_STATUSES:
                 await _check_refusal(ctx, resp)

@@ -160,6 +160,7 @@ def _node_call(
         headers=headers,
         allow_redirects=False,
         timeout=node.request_timeout,
+        ssl=node.client.ssl if node.client is not None else True,
     )
 
 

@@ -57,10 +57,10 @@ def _persist_assignments(assignments: Any) -> None:
 _PENDING: set[asyncio.Task[None]] = set()
 
 
-def _router_server(runner: NodeRunner, door: Any, listening: list[Any]) -> Any:
-    """Daphne's server class for this node: the front door on every HTTP connection, the
-    realtime close codes on every WebSocket, `http.response.pathsend`, and the node's startup
-    once it listens."""
+def _router_server(runner: NodeRunner, door: Any, listening: list[Any], tls: Any) -> Any:
+    """Daphne's server class for this node: the front door on every HTTP connection (under
+    TLS when `tls` is given), the realtime close codes on every WebSocket,
+    `http.response.pathsend`, and the node's startup once it listens."""
     from daphne.server import Server
 
     from proxy.edge import filesend
@@ -75,7 +75,9 @@ def _router_server(runner: NodeRunner, door: Any, listening: list[Any]) -> Any:
 
         @http_factory.setter
         def http_factory(self, factory: Any) -> None:
-            self._router_http_factory = FrontDoorFactory(self, door)
+            front = FrontDoorFactory(self, door)
+            # TLS outside, the front door inside: its rules see the decrypted stream.
+            self._router_http_factory = front if tls is None else tls.wrap(front)
 
         @property
         def ws_factory(self) -> Any:
@@ -91,6 +93,8 @@ def _router_server(runner: NodeRunner, door: Any, listening: list[Any]) -> Any:
 
         def create_application(self, protocol: Any, scope: dict[str, Any]) -> Any:
             filesend.advertise(scope)
+            # An HTTP request's transport is its channel's; a WebSocket holds its own.
+            _tell_tls(protocol, scope, tls is not None)
             return super().create_application(protocol, scope)
 
         async def handle_reply(self, protocol: Any, message: dict[str, Any]) -> None:
@@ -111,6 +115,20 @@ def _router_server(runner: NodeRunner, door: Any, listening: list[Any]) -> Any:
             super().listen_error(failure)
 
     return RouterServer
+
+
+def _tell_tls(protocol: Any, scope: dict[str, Any], tls: bool) -> None:
+    """Tell the app whether a verified client certificate came with this connection."""
+    from proxy.edge.tls import CLIENT_CERT_SCOPE_KEY, has_client_cert
+
+    # An HTTP request's transport is its channel's; a WebSocket holds its own.
+    channel = getattr(protocol, "channel", None)
+    transport = getattr(channel, "transport", None) or protocol.transport
+    scope[CLIENT_CERT_SCOPE_KEY] = has_client_cert(transport)
+    if tls and scope["type"] == "websocket":
+        # Daphne sets an HTTP request's scheme from the transport but leaves a WebSocket's
+        # unset, which ASGI reads as "ws".
+        scope["scheme"] = "wss"
 
 
 class Command(BaseCommand):
@@ -149,11 +167,13 @@ class NodeRunner:
         self.ticker: Any = None
         self.keys: Any = None
         self.rotating: asyncio.Task[None] | None = None
+        self.tls: Any = None
 
     def run(self) -> int:
         from daphne.endpoints import build_endpoint_description_strings
 
         from proxy.edge.frontdoor import FrontDoor, raise_fd_limit
+        from proxy.edge.tls import ServerTLS
         from routerproject.asgi import application
         from routerproject.gctune import (
             disable_twisted_access_log,
@@ -163,7 +183,8 @@ class NodeRunner:
 
         self._build_node()
         listening: list[Any] = []
-        server_class = _router_server(self, FrontDoor(self.config), listening)
+        self.tls = ServerTLS.from_config(self.config.server)
+        server_class = _router_server(self, FrontDoor(self.config), listening, self.tls)
         self.listening = listening
         endpoints = build_endpoint_description_strings(
             host=self.config.server.host, port=self.config.server.port
@@ -220,6 +241,9 @@ class NodeRunner:
         loop = _reactor_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, lambda: self.tasks.add(loop.create_task(self.shutdown())))
+        if self.tls is not None:
+            # A renewed certificate: new connections get it, open ones keep theirs.
+            loop.add_signal_handler(signal.SIGHUP, self.tls.reload)
 
     async def startup(self) -> None:
         try:
@@ -261,8 +285,9 @@ class NodeRunner:
             print(f"router: skipped model config {err}", file=sys.stderr, flush=True)
         cfg = self.config
         node.ready = True
+        scheme = "https" if self.tls is not None else "http"
         print(
-            f"router ready: http://{cfg.server.bind} node={cfg.cluster.node_id} "
+            f"router ready: {scheme}://{cfg.server.bind} node={cfg.cluster.node_id} "
             f"role={cfg.cluster.role} models={len(node.catalog.configs)} pid={os.getpid()}",
             file=sys.stderr,
             flush=True,
