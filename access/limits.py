@@ -40,7 +40,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from access.keys import KeyTable
+from access.keys import KeyTable, current_table
 
 WINDOW_SECS = 60
 """rpm and tpm count over a sliding minute (bucketed by the second)."""
@@ -170,6 +170,7 @@ class Limiter:
         self.clock = clock
         self.fingerprint: str | None = None
         self._names: frozenset[str] | None = None
+        self._metered_tokens: frozenset[str] | None = None
         self._usage: dict[str, _Usage] = {}
         self._remote: dict[str, Counts] = {}
         self._remote_at = -math.inf
@@ -183,6 +184,7 @@ class Limiter:
         self.fingerprint = table.fingerprint
         names = frozenset(record.name for record in table.records)
         self._names = names
+        self._metered_tokens = frozenset(r.name for r in table.records if r.tpm is not None)
         for name in [n for n in self._usage if n not in names]:
             del self._usage[name]
         self._remote = {n: c for n, c in self._remote.items() if n in names}
@@ -249,8 +251,10 @@ class Limiter:
 
     def charge(self, name: str | None, tokens: int) -> None:
         """Tokens a request of key `name` used, as its backend reported them (or estimated)."""
-        if not name or tokens <= 0 or not self._known(name):
+        if not name or tokens <= 0:
             return
+        if self._metered_tokens is not None and name not in self._metered_tokens:
+            return  # a key without `tpm` (or no key of the table): nothing to count them for
         usage = self._usage.get(name)
         if usage is None:
             usage = self._usage[name] = _Usage()
@@ -287,6 +291,14 @@ class Limiter:
     def in_flight(self, name: str) -> int:
         usage = self._usage.get(name)
         return usage.in_flight if usage is not None else 0
+
+
+def charge_usage(key_name: str | None, tokens: int) -> None:
+    """Where a backend's usage is recorded: the tokens count toward the key's `tpm` on this
+    node (the node that ran the request, whichever node let it in)."""
+    if key_name and tokens > 0:
+        _limiter.follow(current_table())
+        _limiter.charge(key_name, tokens)
 
 
 class Ledger:

@@ -259,3 +259,19 @@ def test_charging_nothing_or_no_key_counts_nothing() -> None:
     lim.charge("k", 0)
     lim.charge("k", -5)
     assert lim.report() == {}
+
+
+def test_only_keys_with_tpm_are_charged_tokens() -> None:
+    lim, _ = limiter()
+    lim.follow(
+        KeyTable(
+            [
+                KeyRecord(name="metered", key_hash=secret_hash("rk-m"), tpm=1000),
+                KeyRecord(name="counted", key_hash=secret_hash("rk-c"), rpm=1000),
+            ]
+        )
+    )
+    lim.charge("metered", 12)
+    lim.charge("counted", 12)
+    lim.charge("ghost", 12)
+    assert lim.report() == {"metered": (0, 12, 0)}

@@ -16,7 +16,7 @@ from typing import Any
 
 import aiohttp
 
-from access.limits import current_limiter
+from access.limits import charge_usage
 from guardians.routing import REFUSAL_STATUSES, ImageRefused, is_image_refusal
 from lending.flow import Turn
 from proxy import work
@@ -162,7 +162,7 @@ def _record(ctx: Ctx, node: Node, job: Job, failure: RouterError | None = None) 
     key_name = ctx.key_name
     metrics.key_usage_counted(key_name, 200 <= status < 300, prompt_tokens, output_tokens)
     # Toward the key's `tpm` on every node (access/limits.py): the node that ran it counts it.
-    current_limiter().charge(key_name, _charged_tokens(job, prompt_tokens, output_tokens))
+    charge_usage(key_name, _charged_tokens(job, prompt_tokens, output_tokens))
     node.recorder.add_request(
         RequestSample(
             node_id=node.node_id,

@@ -1,0 +1,233 @@
+# ruff: noqa: F811
+"""Per-key limits at the node's edge (in process, a sim backend): the 429 of every path family
+with Retry-After and the `x-ratelimit-*` headers, the headers on answers that pass (a stream's
+head too), tokens charged from the backend's usage, a hang-up freeing its slot, the metric."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+import pytest
+from prometheus_client import generate_latest
+
+from access import limits
+from access.keys import KeyRecord, KeyTable, install_table, reset_for_tests, secret_hash
+from proxy.edge.app import ProxyApp
+from proxy.edge.limits import estimated_tokens
+from proxy.observe.metrics import REGISTRY
+from proxy.tests.test_app import (  # noqa: F401
+    MESSAGE_TIMEOUT_SECS,
+    Fallback,
+    NodeFactory,
+    _chat,
+    _communicator,
+    fallback,
+    make_node,
+    request,
+)
+
+RPM = "rk-" + "R" * 43  # rpm 2
+TPM = "rk-" + "T" * 43  # tpm 100
+PAR = "rk-" + "P" * 43  # max_concurrent 1
+FREE = "rk-" + "F" * 43  # no limit
+
+
+class FakeClock:
+    now = 1000.25
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(autouse=True)
+def _keys() -> Iterator[FakeClock]:
+    install_table(
+        KeyTable(
+            [
+                KeyRecord(name="rpm-key", key_hash=secret_hash(RPM), rpm=2),
+                KeyRecord(name="tpm-key", key_hash=secret_hash(TPM), tpm=100),
+                KeyRecord(name="par-key", key_hash=secret_hash(PAR), max_concurrent=1),
+                KeyRecord(name="free-key", key_hash=secret_hash(FREE)),
+            ]
+        )
+    )
+    clock = FakeClock()
+    limits.reset_for_tests(clock)
+    yield clock
+    reset_for_tests()
+    limits.reset_for_tests()
+
+
+def bearer(secret: str) -> list[tuple[bytes, bytes]]:
+    return [(b"authorization", b"Bearer " + secret.encode())]
+
+
+def rate_headers(answer: Any) -> dict[bytes, bytes]:
+    return {k: v for k, v in answer.headers.items() if k.startswith(b"x-ratelimit-")}
+
+
+async def test_rpm_answers_429_rate_limited_in_each_familys_envelope(
+    make_node: NodeFactory, fallback: Fallback
+) -> None:
+    node = make_node()
+    app = ProxyApp(fallback, node_getter=lambda: node)
+    key = bearer(RPM)
+    first = await request(
+        app, "POST", "/v1/chat/completions", _chat("chat", max_tokens=2), headers=key
+    )
+    assert first.status == 200
+    assert rate_headers(first) == {
+        b"x-ratelimit-limit-requests": b"2",
+        b"x-ratelimit-remaining-requests": b"1",
+    }
+    ollama = await request(
+        app, "POST", "/api/chat", {**_chat("chat", max_tokens=2), "stream": False}, headers=key
+    )
+    assert ollama.status == 200
+    assert ollama.headers[b"x-ratelimit-remaining-requests"] == b"0"
+    # Past the limit, on every family: the status, the code, Retry-After, the headers.
+    refused = {
+        "/v1/chat/completions": _chat("chat", max_tokens=2),
+        "/v1/messages": {**_chat("chat", max_tokens=2), "stream": False},
+        "/api/generate": {"model": "chat", "prompt": "hi", "stream": False},
+        "/api/v1/generate": {"model": "chat", "prompt": "hi"},
+    }
+    for path, body in refused.items():
+        answer = await request(app, "POST", path, body, headers=key)
+        assert answer.status == 429, path
+        # The minute started at second 1000: it ends at 1061, 60.75 s from 1000.25.
+        assert answer.headers[b"retry-after"] == b"61", path
+        assert rate_headers(answer) == {
+            b"x-ratelimit-limit-requests": b"2",
+            b"x-ratelimit-remaining-requests": b"0",
+        }, path
+        if path.startswith("/api/") and not path.startswith("/api/v1/"):
+            assert answer.json() == {
+                "error": "key 'rpm-key' is over its limit of 2 requests per minute (rate_limited)"
+            }
+        else:
+            assert answer.json()["error"] == {
+                "message": "key 'rpm-key' is over its limit of 2 requests per minute "
+                "(rate_limited)",
+                "type": "rate_limit_error",
+                "code": "rate_limited",
+            }, path
+    metrics = generate_latest(REGISTRY).decode()
+    assert 'router_key_rate_limited_total{key="rpm-key",limit="requests"} 4.0' in metrics
+
+
+async def test_requests_that_ask_a_model_for_nothing_are_not_counted(
+    make_node: NodeFactory, fallback: Fallback
+) -> None:
+    node = make_node()
+    app = ProxyApp(fallback, node_getter=lambda: node)
+    key = bearer(RPM)
+    for _ in range(3):
+        listing = await request(app, "GET", "/v1/models", headers=key)
+        assert listing.status == 200
+        assert rate_headers(listing) == {}
+        assert (
+            await request(app, "POST", "/api/show", {"model": "chat"}, headers=key)
+        ).status == 200
+    assert limits.current_limiter().report() == {}
+    # A key without limits gets no headers and no counters.
+    free = await request(
+        app, "POST", "/v1/chat/completions", _chat("chat", max_tokens=2), headers=bearer(FREE)
+    )
+    assert free.status == 200
+    assert rate_headers(free) == {}
+    assert limits.current_limiter().report() == {}
+
+
+async def test_tpm_charges_what_the_backend_reported_and_refuses_past_it(
+    make_node: NodeFactory, fallback: Fallback, _keys: FakeClock
+) -> None:
+    node = make_node()
+    app = ProxyApp(fallback, node_getter=lambda: node)
+    key = bearer(TPM)
+    body = _chat("chat", max_tokens=30)
+    estimate = estimated_tokens(orjson.dumps(body))
+    assert estimate == -(-len(orjson.dumps(body)) // 4) + 30
+    answer = await request(app, "POST", "/v1/chat/completions", body, headers=key)
+    assert answer.status == 200
+    assert answer.headers[b"x-ratelimit-limit-tokens"] == b"100"
+    assert answer.headers[b"x-ratelimit-remaining-tokens"] == str(100 - estimate).encode()
+    usage = answer.json()["usage"]
+    used = usage["prompt_tokens"] + usage["completion_tokens"]
+    # The reservation is gone with the request; what the backend reported stays a minute.
+    assert limits.current_limiter().report() == {"tpm-key": (1, used, 0)}
+    while limits.current_limiter().report()["tpm-key"][1] + estimate <= 100:
+        assert (await request(app, "POST", "/v1/chat/completions", body, headers=key)).status == 200
+    refused = await request(app, "POST", "/v1/chat/completions", body, headers=key)
+    assert refused.status == 429
+    assert refused.json()["error"]["message"] == (
+        "key 'tpm-key' is over its limit of 100 tokens per minute (rate_limited)"
+    )
+    _keys.now += 61
+    assert (await request(app, "POST", "/v1/chat/completions", body, headers=key)).status == 200
+
+
+async def test_max_concurrent_refuses_a_second_request_and_a_hang_up_frees_the_slot_at_once(
+    make_node: NodeFactory, fallback: Fallback
+) -> None:
+    node = make_node()
+    app = ProxyApp(fallback, node_getter=lambda: node)
+    key = bearer(PAR)
+    comm = _communicator(
+        app, "POST", "/v1/chat/completions", headers=[(b"content-type", b"application/json"), *key]
+    )
+    body = orjson.dumps(_chat("slow", max_tokens=400, stream=True))
+    await comm.send_input({"type": "http.request", "body": body, "more_body": False})
+    start = await comm.receive_output(MESSAGE_TIMEOUT_SECS)
+    assert start["status"] == 200
+    # A stream's head carries the headers too (this key has no rpm or tpm: none to show).
+    assert limits.current_limiter().in_flight("par-key") == 1
+    second = await request(
+        app, "POST", "/v1/chat/completions", _chat("chat", max_tokens=2), headers=key
+    )
+    assert second.status == 429
+    assert second.headers[b"retry-after"] == b"1"
+    assert second.json()["error"]["code"] == "too_many_concurrent"
+    await comm.send_input({"type": "http.disconnect"})
+    await comm.wait(MESSAGE_TIMEOUT_SECS)
+    assert limits.current_limiter().in_flight("par-key") == 0
+    again = await request(
+        app, "POST", "/v1/chat/completions", _chat("chat", max_tokens=2), headers=key
+    )
+    assert again.status == 200
+
+
+async def test_a_streams_head_carries_the_headers(
+    make_node: NodeFactory, fallback: Fallback
+) -> None:
+    node = make_node()
+    app = ProxyApp(fallback, node_getter=lambda: node)
+    answer = await request(
+        app,
+        "POST",
+        "/v1/chat/completions",
+        _chat("chat", max_tokens=3, stream=True),
+        headers=bearer(RPM),
+    )
+    assert answer.status == 200
+    assert answer.headers[b"content-type"].startswith(b"text/event-stream")
+    assert rate_headers(answer) == {
+        b"x-ratelimit-limit-requests": b"2",
+        b"x-ratelimit-remaining-requests": b"1",
+    }
+
+
+async def test_a_body_that_is_no_json_is_estimated_and_never_crashes_admission(
+    make_node: NodeFactory, fallback: Fallback
+) -> None:
+    node = make_node()
+    app = ProxyApp(fallback, node_getter=lambda: node)
+    assert estimated_tokens(b"{not json") == 3 + 16
+    assert estimated_tokens(b"") == 16
+    assert estimated_tokens(b'{"max_tokens": true}') == 5 + 16
+    answer = await request(app, "POST", "/v1/chat/completions", b"{not json", headers=bearer(TPM))
+    assert answer.status == 400
+    assert answer.headers[b"x-ratelimit-remaining-tokens"] == b"81"
+    assert limits.current_limiter().report() == {"tpm-key": (1, 0, 0)}
