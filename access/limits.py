@@ -288,6 +288,15 @@ class Limiter:
             return ZERO
         return self._remote.get(name, ZERO)
 
+    def view(self) -> dict[str, dict[str, Counts]]:
+        """Per key: this node's own counts and the cluster's as this node sees them now (the
+        node protocol shows it; tests and operators read how far the nodes agree)."""
+        now = self.clock()
+        here = self.report()
+        remote = self._remote if now - self._remote_at <= STALE_SECS else {}
+        cluster = add_counts(here, remote)
+        return {name: {"here": here.get(name, ZERO), "cluster": cluster[name]} for name in cluster}
+
     def in_flight(self, name: str) -> int:
         usage = self._usage.get(name)
         return usage.in_flight if usage is not None else 0

@@ -61,6 +61,18 @@ def limits_answer(node_id: str, doc: Any) -> dict[str, Any]:
     return {"keys": counts_to_wire(add_counts(ledger.totals(excluding=node_id), limiter.report()))}
 
 
+def limits_view(node_id: str) -> dict[str, Any]:
+    """`GET /router/v1/node/limits`: per key, this node's counts and the cluster's as seen here,
+    each `[requests, tokens, in_flight]`."""
+    limiter = current_limiter()
+    limiter.follow(current_table())
+    keys = {
+        name: {part: list(counts) for part, counts in parts.items()}
+        for name, parts in limiter.view().items()
+    }
+    return {"node_id": node_id, "keys": keys}
+
+
 class LimitSync:
     """A slave's exchange loop (a master answers; a standalone node counts alone)."""
 

@@ -275,3 +275,15 @@ def test_only_keys_with_tpm_are_charged_tokens() -> None:
     lim.charge("counted", 12)
     lim.charge("ghost", 12)
     assert lim.report() == {"metered": (0, 12, 0)}
+
+
+def test_the_view_shows_this_nodes_counts_and_the_clusters_while_the_sum_is_fresh() -> None:
+    lim, clock = limiter(0.0)
+    lim.admit("k", Limits(rpm=9), 4)
+    lim.take_remote({"k": (2, 3, 1), "j": (1, 0, 0)})
+    assert lim.view() == {
+        "k": {"here": (1, 4, 1), "cluster": (3, 7, 2)},
+        "j": {"here": (0, 0, 0), "cluster": (1, 0, 0)},
+    }
+    clock.now = STALE_SECS + 0.01
+    assert lim.view() == {"k": {"here": (1, 4, 1), "cluster": (1, 4, 1)}}
