@@ -30,14 +30,15 @@ UNMETERED_PATHS = frozenset({"/api/show", "/v1/messages/count_tokens"})
 def estimated_tokens(body: bytes) -> int:
     """Prompt and completion tokens a request will use, before it runs: the prompt by the
     contract's four bytes a token (what the sim and the work profile use without a fit), the
-    completion by the body's `max_tokens` (or its family's name for it), else the default."""
+    completion by the body's `max_tokens` (or its family's name for it), else the default.
+    A body that is no JSON object (an audio or image upload) has no prompt to count."""
+    if body[:1] != b"{":
+        return work.DEFAULT_MAX_TOKENS
     prompt = work.prompt_tokens_for_bytes(len(body))
-    doc: Any = None
-    if body[:1] == b"{":
-        try:
-            doc = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            doc = None
+    try:
+        doc: Any = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        doc = None
     completion = work.output_tokens(doc) if isinstance(doc, dict) else work.DEFAULT_MAX_TOKENS
     return prompt + completion
 

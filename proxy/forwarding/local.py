@@ -196,10 +196,13 @@ def _record(ctx: Ctx, node: Node, job: Job, failure: RouterError | None = None) 
 
 
 def _charged_tokens(job: Job, prompt_tokens: int, output_tokens: int) -> int:
-    # What the backend reported; a request it reported nothing for (an image, a stream cut
-    # short) counts what the edge estimated for it, so it is not free against `tpm`.
+    # What the backend reported; a text request it reported nothing for (a stream cut short)
+    # counts what the edge estimated for it, so it is not free against `tpm`. An upload (audio,
+    # an image edit) is no prompt: its bytes are not tokens.
     if prompt_tokens or output_tokens:
         return prompt_tokens + output_tokens
+    if not job.content_type.startswith(JSON):
+        return 0
     return work.prompt_tokens_for_bytes(job.prompt_bytes) + (
         job.max_tokens or work.DEFAULT_MAX_TOKENS
     )

@@ -226,8 +226,35 @@ async def test_a_body_that_is_no_json_is_estimated_and_never_crashes_admission(
     app = ProxyApp(fallback, node_getter=lambda: node)
     assert estimated_tokens(b"{not json") == 3 + 16
     assert estimated_tokens(b"") == 16
+    assert estimated_tokens(b"--boundary\r\n" + b"\x00" * 4000) == 16  # an upload: no prompt
     assert estimated_tokens(b'{"max_tokens": true}') == 5 + 16
     answer = await request(app, "POST", "/v1/chat/completions", b"{not json", headers=bearer(TPM))
     assert answer.status == 400
     assert answer.headers[b"x-ratelimit-remaining-tokens"] == b"81"
     assert limits.current_limiter().report() == {"tpm-key": (1, 0, 0)}
+
+
+def test_what_a_request_is_charged_when_it_ends() -> None:
+    from dataclasses import replace
+    from typing import cast
+
+    from proxy.forwarding.local import Job, _charged_tokens
+
+    job = Job(
+        cfg=cast(Any, None),
+        lane="text",
+        model_id="chat",
+        public_id="chat",
+        backend_path="/v1/chat/completions",
+        body=b"{" + b" " * 39,
+        prompt_bytes=40,
+        max_tokens=5,
+    )
+    # What the backend reported, when it reported anything.
+    assert _charged_tokens(job, 3, 4) == 7
+    assert _charged_tokens(job, 0, 4) == 4
+    # Else the estimate: 40 bytes are 10 tokens, and the completion it asked for.
+    assert _charged_tokens(job, 0, 0) == 10 + 5
+    assert _charged_tokens(replace(job, max_tokens=None), 0, 0) == 10 + 16
+    # An upload's bytes are no prompt.
+    assert _charged_tokens(replace(job, content_type=b"multipart/form-data; boundary=b"), 0, 0) == 0
