@@ -206,9 +206,11 @@ def in_process(rounds: int) -> dict[str, float]:
         edge.release(ticket)
         return ticket
 
+    free = Caller(kind=STORED, name="free")
+
     def unlimited() -> object:
         ctx = Ctx({"headers": []}, receive, send, "/v1/chat/completions", "POST", body=body)
-        return edge.admit(ctx, Caller(kind=STORED, name="free"))
+        return edge.admit(ctx, free)
 
     def baseline() -> object:
         # What every timed edge call does besides the check: a request context and a pick.
