@@ -64,6 +64,14 @@ def bearer(secret: str) -> list[tuple[bytes, bytes]]:
     return [(b"authorization", b"Bearer " + secret.encode())]
 
 
+def refused_count() -> float:
+    # The registry is the process's: another test may have counted before this one.
+    value = REGISTRY.get_sample_value(
+        "router_key_rate_limited_total", {"key": "rpm-key", "limit": "requests"}
+    )
+    return value or 0.0
+
+
 def rate_headers(answer: Any) -> dict[bytes, bytes]:
     return {k: v for k, v in answer.headers.items() if k.startswith(b"x-ratelimit-")}
 
@@ -74,6 +82,7 @@ async def test_rpm_answers_429_rate_limited_in_each_familys_envelope(
     node = make_node()
     app = ProxyApp(fallback, node_getter=lambda: node)
     key = bearer(RPM)
+    refused_before = refused_count()
     first = await request(
         app, "POST", "/v1/chat/completions", _chat("chat", max_tokens=2), headers=key
     )
@@ -114,8 +123,10 @@ async def test_rpm_answers_429_rate_limited_in_each_familys_envelope(
                 "type": "rate_limit_error",
                 "code": "rate_limited",
             }, path
-    metrics = generate_latest(REGISTRY).decode()
-    assert 'router_key_rate_limited_total{key="rpm-key",limit="requests"} 4.0' in metrics
+    assert refused_count() == refused_before + 4
+    assert 'router_key_rate_limited_total{key="rpm-key",limit="requests"}' in (
+        generate_latest(REGISTRY).decode()
+    )
 
 
 async def test_requests_that_ask_a_model_for_nothing_are_not_counted(
@@ -258,3 +269,27 @@ def test_what_a_request_is_charged_when_it_ends() -> None:
     assert _charged_tokens(replace(job, max_tokens=None), 0, 0) == 10 + 16
     # An upload's bytes are no prompt.
     assert _charged_tokens(replace(job, content_type=b"multipart/form-data; boundary=b"), 0, 0) == 0
+
+
+async def test_the_node_route_takes_a_report_on_the_master_and_refuses_a_malformed_one(
+    make_node: NodeFactory, fallback: Fallback
+) -> None:
+    token = "cluster-token-limits"
+    node = make_node(cluster={"node_id": "boss", "role": "master", "token": token})
+    app = ProxyApp(fallback, node_getter=lambda: node)
+    auth = bearer(token)
+    path = "/router/v1/node/limits"
+    taken = await request(
+        app, "POST", path, {"node_id": "s1", "keys": {"rpm-key": [1, 0, 0]}}, headers=auth
+    )
+    assert (taken.status, taken.json()) == (200, {"keys": {}})
+    seen = await request(app, "GET", path, headers=auth)
+    assert seen.json() == {
+        "node_id": "boss",
+        "keys": {"rpm-key": {"here": [0, 0, 0], "cluster": [1, 0, 0]}},
+    }
+    no_id = await request(app, "POST", path, {"keys": {}}, headers=auth)
+    assert (no_id.status, no_id.json()["error"]["param"]) == (400, "node_id")
+    bad = await request(app, "POST", path, {"node_id": "s1", "keys": {"x": [1]}}, headers=auth)
+    assert (bad.status, bad.json()["error"]["param"]) == (400, "keys")
+    assert (await request(app, "GET", path)).status == 401
