@@ -23,6 +23,7 @@ from proxy.tests.test_app import (  # noqa: F401
     NodeFactory,
     _chat,
     _communicator,
+    _wait_for,
     fallback,
     make_node,
     request,
@@ -293,3 +294,32 @@ async def test_the_node_route_takes_a_report_on_the_master_and_refuses_a_malform
     bad = await request(app, "POST", path, {"node_id": "s1", "keys": {"x": [1]}}, headers=auth)
     assert (bad.status, bad.json()["error"]["param"]) == (400, "keys")
     assert (await request(app, "GET", path)).status == 401
+
+
+async def test_a_client_that_hangs_up_while_waiting_for_the_backend_frees_its_slot(
+    make_node: NodeFactory, fallback: Fallback
+) -> None:
+    install_table(KeyTable([KeyRecord(name="pair", key_hash=secret_hash(PAR), max_concurrent=2)]))
+    node = make_node()
+    app = ProxyApp(fallback, node_getter=lambda: node)
+    headers = [(b"content-type", b"application/json"), *bearer(PAR)]
+    limiter = limits.current_limiter()
+    # The first holds the model's only slot (parallel 1) with a long stream.
+    running = _communicator(app, "POST", "/v1/chat/completions", headers=headers)
+    body = orjson.dumps(_chat("slow", max_tokens=400, stream=True))
+    await running.send_input({"type": "http.request", "body": body, "more_body": False})
+    assert (await running.receive_output(MESSAGE_TIMEOUT_SECS))["status"] == 200
+    # The second waits for it, counted in flight, and its client gives up.
+    waiting = _communicator(app, "POST", "/v1/chat/completions", headers=headers)
+    await waiting.send_input({"type": "http.request", "body": body, "more_body": False})
+    await _wait_for(lambda: _true(limiter.in_flight("pair") == 2), "the second is in flight")
+    await waiting.send_input({"type": "http.disconnect"})
+    await waiting.wait(MESSAGE_TIMEOUT_SECS)
+    assert limiter.in_flight("pair") == 1
+    await running.send_input({"type": "http.disconnect"})
+    await running.wait(MESSAGE_TIMEOUT_SECS)
+    assert limiter.in_flight("pair") == 0
+
+
+async def _true(value: bool) -> bool:
+    return value
