@@ -4,10 +4,11 @@
 `/router/v1/node/`; every other request (management API, admin, WebUI) falls through to Django,
 a management request only once its admin key is checked, before Django reads its body.
 
-Each request runs linear phases: authorize, read the body (bounded), handle (which may wait
-for a model load), stream the answer, release. A task watches for `http.disconnect` while the
-request is in flight and cancels it, so a client that goes away frees its backend slot at once
-instead of after Daphne's application-close timeout.
+Each request runs linear phases: authorize, read the body (bounded), count it against its
+key's limits (`proxy.edge.limits`), handle (which may wait for a model load), stream the
+answer, release. A task watches for `http.disconnect` while the request is in flight and
+cancels it, so a client that goes away frees its backend slot (and its key's concurrency slot)
+at once instead of after Daphne's application-close timeout.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from typing import Any
 import orjson
 from django.conf import settings
 
-from access.identity import ANONYMOUS_CALLER, CALLER_SCOPE_KEY, Caller
+from access.identity import ANONYMOUS_CALLER, CALLER_SCOPE_KEY, Caller, caller_of
 from access.keys import admin_caller
+from access.limits import Ticket
+from proxy.edge import limits
 from proxy.edge.gate import MASTER_CALLER, Gate, Refusal, bearer_token, parse_address
 from proxy.edge.nodeapi import NODE_PREFIX, node_route
 from proxy.edge.routes import route_for
@@ -105,6 +108,7 @@ class ProxyApp:
         (methods, handler, needs_key), cluster_call = resolved
         ctx = Ctx(scope, receive, send, path, scope["method"], request_id=request_id)
         node = self.node_getter()
+        ticket: Ticket | None = None
         try:
             if cluster_call:
                 # The cluster token opens only node routes, and every node route needs it.
@@ -117,8 +121,7 @@ class ProxyApp:
                 scope[CALLER_SCOPE_KEY] = (
                     self._authorize(ctx, gate) if needs_key else ANONYMOUS_CALLER
                 )
-            if ctx.method == "POST":
-                await self._read_body(ctx, node.config.server.max_body_bytes)
+            ticket = await self._take_in(ctx, node, cluster_call)
             await self._run(ctx, node, handler)
         except RouterError as err:
             if not ctx.started:
@@ -136,7 +139,16 @@ class ProxyApp:
             else:
                 await self._abort_stream(ctx, internal)
         finally:
+            limits.release(ticket)
             health.finish(ctx, node, cluster_call=cluster_call)
+
+    async def _take_in(self, ctx: Ctx, node: Node, cluster_call: bool) -> Ticket | None:
+        """Read the body and count the request against its key's limits (a 429 raised past
+        one); the ticket to give back when it ends. A node-protocol call was counted where
+        the client sent it."""
+        if ctx.method == "POST":
+            await self._read_body(ctx, node.config.server.max_body_bytes)
+        return None if cluster_call else limits.admit(ctx, caller_of(ctx.scope))
 
     def _guard(self, scope: Scope, path: str) -> tuple[Refusal | None, Gate]:
         """The address and browser rules again, for requests that did not come through the

@@ -480,6 +480,27 @@ async def handle_site_asset_job(ctx: Ctx, node: Node) -> None:
     await ctx.json(200, local_job(node.assets, ctx.path.rsplit("/", 1)[1]))
 
 
+async def handle_limits(ctx: Ctx, node: Node) -> None:
+    """POST: the master takes a slave's per-key limit counts and answers with the rest of the
+    cluster's (registry/limitsync.py). GET: the counts as this node sees them."""
+    from registry.limitsync import limits_answer, limits_view
+
+    if ctx.method == "GET":
+        await ctx.json(200, limits_view(node.node_id))
+        return
+    if node.role != "master":
+        raise RouterError(409, "only the master sums key limit counts", code="not_master")
+    doc = parse_json_body(ctx)
+    node_id = doc.get("node_id")
+    if not isinstance(node_id, str) or not node_id:
+        raise RouterError(400, "node_id must be a non-empty string", param="node_id")
+    try:
+        answer = limits_answer(node_id, doc)
+    except ValueError as exc:
+        raise RouterError(400, str(exc), param="keys") from exc
+    await ctx.json(200, answer)
+
+
 async def handle_not_found(ctx: Ctx, node: Node) -> None:
     raise RouterError(404, "endpoint not found", type="not_found")
 
@@ -497,6 +518,7 @@ NODE_ROUTES: dict[str, Route] = {
     "/router/v1/node/offload/settings": (POST, handle_offload_settings, False),
     "/router/v1/node/guardians": (POST, handle_guardians, False),
     "/router/v1/node/api-keys": (GET_POST, handle_api_keys, False),
+    "/router/v1/node/limits": (GET_POST, handle_limits, False),
     "/router/v1/node/offload/summary": (GET, handle_offload_summary, False),
     "/router/v1/node/offload/decisions": (GET, handle_offload_decisions, False),
     "/router/v1/node/offload/decisions/folded": (GET, handle_offload_decision_folds, False),

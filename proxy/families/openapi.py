@@ -385,6 +385,12 @@ def _client_errors(*, ollama: bool = False, model: bool = True) -> dict[str, Sch
             ),
             "404": _error("The model is not known (code model_not_found).", ollama=ollama),
             "413": _error("The body is larger than `server.max_body_bytes`.", ollama=ollama),
+            "429": _error(
+                "The request's stored key is over its `rpm` or `tpm` (rate_limited) or its "
+                "`max_concurrent` (too_many_concurrent), counted across the cluster; with "
+                "`Retry-After` and the `x-ratelimit-*` headers (README, Limits).",
+                ollama=ollama,
+            ),
             "502": _error("No replica can serve it, or the backend failed.", ollama=ollama),
             "503": _error(
                 "The model's node is not healthy (code node_unavailable).", ollama=ollama

@@ -16,6 +16,7 @@ from typing import Any
 
 import aiohttp
 
+from access.limits import charge_usage
 from guardians.routing import REFUSAL_STATUSES, ImageRefused, is_image_refusal
 from lending.flow import Turn
 from proxy import work
@@ -160,6 +161,8 @@ def _record(ctx: Ctx, node: Node, job: Job, failure: RouterError | None = None) 
     metrics.tokens_counted(job.public_id, prompt_tokens, output_tokens)
     key_name = ctx.key_name
     metrics.key_usage_counted(key_name, 200 <= status < 300, prompt_tokens, output_tokens)
+    # Toward the key's `tpm` on every node (access/limits.py): the node that ran it counts it.
+    charge_usage(key_name, _charged_tokens(job, prompt_tokens, output_tokens))
     node.recorder.add_request(
         RequestSample(
             node_id=node.node_id,
@@ -189,6 +192,19 @@ def _record(ctx: Ctx, node: Node, job: Job, failure: RouterError | None = None) 
             request_id=ctx.request_id or None,
             key_name=key_name,
         )
+    )
+
+
+def _charged_tokens(job: Job, prompt_tokens: int, output_tokens: int) -> int:
+    # What the backend reported; a text request it reported nothing for (a stream cut short)
+    # counts what the edge estimated for it, so it is not free against `tpm`. An upload (audio,
+    # an image edit) is no prompt: its bytes are not tokens.
+    if prompt_tokens or output_tokens:
+        return prompt_tokens + output_tokens
+    if not job.content_type.startswith(JSON):
+        return 0
+    return work.prompt_tokens_for_bytes(job.prompt_bytes) + (
+        job.max_tokens or work.DEFAULT_MAX_TOKENS
     )
 
 

@@ -93,6 +93,13 @@ KEY_TOKENS = Counter(
     ("key", "direction"),
     registry=REGISTRY,
 )
+KEY_RATE_LIMITED = Counter(
+    "router_key_rate_limited",
+    "Requests this node refused with 429 for a stored API key's limit, by key name and the "
+    "limit that refused it (requests: rpm, tokens: tpm, concurrent: max_concurrent).",
+    ("key", "limit"),
+    registry=REGISTRY,
+)
 LOADS = Counter(
     "router_backend_loads",
     "Model loads on this node by lane, model, reason and outcome (ok, failed).",
@@ -219,6 +226,11 @@ def key_usage_counted(
         children[2].inc(prompt_tokens)
     if output_tokens:
         children[3].inc(output_tokens)
+
+
+def key_rate_limited(key_name: str, limit: str) -> None:
+    """Count one 429 of a stored key's limit (keys are few: the table bounds the labels)."""
+    KEY_RATE_LIMITED.labels(key_name, limit).inc()
 
 
 def load_finished(event: LoadEvent) -> None:

@@ -166,6 +166,7 @@ class NodeRunner:
         self.tasks: set[asyncio.Task[None]] = set()
         self.ticker: Any = None
         self.keys: Any = None
+        self.limit_sync: Any = None
         self.rotating: asyncio.Task[None] | None = None
         self.tls: Any = None
 
@@ -311,6 +312,11 @@ class NodeRunner:
             # The loop retries; a node without its table yet still starts.
             logger.exception("loading the stored-key table failed")
         self.keys.start()
+        from registry.limitsync import LimitSync
+
+        # Per-key limit counts, exchanged with the master (a slave's loop only).
+        self.limit_sync = LimitSync(self.node)
+        self.limit_sync.start()
 
     async def _start_background(self) -> None:
         """The analytics recorder, the upstream discovery, the workers and log rotation."""
@@ -432,6 +438,8 @@ class NodeRunner:
         await self.sync.stop()
         if self.keys is not None:
             await self.keys.stop()
+        if self.limit_sync is not None:
+            await self.limit_sync.stop()
         if self.ticker is not None:
             await self.ticker.stop()
         # Requests in flight get their answers; past the grace period they are cut off and
