@@ -1,5 +1,8 @@
-"""Admin pages of the access app (the audit log's live in access.audit_admin)."""
+"""Admin pages of the access app; each lives in its own module, registered on import."""
 
 from __future__ import annotations
 
-from access import audit_admin  # noqa: F401  (registers AuditEntryAdmin)
+from access import (
+    audit_admin,  # noqa: F401  (registers AuditEntryAdmin)
+    keys_admin,  # noqa: F401  (registers ApiKeyAdmin)
+)

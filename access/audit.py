@@ -122,7 +122,8 @@ def _django_request(request: Any) -> Any:
     return getattr(request, "_request", request)
 
 
-def _request_id(request: Any) -> str:
+def request_id_of(request: Any) -> str:
+    """The ID of the request being served, else the `X-Request-Id` the request carries."""
     found = request_ids.current()
     if found:
         return found
@@ -169,7 +170,7 @@ def audit_request(request: Any, action: str, target: str, before: Any, after: An
         target=target,
         before=before,
         after=after,
-        request_id=_request_id(request),
+        request_id=request_id_of(request),
     )
 
 
@@ -184,7 +185,7 @@ async def aaudit_request(
         target=target,
         before=before,
         after=after,
-        request_id=_request_id(request),
+        request_id=request_id_of(request),
     )
 
 
@@ -231,7 +232,7 @@ async def aaudited_write(
         target=target,
         read=read,
         write=write,
-        request_id=_request_id(request),
+        request_id=request_id_of(request),
     )
     return result
 

@@ -43,6 +43,13 @@ class RequestRecord(models.Model):
         db_index=True,
         help_text="The request's X-Request-Id (the same on every node it passed through).",
     )
+    key_name = models.CharField(
+        max_length=255,
+        null=True,
+        blank=True,
+        help_text="The stored API key the request came with (the owner's key for a request "
+        "lent here); null for a config-file key or a node without keys.",
+    )
 
     class Meta:
         db_table = "analytics_requests"

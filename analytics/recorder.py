@@ -46,6 +46,7 @@ class RequestSample:
     borrowed: bool = False
     request_id: str | None = None
     cached_tokens: int = 0
+    key_name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -176,6 +177,7 @@ REQUEST_COLUMNS = (
     "finished_at",
     "request_id",
     "cached_tokens",
+    "key_name",
 )
 LOAD_COLUMNS = (
     "node_id",
@@ -228,6 +230,7 @@ def _write(node_id: str, requests: list[RequestSample], loads: list[LoadEvent]) 
             ts(_ts(s.finished_at)),
             s.request_id,
             s.cached_tokens,
+            s.key_name,
         )
         for s in requests
     ]

@@ -146,7 +146,7 @@ def main() -> None:
         asyncio.run(wait_http(f"{master_url}/ping"))
         asyncio.run(_wait_model(master_url))
         cpu0 = _cpu_seconds(procs[1].pid)
-        d, r = asyncio.run(latency(direct, routed, args.n))
+        d, r, _ = asyncio.run(latency(direct, routed, args.n))
         # The master's own CPU per routed request: unlike wall-clock latency it barely moves
         # with what else the machine runs. The direct requests never touch the master; its
         # health polls and registrations are included, so this errs on the high side.

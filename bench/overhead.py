@@ -5,6 +5,9 @@ its workers) whose one model is `upstream` mode pointing at it, then:
 
 1. latency: N requests straight to the upstream and N through the router, interleaved one by
    one so both see the same machine state; reports p50/p99 of each and of the difference;
+   the router's requests alternate between a config-file key (`auth.inference_keys`) and a
+   stored key (made through the site API), so one run also says what a stored-key check adds
+   over a config key (target: added p50 within 0.05 ms of each other);
 2. throughput: requests/s through the router (and, for scale, straight to the upstream) with
    C concurrent clients.
 
@@ -34,6 +37,8 @@ REPO = Path(__file__).resolve().parent.parent
 BODY = json.dumps(
     {"model": "bench", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
 ).encode()
+CONFIG_KEY = "sk-bench-config-key-0123456789"
+KEYS_APART_TARGET_MS = 0.05
 
 
 def free_port() -> int:
@@ -64,35 +69,57 @@ async def wait_http(url: str, limit_secs: float = 60.0) -> None:
             await asyncio.sleep(0.05)
 
 
-async def one(session: aiohttp.ClientSession, url: str) -> float:
+async def one(session: aiohttp.ClientSession, url: str, key: str = "") -> float:
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
     t0 = time.perf_counter()
-    async with session.post(url, data=BODY, headers={"Content-Type": "application/json"}) as resp:
+    async with session.post(url, data=BODY, headers=headers) as resp:
         await resp.read()
         if resp.status != 200:
             raise RuntimeError(f"{url}: HTTP {resp.status}")
     return (time.perf_counter() - t0) * 1000.0
 
 
-async def latency(direct: str, routed: str, n: int) -> tuple[list[float], list[float]]:
+async def latency(
+    direct: str, routed: str, n: int, stored_key: str | None = None
+) -> tuple[list[float], list[float], list[float]]:
+    """Direct, routed with the config key, routed with the stored key: n of each, interleaved
+    (without `stored_key`, no stored-key requests and an empty third list)."""
     d: list[float] = []
     r: list[float] = []
+    s: list[float] = []
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
-        for _ in range(50):  # warm both paths and their connection pools
+        for _ in range(50):  # warm every path and their connection pools
             await one(session, direct)
-            await one(session, routed)
+            await one(session, routed, CONFIG_KEY)
+            if stored_key is not None:
+                await one(session, routed, stored_key)
         for i in range(n):
-            # Alternate which goes first so neither side systematically gets the warmer cache.
-            if i % 2:
-                d.append(await one(session, direct))
-                r.append(await one(session, routed))
-            else:
-                r.append(await one(session, routed))
-                d.append(await one(session, direct))
-    return d, r
+            # Rotate which goes first so no path systematically gets the warmer cache.
+            order = [(d, direct, ""), (r, routed, CONFIG_KEY)]
+            if stored_key is not None:
+                order.append((s, routed, stored_key))
+            shift = i % len(order)
+            for out, url, key in order[shift:] + order[:shift]:
+                out.append(await one(session, url, key))
+    return d, r, s
 
 
-async def throughput(url: str, clients: int, total: int) -> float:
+async def create_stored_key(base: str) -> str:
+    """A stored key made through the site API (this node has no admin key): its secret."""
+    body = {"name": "bench"}
+    url = f"{base}/router/v1/site/api-keys"
+    async with aiohttp.ClientSession() as session, session.post(url, json=body) as resp:
+        doc = await resp.json()
+        if resp.status != 201:
+            raise RuntimeError(f"creating the stored key: HTTP {resp.status}: {doc}")
+        secret: str = doc["key"]
+        return secret
+
+
+async def throughput(url: str, clients: int, total: int, key: str = "") -> float:
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
         remaining = total
@@ -105,7 +132,7 @@ async def throughput(url: str, clients: int, total: int) -> float:
                     if remaining <= 0:
                         return
                     remaining -= 1
-                await one(session, url)
+                await one(session, url, key)
 
         await asyncio.gather(*(worker() for _ in range(clients // 4)))  # warm-up pass
         remaining = total
@@ -211,6 +238,7 @@ def main() -> None:
         "cluster": {"store_dir": str(root / "store")},
         "models": {"config_dir": str(kcpps)},
         "backend": {"mode": "sim"},
+        "auth": {"inference_keys": [CONFIG_KEY]},
     }
     (root / "config.yaml").write_text(yaml.safe_dump(config))
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "ROUTER_CONFIG")}
@@ -228,9 +256,10 @@ def main() -> None:
     try:
         asyncio.run(wait_http(f"http://127.0.0.1:{up_port}/health"))
         asyncio.run(wait_http(f"http://127.0.0.1:{router_port}/ping"))
-        d, r = asyncio.run(latency(direct, routed, args.n))
+        stored_key = asyncio.run(create_stored_key(f"http://127.0.0.1:{router_port}"))
+        d, r, st = asyncio.run(latency(direct, routed, args.n, stored_key))
         added = [b - a for a, b in zip(d, r, strict=True)]
-        rps_router = asyncio.run(throughput(routed, args.clients, args.total))
+        rps_router = asyncio.run(throughput(routed, args.clients, args.total, CONFIG_KEY))
         rps_direct = asyncio.run(throughput(direct, args.clients, args.total))
     finally:
         stop(router)
@@ -246,13 +275,28 @@ def main() -> None:
         "added_p50_ms": round(percentile(r, 50) - percentile(d, 50), 3),
         "added_p99_ms": round(percentile(r, 99) - percentile(d, 99), 3),
         "added_paired_median_ms": round(statistics.median(added), 3),
+        "stored_key_router_p50_ms": round(percentile(st, 50), 3),
+        "stored_key_added_p50_ms": round(percentile(st, 50) - percentile(d, 50), 3),
+        # What a stored-key check costs over a config key, request for request.
+        "stored_minus_config_p50_ms": round(percentile(st, 50) - percentile(r, 50), 3),
+        "stored_minus_config_paired_median_ms": round(
+            statistics.median(b - a for a, b in zip(r, st, strict=True)), 3
+        ),
         "clients": args.clients,
         "router_rps": round(rps_router, 1),
         "direct_rps": round(rps_direct, 1),
-        "targets": {"added_p50_ms": 3.0, "added_p99_ms": 10.0, "router_rps": 250},
+        "targets": {
+            "added_p50_ms": 3.0,
+            "added_p99_ms": 10.0,
+            "router_rps": 250,
+            "stored_minus_config_p50_ms": KEYS_APART_TARGET_MS,
+        },
     }
     result["pass"] = (
-        result["added_p50_ms"] <= 3.0 and result["added_p99_ms"] <= 10.0 and rps_router >= 250
+        result["added_p50_ms"] <= 3.0
+        and result["added_p99_ms"] <= 10.0
+        and rps_router >= 250
+        and abs(result["stored_minus_config_p50_ms"]) <= KEYS_APART_TARGET_MS
     )
     print(f"{'measure':<28}{'direct':>10}{'router':>10}{'added':>10}")
     print(
@@ -262,6 +306,13 @@ def main() -> None:
     print(
         f"{'p99 latency (ms)':<28}{result['direct_p99_ms']:>10}{result['router_p99_ms']:>10}"
         f"{result['added_p99_ms']:>10}"
+    )
+    print(
+        f"{'p50, stored key (ms)':<28}{result['direct_p50_ms']:>10}"
+        f"{result['stored_key_router_p50_ms']:>10}{result['stored_key_added_p50_ms']:>10}"
+    )
+    print(
+        f"{'stored - config key p50':<28}{'':>10}{'':>10}{result['stored_minus_config_p50_ms']:>10}"
     )
     print(
         f"{f'req/s at {args.clients} clients':<28}{result['direct_rps']:>10}"

@@ -16,8 +16,8 @@ from channels.db import database_sync_to_async
 from guardians.ports import GuardiansNode
 from guardians.routing import is_guardian_candidate
 from guardians.store import Change, Guardians, guardians_load
-from lending.propagate import push_to_slaves
 from registry.routing import candidates
+from registry.slavepush import push_to_slaves
 from routerproject.errors import RouterError
 
 GUARDIANS_PATH = "/router/v1/node/guardians"

@@ -15,11 +15,11 @@ import contextlib
 import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
-from urllib.parse import quote, unquote
 
 import aiohttp
 
 from access.identity import caller_of
+from access.keyheader import key_name_header
 from lending.fairshare import clean_cost, clean_weight
 from lending.planner import Lease
 from lending.ports import LendingRuntime, RequestCtx, RequestJob, ServingNode
@@ -37,10 +37,10 @@ T = TypeVar("T")
 Shaper = Callable[[C, J, aiohttp.ClientResponse], Awaitable[None]]
 """Answers the client from a backend's (or a helper's) response: the proxy's, passed in."""
 
-# A lent request carries its owner's key (name and fair-share weight) to the helper, where it
-# waits under that key. Only node-protocol requests (cluster token) are read for them.
-KEY_NAME_HEADER = "X-Router-Key-Name"
+# A lent request carries its owner's key's share (beside its name, access/keyheader.py) to the
+# helper, where it waits under that key. Only node-protocol requests (cluster token) are read.
 KEY_SHARE_HEADER = "X-Router-Key-Share"
+KEY_SHARE_HEADER_BYTES = KEY_SHARE_HEADER.lower().encode("ascii")
 KEY_NAME_MAX_CHARS = 200
 # The fair-share cost of a request its model's fit cannot price yet: about one job (ms).
 UNPRICED_COST_MS = 1000.0
@@ -236,39 +236,37 @@ def fair_priced(node: ServingNode, job: RequestJob, entry: Entry) -> Entry:
 def tenant_of(ctx: RequestCtx) -> tuple[str, float]:
     """(key name, fair-share weight) a request waits under; ("", 1.0) without a stored key.
 
-    A borrowed request waits under its owner's key, which the relay carried in headers (the
-    node protocol's, never a client's: `ctx.borrowed` is set only there).
+    The name is the one usage counts (`ctx.key_name`: the caller's, or on a node-protocol
+    call the relaying node's word). A borrowed request waits under its owner's key and share,
+    which the relay carried (the node protocol's headers, never a client's: `ctx.borrowed` is
+    set only there).
     """
+    name = (ctx.key_name or "")[:KEY_NAME_MAX_CHARS]
     if ctx.borrowed:
-        raw = (ctx.header(KEY_NAME_HEADER.lower().encode()) or b"").decode("latin-1")
-        name = unquote(raw.strip())[:KEY_NAME_MAX_CHARS]
-        share = ctx.header(KEY_SHARE_HEADER.lower().encode()) or b""
+        share = ctx.header(KEY_SHARE_HEADER_BYTES) or b""
         try:
-            weight = clean_weight(float(share.decode("ascii")))
+            return name, clean_weight(float(share.decode("ascii")))
         except (UnicodeDecodeError, ValueError):
-            weight = 1.0
-        return name, weight
-    caller = caller_of(ctx.scope)
-    return caller.key_name or "", clean_weight(caller.share)
+            return name, 1.0
+    return name, clean_weight(caller_of(ctx.scope).share)
 
 
-def relayed_key_headers(ctx: RequestCtx) -> dict[str, str]:
-    """The master passes a lent request's key headers on to the helper as the owner sent them."""
-    found = {}
-    for name in (KEY_NAME_HEADER, KEY_SHARE_HEADER):
-        value = ctx.header(name.lower().encode())
-        if value:
-            found[name] = value.decode("latin-1")
-    return found
-
-
-def key_headers(ctx: RequestCtx) -> dict[str, str]:
-    """The relay headers that carry the request's key to the helper (none without a key)."""
+def key_share(ctx: RequestCtx) -> str | None:
+    """The request's key's share as a relay to a helper carries it (None without a key)."""
     name, weight = tenant_of(ctx)
-    if not name:
-        return {}
-    # Percent-encoded: a header carries latin-1 only (a plain name passes unchanged).
-    return {KEY_NAME_HEADER: quote(name, safe=""), KEY_SHARE_HEADER: repr(weight)}
+    return repr(weight) if name else None
+
+
+def key_share_header(ctx: RequestCtx) -> dict[str, str]:
+    """The header that carries the share beside main's `X-Router-Key-Name` (access/keyheader.py)."""
+    share = key_share(ctx)
+    return {KEY_SHARE_HEADER: share} if share else {}
+
+
+def relayed_key_share(ctx: RequestCtx) -> str | None:
+    """The master passes a lent request's share on to the helper as the owner sent it."""
+    raw = ctx.header(KEY_SHARE_HEADER_BYTES)
+    return raw.decode("latin-1") if raw else None
 
 
 def cached_work(prompt_tokens: float, cached_bytes: int, body_bytes: int) -> tuple[float, ...]:
@@ -415,22 +413,6 @@ def _cutoff(lease: Lease) -> float | None:
     return CUTOFF_FACTOR * (switch + job) / 1000.0 + CUTOFF_GRACE_SECS
 
 
-def _offload_headers(
-    ctx: RequestCtx, node: ServingNode, job: RequestJob, authorization: str
-) -> dict[str, str]:
-    """The headers of a lent request from an owner to the master (`offload/request`)."""
-    return {
-        "Content-Type": job.content_type.decode("latin-1"),
-        "Authorization": authorization,
-        "X-Tensors-Offload-Owner": node.node_id,
-        "X-Tensors-Offload-Owner-Model": job.model_id,
-        "X-Tensors-Offload-Path": job.backend_path,
-        "X-Tensors-Offload-Lane": job.lane,
-        "X-Request-Id": ctx.request_id,
-        **key_headers(ctx),
-    }
-
-
 async def relay(ctx: C, node: ServingNode, job: J, lease: Lease, shape: Shaper[C, J]) -> bool:
     """Send a lent request owner → master → helper; answer the client from the helper.
 
@@ -454,7 +436,8 @@ async def relay(ctx: C, node: ServingNode, job: J, lease: Lease, shape: Shaper[C
                             body=job.body,
                             content_type=content_type,
                             request_id=ctx.request_id,
-                            key_headers=key_headers(ctx),
+                            key_name=ctx.key_name,
+                            key_share=key_share(ctx),
                         )
                     )
                 except RelayRefused:
@@ -465,9 +448,11 @@ async def relay(ctx: C, node: ServingNode, job: J, lease: Lease, shape: Shaper[C
                 url = client.checked_url(
                     node.config.cluster.master_url, "/router/v1/node/offload/request"
                 )
-                headers = _offload_headers(ctx, node, job, client.authorization)
+                headers = _relay_request_headers(ctx, node, job, client.authorization)
                 resp = await stack.enter_async_context(
-                    get_session().post(url, data=job.body, headers=headers, allow_redirects=False)
+                    get_session().post(
+                        url, data=job.body, headers=headers, allow_redirects=False, ssl=client.ssl
+                    )
                 )
             # The cutoff is for a helper that has not started answering. This one has: a long
             # answer now streams back whole instead of being cut off half-way.
@@ -483,6 +468,24 @@ async def relay(ctx: C, node: ServingNode, job: J, lease: Lease, shape: Shaper[C
         if ctx.started:
             raise
         return False
+
+
+def _relay_request_headers(
+    ctx: RequestCtx, node: ServingNode, job: RequestJob, authorization: str
+) -> dict[str, str]:
+    """A slave owner's lent request to the master: whose it is, where it goes, and the key it
+    came with (the helper's usage row names it)."""
+    return {
+        "Content-Type": job.content_type.decode("latin-1"),
+        "Authorization": authorization,
+        "X-Tensors-Offload-Owner": node.node_id,
+        "X-Tensors-Offload-Owner-Model": job.model_id,
+        "X-Tensors-Offload-Path": job.backend_path,
+        "X-Tensors-Offload-Lane": job.lane,
+        "X-Request-Id": ctx.request_id,
+        **key_name_header(ctx.key_name),
+        **key_share_header(ctx),
+    }
 
 
 # -- helper -----------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from access.keyheader import key_name_header
 from analytics.fitting import fits_from_wire
 from lending.planner import Endpoint, Lease, LinkTarget, PlanResult, Settings, plan_lane
 from lending.pricing import LANES, CostTable, Lane
@@ -54,6 +55,14 @@ class RelayRefused(Exception):
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+def _for_helper(body: bytes, helper_model_id: str) -> bytes:
+    """A lent request's body addressed to the helper's model."""
+    try:
+        return set_body_model(body, helper_model_id)
+    except ValueError:
+        return body  # not JSON: the helper sees the body as the owner sent it
 
 
 class MasterLending:
@@ -412,14 +421,24 @@ class MasterLending:
 
     @staticmethod
     def _relay_headers(
-        lease: Lease, authorization: str, content_type: str, request_id: str
+        lease: Lease,
+        authorization: str,
+        content_type: str,
+        request_id: str,
+        key_name: str | None,
+        key_share: str | None = None,
     ) -> dict[str, str]:
-        """The headers of a lent request to its helper: what the lease asks of the helper model."""
+        """The headers of a lent request to its helper: what the lease asks of the helper model,
+        and the owner's key name (the helper's usage row counts the request under it) and share
+        (the helper queues it under that key with that weight)."""
         headers = {
             "Content-Type": content_type,
             "Authorization": authorization,
             "X-Tensors-Offload": "1",
+            **key_name_header(key_name),
         }
+        if key_share:
+            headers["X-Router-Key-Share"] = key_share
         if request_id:
             headers["X-Request-Id"] = request_id
         if lease.load_helper_model:
@@ -439,18 +458,16 @@ class MasterLending:
         body: bytes,
         content_type: str,
         request_id: str = "",
-        key_headers: Mapping[str, str] | None = None,
+        key_name: str | None = None,
+        key_share: str | None = None,
     ) -> AsyncIterator[aiohttp.ClientResponse]:
-        """Forward a lent request to the leased helper; yields the helper's response.
-
-        Raises RelayRefused (after logging `relay_refused`) when there is no live lease, the
-        helper cannot be reached, or forwarding fails before the helper answers.
-        """
+        """Forward a lent request to the leased helper; yields the helper's response. Raises
+        RelayRefused (after logging `relay_refused`) when there is no live lease, the helper
+        cannot be reached, or forwarding fails before the helper answers."""
         lease, remote, client = self._relay_target(lane, owner_node, owner_model, request_id)
-        with contextlib.suppress(ValueError):  # not JSON: the helper gets it as the owner sent it
-            body = set_body_model(body, lease.helper_model_id)
-        headers = self._relay_headers(lease, client.authorization, content_type, request_id)
-        headers.update(key_headers or {})  # the owner's key: the helper queues under it
+        body = _for_helper(body, lease.helper_model_id)
+        auth = client.authorization
+        headers = self._relay_headers(lease, auth, content_type, request_id, key_name, key_share)
         helper = lease.helper_node_id
         task = asyncio.current_task()
         assert task is not None
@@ -459,7 +476,9 @@ class MasterLending:
         try:
             try:
                 url = client.checked_url(remote.node_url, "/router/v1/node/inference" + path)
-                ctx = get_session().post(url, data=body, headers=headers, allow_redirects=False)
+                ctx = get_session().post(
+                    url, data=body, headers=headers, allow_redirects=False, ssl=client.ssl
+                )
                 resp = await ctx.__aenter__()
             except (NodeCallError, aiohttp.ClientError, OSError, TimeoutError) as exc:
                 logger.warning("relay to %s failed: %s", helper, exc)

@@ -112,6 +112,11 @@ class RequestCtx(Protocol):
         ...
 
     @property
+    def key_name(self) -> str | None:
+        """The stored key it came with: a relay to a helper carries it for the usage row."""
+        ...
+
+    @property
     def scope(self) -> dict[str, Any]:
         """The ASGI scope: the front door's `Caller` (access/identity.py) is in it."""
         ...

@@ -11,55 +11,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
 
 from channels.db import database_sync_to_async
 
 from lending.links import links_snapshot
 from lending.ports import LendingNode
 from lending.settings_store import overrides_load, settings_effective, settings_resolve
-from registry.nodeclient import NodeCallError
+from registry.slavepush import push_to_slaves
 
 logger = logging.getLogger(__name__)
-
-_last_outcome: dict[tuple[str, str], str] = {}
-
-
-async def push_to_slaves(
-    node: LendingNode, path: str, body: Any, *, only: str | None = None
-) -> dict[str, str]:
-    """POST `body` to `path` on every registered slave (or just `only`); node_id → error."""
-    client = node.client
-    if node.role != "master" or client is None:
-        return {}
-    targets = [
-        (n.node_id, n.node_url)
-        for n in node.cluster.nodes.values()
-        if only is None or n.node_id == only
-    ]
-
-    async def one(node_id: str, url: str) -> tuple[str, str]:
-        try:
-            status, doc = await client.call_json("POST", url, path, json=body)
-        except NodeCallError as exc:
-            return node_id, str(exc)
-        if not 200 <= status < 300:
-            return node_id, f"HTTP {status}: {doc}"
-        return node_id, ""
-
-    results = await asyncio.gather(*(one(nid, url) for nid, url in targets))
-    errors = {}
-    for node_id, error in results:
-        key = (node_id, path)
-        if _last_outcome.get(key) != error:
-            if error:
-                logger.warning("push of %s to %s failed: %s", path, node_id, error)
-            elif key in _last_outcome:
-                logger.info("push of %s to %s works again", path, node_id)
-            _last_outcome[key] = error
-        if error:
-            errors[node_id] = error
-    return errors
 
 
 def _effective_values(node: LendingNode) -> dict[str, str]:

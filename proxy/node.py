@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 from django.conf import settings
 
+from access.keys import current_table
 from analytics.recorder import LoadEvent, Recorder
 from guardians.store import Guardians
 from lending.decisions import DecisionLog
@@ -42,11 +43,13 @@ from registry.kcpps import Lane, ModelConfig
 from registry.nodeclient import AllowList, NodeClient
 from registry.recipes import Recipe, load_recipes
 from registry.sync import ClusterSync
+from registry.tlsclient import node_ssl_context
 from routerproject.config import RouterConfig
 
 logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
+    from access.ports import AccessNode
     from analytics.ports import AnalyticsNode
     from guardians.ports import GuardiansNode
     from lending.ports import LendingNode, ServingNode
@@ -165,6 +168,15 @@ class Node:
                 deadline,
             )
 
+    def public_model_ids(self) -> frozenset[str]:
+        """Every public model ID the cluster serves, text and image: what a key may name."""
+        return frozenset(self.cluster.by_public_id) | frozenset(self.cluster.by_public_image_id)
+
+    async def keys_publish(self) -> dict[str, str]:
+        from registry.keysync import keys_publish
+
+        return await keys_publish(self)
+
     def local_records(self) -> list[dict[str, Any]]:
         return [
             self.assets.annotate(
@@ -192,6 +204,8 @@ class Node:
             "minimum_protocol_version": MINIMUM_PROTOCOL_VERSION,
             "build_version": settings.ROUTER_VERSION,
             "settings_fingerprint": self.lending.fingerprint,
+            # The stored-key table this node checks: a master re-pushes on a mismatch.
+            "api_keys_fingerprint": current_table().fingerprint,
         }
 
     def runtime_status(self) -> dict[str, Any]:
@@ -313,7 +327,10 @@ def build_node(
     if c.role != "standalone":
         urls = [u for u in (c.public_url, c.master_url, *c.slave_urls) if u]
         node.client = NodeClient(
-            token=c.token, allow=AllowList(urls), control_timeout=c.control_timeout
+            token=c.token,
+            allow=AllowList(urls),
+            control_timeout=c.control_timeout,
+            ssl_context=node_ssl_context(c),
         )
     return node
 
@@ -322,10 +339,10 @@ if TYPE_CHECKING:
 
     def _is_every_port(
         node: Node,
-    ) -> tuple[RegistryNode, AnalyticsNode, LendingNode, ServingNode, GuardiansNode]:
+    ) -> tuple[RegistryNode, AnalyticsNode, LendingNode, ServingNode, GuardiansNode, AccessNode]:
         # The layers below see the node only through their ports, and their views read it
         # from routerproject.node_slot with a cast: mypy proves here that Node is each port.
-        return node, node, node, node, node
+        return node, node, node, node, node, node
 
     def _is_asset_node(node: Node) -> AssetNode:
         return node
@@ -337,10 +354,13 @@ def catch_up_if_stale(node: Node, node_id: str, snapshot: Mapping[str, Any]) -> 
     told. Told now rather than at the next tick.
 
     Lending and guardians each own their push; the node, which holds both, runs them together.
+    The stored-key table has its own fingerprint and is pushed on its own mismatch.
     """
     from guardians.services import guardians_catch_up
     from lending.propagate import schedule_catch_up
+    from registry.keysync import keys_catch_up
 
+    keys_catch_up(node, node_id, snapshot.get("api_keys_fingerprint"))
     if snapshot.get("settings_fingerprint") == node.lending.fingerprint:
         return
 

@@ -13,9 +13,10 @@ from typing import Any
 
 import orjson
 
+from access.identity import caller_of
 from registry.affinity import PrefixMatch
 from routerproject import request_ids
-from routerproject.errors import RouterError, error_body
+from routerproject.errors import RouterError, echo, error_body
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -26,6 +27,17 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 JSON = b"application/json"
 NDJSON = b"application/x-ndjson"
 SSE = b"text/event-stream"
+
+
+def model_not_allowed(public_id: str) -> RouterError:
+    """403 for a model outside the request's key's `models`."""
+    return RouterError(
+        403,
+        f'model "{echo(public_id)}" is not allowed for this key (model_not_allowed)',
+        type="forbidden",
+        code="model_not_allowed",
+        param="model",
+    )
 
 
 @dataclass
@@ -53,8 +65,7 @@ class Ctx:
     t0: float = field(default_factory=time.monotonic)
     wall0: float = field(default_factory=time.time)
     # What the access line and the metrics say about the request (proxy/observe/).
-    model: str = ""
-    """The model the client asked for."""
+    _model: str = field(default="", repr=False)
     served_node: str = ""
     backend: str = ""
     """What served it here: `<lane>/<backend family>`, or `node` when another node did."""
@@ -66,6 +77,34 @@ class Ctx:
     """Time waiting on the model: queue, load, backend or the next node (not router work)."""
     prefix_match: PrefixMatch | None = None
     """The replica the routing choice picked for the prompt prefix it holds in cache."""
+    relayed_key_name: str | None = None
+    """The key name the node that let the request in sent with it (node protocol only)."""
+
+    @property
+    def key_name(self) -> str | None:
+        """The stored key the request's usage counts against: the relaying node's word on a
+        node-protocol call, else the caller the front door recorded (read late: the edge
+        authorizes after it made this context)."""
+        if self.relayed_key_name is not None:
+            return self.relayed_key_name
+        return caller_of(self.scope).key_name
+
+    @property
+    def model(self) -> str:
+        """The model the client asked for."""
+        return self._model
+
+    @model.setter
+    def model(self, public_id: str) -> None:
+        # Every path family names the request's model here before it is resolved or served,
+        # so the key's model scope is checked in this one place (README, "Giving people keys").
+        if public_id and not caller_of(self.scope).may_use(public_id):
+            raise model_not_allowed(public_id)
+        self._model = public_id
+
+    def may_use(self, public_id: str) -> bool:
+        """Whether the request's key may ask for `public_id` (what model lists show)."""
+        return caller_of(self.scope).may_use(public_id)
 
     def header(self, name: bytes) -> bytes | None:
         for key, value in self.scope["headers"]:

@@ -33,6 +33,7 @@ from registry.hashing import (
     resolve_model_path,
 )
 from registry.options import sanitise_options
+from registry.tlsclient import upstream_ca_file
 
 BACKEND_MODES = ("kobold", "llama_sdcpp", "vllm", "sim", "upstream")
 # The node's runtime sides a config can be served on; the config's capabilities say which.
@@ -129,6 +130,8 @@ class ModelConfig:
     # The Bearer key the backend wants (`"upstream_api_key_file"` or `"upstream_api_key_env"`),
     # read when the config is; kept out of repr so that no log line of the config shows it.
     upstream_api_key: str | None = field(default=None, repr=False)
+    # The CA an `https://` upstream is verified against (None: the system's store).
+    upstream_tls_ca_file: Path | None = None
 
     @property
     def served_model(self) -> str:
@@ -668,6 +671,9 @@ def build_model_config(
     extra_args = _extra_args(path, raw)
     upstream_model = _upstream_model(path, raw)
     upstream_api_key = _upstream_api_key(path, raw, os.environ)
+    upstream_ca, problem = upstream_ca_file(raw, path.parent, backend_mode)
+    if problem:
+        raise ModelConfigError(path, "upstream_tls_ca_file", problem)
     _vision(path, raw)
     _validate_path_fields(path, raw)
     if backend_mode != "upstream" and not any(
@@ -703,6 +709,7 @@ def build_model_config(
         extra_args=extra_args,
         upstream_model=upstream_model,
         upstream_api_key=upstream_api_key,
+        upstream_tls_ca_file=upstream_ca,
     )
 
 

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import ipaddress
 import re
+import ssl
 import threading
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
@@ -229,6 +230,7 @@ class NodeClient:
         control_timeout: float,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         transport: httpx.AsyncBaseTransport | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         # The token goes into a header: control characters would allow header
         # injection, and httpx cannot encode non-ASCII header values anyway.
@@ -244,6 +246,7 @@ class NodeClient:
         self._control_timeout = float(control_timeout)
         self._max_body_bytes = max_body_bytes
         self._transport = transport
+        self._ssl_context = ssl_context
         self._client: httpx.AsyncClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
@@ -252,16 +255,23 @@ class NodeClient:
     def allow(self) -> AllowList:
         return self._allow
 
+    @property
+    def ssl(self) -> ssl.SSLContext | bool:
+        """What calls to `https://` nodes verify against (and show): for the hot path's
+        aiohttp requests, which do not go through this client's transport."""
+        return self._ssl_context if self._ssl_context is not None else True
+
     def _get_client(self) -> httpx.AsyncClient:
         if self._closed:
             raise NodeCallError("transport", "node client is closed")
         loop = asyncio.get_running_loop()
         if self._client is None:
             transport = self._transport or AiohttpTransport(
+                verify=self.ssl,
                 limits=httpx.Limits(
                     max_connections=POOL_MAX_CONNECTIONS,
                     max_keepalive_connections=POOL_MAX_KEEPALIVE_CONNECTIONS,
-                )
+                ),
             )
             self._client = httpx.AsyncClient(
                 transport=transport,

@@ -2,9 +2,11 @@
 error envelope, strict body fields and the schema conventions (JSON in and out: `api_formats`).
 
 The admin key is checked at the ASGI edge (`proxy.edge.app.ProxyApp`), before Django reads the body,
-with `admin_key_required` and `admin_key_valid` from here; DRF permissions express only role
-rules (`SiteRoute`). Bodies are validated by serializers built from the strict fields below, and
-a serializer error answers 400 in the OpenAI envelope with `param` naming the field at fault.
+where `admin_key_required` from here says which requests need one and `access.keys.admin_caller`
+accepts a config admin key or a stored key of role `admin` (`admin_key_valid` is the config-only
+rule); DRF permissions express only role rules (`SiteRoute`). Bodies are validated by
+serializers built from the strict fields below, and a serializer error answers 400 in the
+OpenAI envelope with `param` naming the field at fault.
 """
 
 from __future__ import annotations
@@ -331,7 +333,8 @@ class RouterAutoSchema(AutoSchema):
         if getattr(self.view, "admin_key_required", True):
             operation["security"] = [{"adminKey": []}]
             responses["401"] = _error_object(
-                "`auth.admin_keys` is set and the request carries none of them."
+                "Admin keys exist (`auth.admin_keys` or a stored admin key) and the request "
+                "carries none of them."
             )
         else:
             operation["security"] = []
@@ -377,7 +380,8 @@ def _error_object(description: str) -> dict[str, Any]:
 ADMIN_KEY_SCHEME: dict[str, Any] = {
     "type": "http",
     "scheme": "bearer",
-    "description": "One of `auth.admin_keys`. Checked only when that list is set.",
+    "description": "One of `auth.admin_keys`, or a stored key of role `admin` (`rk-…`). "
+    "Checked only when either exists.",
 }
 
 

@@ -14,8 +14,11 @@ urlpatterns = [
     path("router/v1/", include("lending.api.urls")),
     path("router/v1/", include("guardians.api.urls")),
     path("router/v1/", include("proxy.api.urls")),
+    path("router/v1/", include("access.api.urls")),
     path("ui/", include("lending.ui")),
     path("ui/", include("registry.ui")),
+    path("ui/", include("analytics.ui")),
+    path("ui/", include("access.webui")),
     path("ui/nodes", views.nodes_page, name="ui-nodes"),
     path("", views.index, name="index"),
 ]

@@ -18,6 +18,7 @@ import shutil
 import signal
 import socket
 import sqlite3
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -204,12 +205,18 @@ class RouterNode:
     keep_db: bool = False
     ready: queue.Queue[bool] = field(default_factory=queue.Queue)
     """Gets True when the node logs its ready line, False when its output ends first."""
+    scheme: str = "http"
+    tls: ssl.SSLContext | None = None
+    """What a test's client verifies an https node with (and shows it): the node's own
+    `cluster.tls_ca_file` and client certificate."""
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
     def client(self, **kwargs: Any) -> httpx.Client:
+        if self.tls is not None:
+            kwargs.setdefault("verify", self.tls)
         return httpx.Client(base_url=self.base_url, timeout=kwargs.pop("timeout", 60.0), **kwargs)
 
     def output(self) -> str:
@@ -350,6 +357,8 @@ def start_node(
         start_new_session=True,
     )
     node = RouterNode(proc, port, store, config_path, [], db, keep_db)
+    if config["server"].get("tls_cert_file"):
+        node.scheme, node.tls = "https", _client_tls(config["cluster"])
 
     def pump() -> None:
         assert proc.stdout is not None
@@ -363,6 +372,13 @@ def start_node(
     if wait:
         node.wait_ready()
     return node
+
+
+def _client_tls(cluster: dict[str, Any]) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=cluster.get("tls_ca_file"))
+    if cluster.get("tls_client_cert_file"):
+        context.load_cert_chain(cluster["tls_client_cert_file"], cluster["tls_client_key_file"])
+    return context
 
 
 def wait_for(predicate: Any, *, timeout: float = 20.0, interval: float = 0.02) -> Any:
@@ -462,6 +478,7 @@ def start_cluster(
     master_sections: dict[str, dict[str, Any]] | None = None,
     per_slave_sections: dict[str, dict[str, dict[str, Any]]] | None = None,
     deferred: tuple[str, ...] = (),
+    scheme: str = "http",
 ) -> Cluster:
     """A master and its slaves on loopback ports; returns once every slave is healthy.
 
@@ -472,12 +489,15 @@ def start_cluster(
     The master starts first, so that each slave registers as it comes up. The slaves start
     together, since most of a node's start is its own imports and migrations, unless they
     clash on a model name: then one after the other, in order, for the same public IDs on
-    every run.
+    every run. `scheme="https"` names every node by https URLs (the sections must then give
+    the TLS files).
     """
     master_port = free_port()
     ports = {name: free_port() for name in slaves}
-    master_url = f"http://127.0.0.1:{master_port}"
-    slave_urls = [f"http://127.0.0.1:{p}" for p in ports.values()] + list(extra_slave_urls or [])
+    master_url = f"{scheme}://127.0.0.1:{master_port}"
+    slave_urls = [f"{scheme}://127.0.0.1:{p}" for p in ports.values()] + list(
+        extra_slave_urls or []
+    )
     sections: dict[str, Any] = {
         "cluster": {
             "role": "master",
@@ -503,7 +523,7 @@ def start_cluster(
                     "role": "slave",
                     "node_id": name,
                     "token": token,
-                    "public_url": f"http://127.0.0.1:{ports[name]}",
+                    "public_url": f"{scheme}://127.0.0.1:{ports[name]}",
                     "master_url": master_url,
                     "sync_interval": health_interval,
                 }

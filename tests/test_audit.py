@@ -9,12 +9,20 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.harness import Cluster, ModelSpec, sim_weights, start_cluster, text_model
+from tests.harness import (
+    Cluster,
+    ModelSpec,
+    sim_weights,
+    start_cluster,
+    start_node,
+    text_model,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -318,3 +326,31 @@ def test_pages_of_the_whole_cluster_follow_each_other(cluster: Cluster) -> None:
         assert recent and all(r["at_ms"] >= since for r in recent)
         bad = client.get(AUDIT, params={"limit": "many"})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "limit"
+
+
+def test_a_stored_admin_key_is_the_actor_of_its_writes(tmp_path: Path) -> None:
+    node = start_node(tmp_path, [text_model("solo")])
+    body = {"values": {"offload_probe_idle": "7s"}}
+    try:
+        with node.client() as client:
+            made = client.post("/router/v1/site/api-keys", json={"name": "boss", "role": "admin"})
+            assert made.status_code == 201, made.text
+            secret = made.json()["key"]
+            # An admin-role key now exists: the management API needs an admin credential.
+            assert client.post(SETTINGS, json=body).status_code == 401
+        with node.client(headers={"Authorization": f"Bearer {secret}"}) as boss:
+            answer, request_id = send(boss, "POST", SETTINGS, json=body)
+            assert answer.status_code == 200, answer.text
+            row = one_row(boss, request_id)
+            assert (row["actor"], row["action"]) == ("boss", "settings.update")
+            created = rows_of_action(boss, "api_key.create")
+            assert [(r["actor"], r["target"]) for r in created] == [("config key", "boss")]
+            assert secret not in str(created)
+    finally:
+        node.stop()
+        node.cleanup()
+
+
+def rows_of_action(client: httpx.Client, action: str) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = client.get(AUDIT, params={"action": action}).json()["rows"]
+    return rows

@@ -217,8 +217,17 @@ def test_a_lent_request_waits_on_the_helper_under_its_owners_key(cluster: Cluste
     rows = wait_for(lent_rows, timeout=15, interval=0.2)
     assert {r.get("key_name") for r in rows} == {"lending-team"}
     helper = cluster.slaves["h"]
-    # The helper queued and logged the borrowed requests under the owner's key.
-    wait_for(lambda: any("key=lending-team" in ln for ln in helper.lines if "access" in ln))
+    lent_ids = {r["request_id"] for r in rows}
+
+    def helper_keys() -> set[str]:
+        found = helper.query(
+            "SELECT request_id, key_name FROM analytics_requests WHERE borrowed = %s", (True,)
+        )
+        return {key for rid, key in found if rid in lent_ids}
+
+    # The owner's key reached the helper with the lent requests (its queue waits them under
+    # it; its usage rows name it).
+    assert wait_for(helper_keys, timeout=15, interval=0.2) == {"lending-team"}
 
 
 def test_the_lending_tab_data_shows_nodes_and_leases(cluster: Cluster) -> None:

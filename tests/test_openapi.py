@@ -540,6 +540,21 @@ def test_decision_and_analytics_rows_match(client: EdgeClient, node: Node) -> No
     assert_matches("/router/v1/site/analytics", "GET", 400, refused.json())
 
 
+def test_usage_answers_match(client: EdgeClient, node: Node) -> None:
+    now = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    RequestRecordFactory(
+        node_id=NODE_ID, model_id="chat", key_name="alice", started_at=now, finished_at=now
+    )
+    url = "/router/v1/site/usage"
+    query = {"since_ms": "0", "group_by": "key,model,node,day"}
+    usage = client.get(url, query)
+    assert usage.json()["rows"][0]["key_name"] == "alice"
+    assert_matches(url, "GET", 200, usage.json())
+    refused = client.get(url, {"group_by": "user"})
+    assert (refused.status_code, refused.json()["error"]["param"]) == (400, "group_by")
+    assert_matches(url, "GET", 400, refused.json())
+
+
 def test_summary_and_node_state_match(client: EdgeClient, node: Node) -> None:
     summary = client.get("/router/v1/site/offload/summary")
     assert summary.json()["nodes"][0]["node_id"] == NODE_ID

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from drf_spectacular.utils import PolymorphicProxySerializer
 from rest_framework import serializers
 
-from routerproject.api import StrictChoiceField, WholeNumberQueryField
+from routerproject.api import NodeErrorSerializer, StrictChoiceField, WholeNumberQueryField
 
 MAX_LIMIT = 5000
 
@@ -55,6 +57,11 @@ class RequestRowSerializer(serializers.Serializer):
     request_id = serializers.CharField(
         allow_null=True, help_text="The X-Request-Id the client got (null in older rows)."
     )
+    key_name = serializers.CharField(
+        allow_null=True,
+        help_text="The stored API key it came with (the owner's for a lent request); null for "
+        "config-file keys, keyless nodes and older rows.",
+    )
 
 
 class LoadRowSerializer(serializers.Serializer):
@@ -81,4 +88,66 @@ class AnalyticsRowsSerializer(serializers.Serializer):
             resource_type_field_name=None,
         ),
         help_text="Newest first.",
+    )
+
+
+class UsageQuerySerializer(serializers.Serializer):
+    """The usage query, for the schema (analytics/usage.py parses it, with the same rules on
+    the node protocol)."""
+
+    since_ms = serializers.IntegerField(
+        required=False,
+        min_value=0,
+        help_text="Rows finished at or after this Unix time in ms (default: 30 days before "
+        "until_ms).",
+    )
+    until_ms = serializers.IntegerField(
+        required=False,
+        min_value=0,
+        help_text="Rows finished at or before this Unix time in ms (default: now).",
+    )
+    group_by = serializers.CharField(
+        required=False,
+        default="key",
+        help_text="Comma-separated dimensions out of key, model, node, day (UTC).",
+    )
+
+
+class UsageRowSerializer(serializers.Serializer):
+    """One group: only the fields grouped by are present, then the measures."""
+
+    key_name = serializers.CharField(
+        required=False,
+        allow_null=True,
+        help_text="The stored API key's name; null for config-file keys and keyless nodes.",
+    )
+    model = serializers.CharField(
+        required=False, help_text="The public model ID of the model that answered."
+    )
+    node_id = serializers.CharField(required=False, help_text="The node that answered.")
+    day = serializers.DateField(required=False, help_text="The UTC day it finished.")
+    requests = serializers.IntegerField(
+        help_text="Requests answered, each once: one a helper ran counts on the helper."
+    )
+    prompt_tokens = serializers.IntegerField()
+    completion_tokens = serializers.IntegerField()
+    backend_ms = serializers.FloatField(help_text="The backends' own time on them.")
+    lent = serializers.IntegerField(
+        help_text="Of `requests`, those a helper ran for another node's model (not added to "
+        "`requests`)."
+    )
+
+    def get_fields(self) -> dict[str, serializers.Field[Any, Any, Any, Any]]:
+        # `errors` is a Serializer attribute, so the field is added here rather than declared.
+        fields: dict[str, serializers.Field[Any, Any, Any, Any]] = super().get_fields()
+        fields["errors"] = serializers.IntegerField(
+            help_text="Of `requests`, those that did not succeed."
+        )
+        return fields
+
+
+class UsageSerializer(serializers.Serializer):
+    rows = UsageRowSerializer(many=True)
+    node_errors = NodeErrorSerializer(
+        many=True, help_text="Nodes that did not answer in time: their requests are missing."
     )

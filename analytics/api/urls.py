@@ -8,4 +8,5 @@ from analytics.api import views
 
 urlpatterns = [
     path("site/analytics", views.AnalyticsView.as_view(), name="site-analytics"),
+    path("site/usage", views.UsageView.as_view(), name="site-usage"),
 ]

@@ -89,7 +89,7 @@ def load_models() -> list[str]:
 @recorder_db
 def test_a_flush_writes_each_buffered_sample_as_an_exact_row() -> None:
     rec = Recorder(node_id=NODE_ID)
-    rec.add_request(sample(request_id="3f2a-client-trace", cached_tokens=12))
+    rec.add_request(sample(request_id="3f2a-client-trace", cached_tokens=12, key_name="team-søren"))
     rec.add_request(
         sample(
             "image-sd",
@@ -137,6 +137,7 @@ def test_a_flush_writes_each_buffered_sample_as_an_exact_row() -> None:
             "started_at": datetime.fromtimestamp(T0, tz=UTC),
             "finished_at": datetime.fromtimestamp(T0 + 0.5, tz=UTC),
             "request_id": "3f2a-client-trace",
+            "key_name": "team-søren",
         },
         {
             "node_id": NODE_ID,
@@ -160,6 +161,7 @@ def test_a_flush_writes_each_buffered_sample_as_an_exact_row() -> None:
             "started_at": datetime.fromtimestamp(T0, tz=UTC),
             "finished_at": datetime.fromtimestamp(T0 + 0.5, tz=UTC),
             "request_id": None,
+            "key_name": None,
         },
     ]
     [load] = [without_id(row) for row in LoadRecord.objects.values()]

@@ -12,9 +12,9 @@ from access.identity import CALLER_SCOPE_KEY, STORED, Caller
 from analytics.fitting import CostFit, TokenProfile
 from lending.flow import (
     UNPRICED_COST_MS,
-    key_headers,
+    key_share_header,
     queue_entry,
-    relayed_key_headers,
+    relayed_key_share,
     tenant_of,
 )
 
@@ -116,9 +116,13 @@ def test_without_fair_share_the_entry_keeps_the_lanes_depth_and_unit_cost() -> N
 
 @dataclass
 class FakeCtx:
+    """What lending reads of a request (proxy/request.py's Ctx): `key_name` is the caller's,
+    or on a node-protocol call the relaying node's word."""
+
     borrowed: bool = False
     scope: dict[str, Any] | None = None
     headers: dict[bytes, bytes] | None = None
+    key_name: str | None = None
 
     def header(self, name: bytes) -> bytes | None:
         return (self.headers or {}).get(name)
@@ -126,37 +130,34 @@ class FakeCtx:
 
 def test_a_request_waits_under_its_stored_key_and_that_keys_share() -> None:
     caller = Caller(kind=STORED, name="team a", share=3.0)
-    ctx = FakeCtx(scope={CALLER_SCOPE_KEY: caller})
+    ctx = FakeCtx(scope={CALLER_SCOPE_KEY: caller}, key_name="team a")
     assert tenant_of(ctx) == ("team a", 3.0)  # type: ignore[arg-type]
-    assert key_headers(ctx) == {"X-Router-Key-Name": "team%20a", "X-Router-Key-Share": "3.0"}  # type: ignore[arg-type]
-    # A client's own headers count for nothing on a request that was not lent.
-    spoof = FakeCtx(scope={}, headers={b"x-router-key-name": b"boss"})
+    assert key_share_header(ctx) == {"X-Router-Key-Share": "3.0"}  # type: ignore[arg-type]
+    # A client's own share header counts for nothing on a request that was not lent.
+    spoof = FakeCtx(scope={}, headers={b"x-router-key-share": b"9"})
     assert tenant_of(spoof) == ("", 1.0)  # type: ignore[arg-type]
+    assert key_share_header(spoof) == {}  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
-    ("headers", "expected"),
+    ("name", "headers", "expected"),
     [
-        ({b"x-router-key-name": b"team%20a", b"x-router-key-share": b"3.0"}, ("team a", 3.0)),
-        ({b"x-router-key-name": b"b", b"x-router-key-share": b"nan"}, ("b", 1.0)),
-        ({b"x-router-key-name": b"b", b"x-router-key-share": b"-2"}, ("b", 1.0)),
-        ({b"x-router-key-name": b"b", b"x-router-key-share": b"\xff"}, ("b", 1.0)),
-        ({b"x-router-key-name": b"x" * 500}, ("x" * 200, 1.0)),
-        ({}, ("", 1.0)),
+        ("team a", {b"x-router-key-share": b"3.0"}, ("team a", 3.0)),
+        ("b", {b"x-router-key-share": b"nan"}, ("b", 1.0)),
+        ("b", {b"x-router-key-share": b"-2"}, ("b", 1.0)),
+        ("b", {b"x-router-key-share": b"\xff"}, ("b", 1.0)),
+        ("x" * 500, {}, ("x" * 200, 1.0)),
+        (None, {}, ("", 1.0)),
     ],
 )
 def test_a_borrowed_request_waits_under_its_owners_key_whatever_the_headers_hold(
-    headers: dict[bytes, bytes], expected: tuple[str, float]
+    name: str | None, headers: dict[bytes, bytes], expected: tuple[str, float]
 ) -> None:
-    assert tenant_of(FakeCtx(borrowed=True, scope={}, headers=headers)) == expected  # type: ignore[arg-type]
+    ctx = FakeCtx(borrowed=True, scope={}, headers=headers, key_name=name)
+    assert tenant_of(ctx) == expected  # type: ignore[arg-type]
 
 
-def test_the_master_passes_the_owners_key_headers_on_as_they_came() -> None:
-    ctx = FakeCtx(
-        headers={b"x-router-key-name": b"team%20a", b"x-router-key-share": b"3.0", b"x": b"y"}
-    )
-    assert relayed_key_headers(ctx) == {  # type: ignore[arg-type]
-        "X-Router-Key-Name": "team%20a",
-        "X-Router-Key-Share": "3.0",
-    }
-    assert relayed_key_headers(FakeCtx(headers={})) == {}  # type: ignore[arg-type]
+def test_the_master_passes_the_owners_share_on_as_it_came() -> None:
+    ctx = FakeCtx(headers={b"x-router-key-share": b"3.0", b"x": b"y"})
+    assert relayed_key_share(ctx) == "3.0"  # type: ignore[arg-type]
+    assert relayed_key_share(FakeCtx(headers={})) is None  # type: ignore[arg-type]

@@ -4,10 +4,11 @@
 `/router/v1/node/`; every other request (management API, admin, WebUI) falls through to Django,
 a management request only once its admin key is checked, before Django reads its body.
 
-Each request runs linear phases: authorize, read the body (bounded), handle (which may wait
-for a model load), stream the answer, release. A task watches for `http.disconnect` while the
-request is in flight and cancels it, so a client that goes away frees its backend slot at once
-instead of after Daphne's application-close timeout.
+Each request runs linear phases: authorize, read the body (bounded), count it against its
+key's limits (`proxy.edge.limits`), handle (which may wait for a model load), stream the
+answer, release. A task watches for `http.disconnect` while the request is in flight and
+cancels it, so a client that goes away frees its backend slot (and its key's concurrency slot)
+at once instead of after Daphne's application-close timeout.
 """
 
 from __future__ import annotations
@@ -21,15 +22,20 @@ from typing import Any
 import orjson
 from django.conf import settings
 
-from proxy.edge.gate import Gate, Refusal, inference_token, parse_address
+from access.identity import ANONYMOUS_CALLER, CALLER_SCOPE_KEY, Caller, caller_of
+from access.keys import admin_caller
+from access.limits import Ticket
+from proxy.edge import limits
+from proxy.edge.gate import MASTER_CALLER, Gate, Refusal, bearer_token, parse_address
 from proxy.edge.nodeapi import NODE_PREFIX, node_route
 from proxy.edge.routes import route_for
+from proxy.edge.tls import CLIENT_CERT_SCOPE_KEY, client_cert_refusal
 from proxy.node import Node, get_node
 from proxy.observe import health
 from proxy.request import JSON, ASGIApp, Ctx, Receive, Scope, Send
 from proxy.serving.core import Handler, Route
 from routerproject import request_ids
-from routerproject.api import admin_key_required, admin_key_valid
+from routerproject.api import admin_key_required
 from routerproject.errors import RouterError, error_body, is_ollama_path
 
 logger = logging.getLogger(__name__)
@@ -89,7 +95,7 @@ class ProxyApp:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send, request_id: str) -> None:
         path = scope["path"]
-        refusal = self._guard(scope, path)
+        refusal, gate = self._guard(scope, path)
         if refusal is not None:
             ctx = Ctx(scope, receive, send, path, scope["method"])
             await ctx.start(refusal.status, [(b"content-type", JSON), *refusal.headers])
@@ -97,22 +103,25 @@ class ProxyApp:
             return
         resolved = _resolve(path)
         if resolved is None:
-            await self._management(scope, receive, _with_request_id(send, request_id))
+            await self._management(scope, receive, _with_request_id(send, request_id), gate)
             return
         (methods, handler, needs_key), cluster_call = resolved
         ctx = Ctx(scope, receive, send, path, scope["method"], request_id=request_id)
         node = self.node_getter()
+        ticket: Ticket | None = None
         try:
             if cluster_call:
                 # The cluster token opens only node routes, and every node route needs it.
                 self._authorize_node(ctx, node)
+                scope[CALLER_SCOPE_KEY] = MASTER_CALLER
             if ctx.method not in methods:
                 await self._method_not_allowed(ctx, methods)
                 return
-            if needs_key and not cluster_call:
-                self._authorize(ctx, node)
-            if ctx.method == "POST":
-                await self._read_body(ctx, node.config.server.max_body_bytes)
+            if not cluster_call:
+                scope[CALLER_SCOPE_KEY] = (
+                    self._authorize(ctx, gate) if needs_key else ANONYMOUS_CALLER
+                )
+            ticket = await self._take_in(ctx, node, cluster_call)
             await self._run(ctx, node, handler)
         except RouterError as err:
             if not ctx.started:
@@ -130,11 +139,21 @@ class ProxyApp:
             else:
                 await self._abort_stream(ctx, internal)
         finally:
+            limits.release(ticket)
             health.finish(ctx, node, cluster_call=cluster_call)
 
-    def _guard(self, scope: Scope, path: str) -> Refusal | None:
+    async def _take_in(self, ctx: Ctx, node: Node, cluster_call: bool) -> Ticket | None:
+        """Read the body and count the request against its key's limits (a 429 raised past
+        one); the ticket to give back when it ends. A node-protocol call was counted where
+        the client sent it."""
+        if ctx.method == "POST":
+            await self._read_body(ctx, node.config.server.max_body_bytes)
+        return None if cluster_call else limits.admit(ctx, caller_of(ctx.scope))
+
+    def _guard(self, scope: Scope, path: str) -> tuple[Refusal | None, Gate]:
         """The address and browser rules again, for requests that did not come through the
-        node's front door (which applies them before reading the body)."""
+        node's front door (which applies them before reading the body); and the gate whose key
+        rules the request is then held to."""
         config = self.node_getter().config
         gate = self._gate
         if gate is None or gate.config is not config:
@@ -153,24 +172,30 @@ class ProxyApp:
 
         client = scope.get("client")
         peer = parse_address(client[0]) if client else None
-        return gate.address_refusal(peer, header) or gate.host_refusal(path, header)
+        return gate.address_refusal(peer, header) or gate.host_refusal(path, header), gate
 
-    async def _management(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _management(self, scope: Scope, receive: Receive, send: Send, gate: Gate) -> None:
         path, method = scope["path"], scope["method"]
-        if admin_key_required(path, method):
-            # `send` already adds the request ID: this context must not add it twice.
-            ctx = Ctx(scope, receive, send, path, method)
-            if not admin_key_valid(ctx.header(b"authorization"), settings.ROUTER.auth.admin_keys):
+        # `send` already adds the request ID: this context must not add it twice.
+        ctx = Ctx(scope, receive, send, path, method)
+        # The admin keys of Django's settings, as this check always read them (the same list
+        # as the node's config in a router process; tests change the settings alone).
+        config_keys = tuple(key.encode() for key in settings.ROUTER.auth.admin_keys)
+        token = bearer_token(ctx.header(b"authorization"))
+        caller = admin_caller(token, config_keys, gate.keys())
+        if caller is None:
+            if admin_key_required(path, method):
                 await ctx.error(
                     RouterError(401, "a valid admin key is required", type="unauthorized")
                 )
                 return
-        if self._gate is not None:
-            ctx = Ctx(scope, receive, send, path, method)
-            refusal = self._gate.write_refusal(method, path, ctx.header)
-            if refusal is not None:
-                await ctx.error(refusal.error())
-                return
+            # A public page (the WebUI, the schema) or no route: nobody in particular.
+            caller = ANONYMOUS_CALLER
+        scope[CALLER_SCOPE_KEY] = caller
+        refusal = gate.write_refusal(method, path, ctx.header)
+        if refusal is not None:
+            await ctx.error(refusal.error())
+            return
         await self.fallback(scope, receive, send)
 
     async def _run(self, ctx: Ctx, node: Node, handler: Handler) -> None:
@@ -214,26 +239,28 @@ class ProxyApp:
         await ctx.end(error_body(ctx.path, err))
 
     @staticmethod
-    def _authorize(ctx: Ctx, node: Node) -> None:
-        keys = node.config.auth.inference_keys
-        if not keys:
-            return
-        token = inference_token(ctx.header)
-        # Every key is compared, match or not, so timing says nothing about which one is close.
-        ok = False
-        for key in keys:
-            ok |= hmac.compare_digest(token, key.encode())
-        if not ok:
+    def _authorize(ctx: Ctx, gate: Gate) -> Caller:
+        caller = gate.client_caller(ctx.header)
+        if caller is None:
             raise RouterError(401, "a valid inference key is required", type="unauthorized")
+        return caller
 
     @staticmethod
     def _authorize_node(ctx: Ctx, node: Node) -> None:
         token = node.config.cluster.token
         if not token or node.role == "standalone":
             raise RouterError(401, "cluster token is required", type="unauthorized")
+        if node.config.server.tls_client_ca_file is not None and not ctx.scope.get(
+            CLIENT_CERT_SCOPE_KEY
+        ):
+            # Before the token's verdict, so a caller without the certificate cannot test tokens.
+            raise client_cert_refusal().error()
         header = ctx.header(b"authorization") or b""
         given = header[7:].strip() if header.startswith(b"Bearer ") else b""
-        if not hmac.compare_digest(given, token.encode()):
+        ok = False
+        for accepted in (token, *node.config.cluster.previous_tokens):
+            ok |= hmac.compare_digest(given, accepted.encode())
+        if not ok:
             raise RouterError(401, "invalid cluster token", type="unauthorized")
 
     @staticmethod

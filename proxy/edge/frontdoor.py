@@ -33,6 +33,8 @@ from twisted.python.failure import Failure
 from twisted.web import http
 
 from proxy.edge.gate import Address, Gate, Refusal, parse_address
+from proxy.edge.nodeapi import NODE_PREFIX
+from proxy.edge.tls import client_cert_refusal, has_client_cert, is_tls
 from proxy.observe import metrics
 
 logger = logging.getLogger("router.frontdoor")
@@ -89,6 +91,8 @@ class FrontDoor:
         self.body_min_rate: int = server.body_min_rate
         self.idle_timeout: float = server.idle_timeout
         self.cap: int = server.max_connections_per_client
+        # Node routes take only connections whose client certificate the handshake verified.
+        self.client_cert_required: bool = server.tls_client_ca_file is not None
         self.open: dict[str, int] = {}
         self.log = log or RefusalLog(logger)
 
@@ -148,7 +152,9 @@ def _response(refusal: Refusal, path: str, request_id: bytes | None) -> bytes:
 def _answer_and_close(clock: Any, transport: Any, data: bytes) -> Any:
     """Write the answer, stop writing, and drop the connection after the linger."""
     transport.write(data)
-    if hasattr(transport, "loseWriteConnection"):
+    # Under TLS the answer may still wait for the handshake: half-closing the socket beneath
+    # would cut it off, while TLS's own close sends what is buffered first.
+    if not is_tls(transport) and hasattr(transport, "loseWriteConnection"):
         transport.loseWriteConnection()
     else:
         transport.loseConnection()
@@ -285,6 +291,14 @@ class FrontDoorRequest(WebRequest):
             # answer rather than a dropped connection.
             logger.exception("front-door check failed on %r", channel._path[:200])
             refusal = Refusal(500, "internal router error", type="server_error")
+        if (
+            door.client_cert_required
+            and (refusal is None or refusal.status == 401)
+            and self.path_text.startswith(NODE_PREFIX)
+            and not has_client_cert(channel.transport)
+        ):
+            # Before the token's verdict, so a caller without the certificate cannot test tokens.
+            refusal = client_cert_refusal()
         if refusal is None and length is not None and length > door.gate.limit:
             refusal = door.gate.too_large()
         if refusal is not None:

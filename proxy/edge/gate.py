@@ -5,8 +5,11 @@ answers before a byte of the body is read) and the ASGI app (the second guard) r
 
 - `server.allowed_cidrs`: the client's address (the TCP peer, or the `X-Forwarded-For` hop a
   `server.trusted_proxies` peer vouches for) must be in one of the networks: 403 on every path.
-- keys: node routes need the cluster token, client routes the inference key, management routes
-  the admin key, with the status and envelope the app answers.
+- keys: node routes need the cluster token, client routes an inference key, management routes
+  an admin key, with the status and envelope the app answers. A key is one of the config
+  file's (`auth.inference_keys`, `auth.admin_keys`) or a stored key the node's table holds
+  (`access.keys`): client paths need one when either kind exists, management routes when a
+  config admin key or a stored admin key exists (README, "Giving people keys").
 - browsers (DNS rebinding, cross-site requests): what a browser reaches (management
   API, WebUI, admin) answers only under `server.allowed_hosts`; management writes need a JSON
   body and, on a node without admin keys, the same origin as the page.
@@ -22,13 +25,14 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from access.identity import MASTER, Caller
+from access.keys import KeyTable, admin_caller, client_caller, current_table
 from proxy.edge.nodeapi import NODE_PREFIX
 from proxy.edge.routes import route_for
 from routerproject.api import (
     MANAGEMENT_PREFIX,
     WRITE_METHODS,
     admin_key_required,
-    admin_key_valid,
 )
 from routerproject.errors import RouterError, error_body
 
@@ -37,6 +41,8 @@ Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 HeaderLookup = Callable[[bytes], bytes | None]
 
 JSON_TYPES = ("application/json",)
+# What a node route with the cluster token is: the master (or a peer) acting for the cluster.
+MASTER_CALLER = Caller(kind=MASTER)
 
 
 @dataclass(frozen=True)
@@ -98,7 +104,8 @@ def host_name(host: bytes | None) -> str | None:
     return text.rsplit(":", 1)[0] if text.count(":") == 1 else text
 
 
-def _bearer(header: bytes | None) -> bytes:
+def bearer_token(header: bytes | None) -> bytes:
+    """The key of an `Authorization: Bearer <key>` header (empty without one)."""
     header = header or b""
     return header[7:].strip() if header.startswith(b"Bearer ") else b""
 
@@ -111,7 +118,7 @@ KEY_SUBPROTOCOL_PREFIX = b"openai-insecure-api-key."
 def inference_token(header: HeaderLookup) -> bytes:
     """The inference key a request carries: its Bearer header, an `x-api-key` header (the
     Anthropic SDK's, on `/v1/messages`), or the key subprotocol of a WebSocket upgrade."""
-    token = _bearer(header(b"authorization"))
+    token = bearer_token(header(b"authorization"))
     if token:
         return token
     api_key = (header(b"x-api-key") or b"").strip()
@@ -127,8 +134,15 @@ def inference_token(header: HeaderLookup) -> bytes:
 class Gate:
     """The rules of one node's config, with its networks and keys parsed once."""
 
-    def __init__(self, config: Any, *, browser_hosts: Sequence[str] | None = ()) -> None:
-        """`browser_hosts`, when given (None: any host), replaces the config's list."""
+    def __init__(
+        self,
+        config: Any,
+        *,
+        browser_hosts: Sequence[str] | None = (),
+        keys: Callable[[], KeyTable] = current_table,
+    ) -> None:
+        """`browser_hosts`, when given (None: any host), replaces the config's list; `keys`
+        gives the stored-key table in force (the process's, by default)."""
         self.config = config
         server = config.server
         self.allowed: tuple[Network, ...] = server.allowed_networks
@@ -143,7 +157,13 @@ class Gate:
             key.encode() for key in config.auth.inference_keys
         )
         self.admin_keys: list[str] = list(config.auth.admin_keys)
+        self.admin_key_bytes: tuple[bytes, ...] = tuple(key.encode() for key in self.admin_keys)
+        self.keys = keys
         self.token: bytes = config.cluster.token.encode()
+        # The current token and the older ones still accepted while a new one rolls out.
+        self.accepted_tokens: tuple[bytes, ...] = tuple(
+            token.encode() for token in (config.cluster.token, *config.cluster.previous_tokens)
+        )
         self.standalone: bool = config.cluster.role == "standalone"
 
     # -- addresses -----------------------------------------------------------------------------
@@ -230,7 +250,7 @@ class Gate:
                     code="unsupported_media_type",
                     param="Content-Type",
                 )
-        if not self.admin_keys:
+        if not self.admin_keys_required():
             return self._origin_refusal(header, host_header)
         return None
 
@@ -263,15 +283,27 @@ class Gate:
 
     # -- keys and size ---------------------------------------------------------------------------
 
+    def client_caller(self, header: HeaderLookup) -> Caller | None:
+        """Who a client request's key says it is; None: refuse it (401)."""
+        return client_caller(inference_token(header), self.inference_keys, self.keys())
+
+    def admin_caller(self, header: HeaderLookup) -> Caller | None:
+        """Who a management request's Bearer key says it is; None: it carries no admin key
+        where one is required."""
+        return admin_caller(
+            bearer_token(header(b"authorization")), self.admin_key_bytes, self.keys()
+        )
+
+    def admin_keys_required(self) -> bool:
+        return bool(self.admin_keys) or self.keys().admin_required
+
     def key_refusal(self, method: str, path: str, header: HeaderLookup) -> Refusal | None:
         """The key rules of `proxy.edge.app.ProxyApp`, in its order (node token, method, key)."""
         route = route_for(path)
         if route is None:
             if path.startswith(NODE_PREFIX):
                 return self._node_refusal(header)
-            if admin_key_required(path, method) and not admin_key_valid(
-                header(b"authorization"), self.admin_keys
-            ):
+            if admin_key_required(path, method) and self.admin_caller(header) is None:
                 return Refusal(401, "a valid admin key is required", type="unauthorized")
             return None
         methods, _handler, needs_key = route
@@ -280,19 +312,19 @@ class Gate:
             return Refusal(
                 405, f"method {method} is not allowed on {path}", headers=((b"allow", allow),)
             )
-        if needs_key and self.inference_keys:
-            token = inference_token(header)
-            ok = False
-            for key in self.inference_keys:
-                ok |= hmac.compare_digest(token, key)
-            if not ok:
-                return Refusal(401, "a valid inference key is required", type="unauthorized")
+        if needs_key and self.client_caller(header) is None:
+            return Refusal(401, "a valid inference key is required", type="unauthorized")
         return None
 
     def _node_refusal(self, header: HeaderLookup) -> Refusal | None:
         if not self.token or self.standalone:
             return Refusal(401, "cluster token is required", type="unauthorized")
-        if not hmac.compare_digest(_bearer(header(b"authorization")), self.token):
+        given = bearer_token(header(b"authorization"))
+        ok = False
+        # Every accepted token is compared, so timing tells nothing about which one matched.
+        for token in self.accepted_tokens:
+            ok |= hmac.compare_digest(given, token)
+        if not ok:
             return Refusal(401, "invalid cluster token", type="unauthorized")
         return None
 

@@ -8,10 +8,12 @@ registry snapshots, runtimes, workload.
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import parse_qs
 
 import orjson
 
 from access.audit import arecord_push
+from access.keyheader import KEY_NAME_HEADER_BYTES, key_name_from_header
 from proxy.edge.routes import route_for
 from proxy.node import Node, catch_up_if_stale
 from proxy.request import Ctx, parse_json_body
@@ -28,6 +30,7 @@ INFERENCE_PREFIX = "/router/v1/node/inference"
 ANY = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"})
 
 Route = tuple[frozenset[str], Handler, bool]
+GET_POST = GET | POST
 
 
 async def handle_register(ctx: Ctx, node: Node) -> None:
@@ -140,6 +143,25 @@ async def handle_guardians(ctx: Ctx, node: Node) -> None:
     await ctx.respond(204, b"")
 
 
+async def handle_api_keys(ctx: Ctx, node: Node) -> None:
+    """POST: a slave takes the master's key table (hashes, never secrets). GET: the master
+    answers a slave's pull, `?fingerprint=` being the slave's (registry/keysync.py)."""
+    from registry.keysync import keys_answer, keys_receive
+
+    if ctx.method == "GET":
+        if node.role == "slave":
+            raise RouterError(409, "a slave serves no key table", code="not_master")
+        query = parse_qs(ctx.scope.get("query_string", b"").decode("latin-1"))
+        await ctx.json(200, keys_answer(query.get("fingerprint", [None])[0]))
+        return
+    _slave_only(node, "keys")
+    try:
+        await keys_receive(node, parse_json_body(ctx))
+    except ValueError as exc:
+        raise RouterError(400, f"invalid key table: {exc}") from exc
+    await ctx.respond(204, b"")
+
+
 async def handle_offload_settings(ctx: Ctx, node: Node) -> None:
     from lending.keys import KEYS_BY_NAME, LendingSettingError, canonical_value
 
@@ -232,6 +254,22 @@ async def handle_offload_timeline(ctx: Ctx, node: Node) -> None:
     await ctx.json(200, doc)
 
 
+async def handle_usage(ctx: Ctx, node: Node) -> None:
+    """This node's own usage rows for the master's `site/usage` (analytics/usage.py)."""
+    import time
+    from urllib.parse import parse_qsl
+
+    from channels.db import database_sync_to_async
+
+    from analytics.usage import parse_usage_query, usage_local
+
+    query = dict(parse_qsl(ctx.scope.get("query_string", b"").decode("latin-1")))
+    usage = parse_usage_query(query, now_ms=int(time.time() * 1000))
+    await node.recorder.flush()
+    rows = await database_sync_to_async(usage_local)(node_id=node.node_id, query=usage)
+    await ctx.json(200, {"node_id": node.node_id, "rows": rows})
+
+
 async def handle_offload_event(ctx: Ctx, node: Node) -> None:
     from lending.master import get_master
 
@@ -261,7 +299,7 @@ async def handle_offload_grant(ctx: Ctx, node: Node) -> None:
 
 async def handle_offload_request(ctx: Ctx, node: Node) -> None:
     """Relay a lent request to the leased helper (master only); 409 when it cannot."""
-    from lending.flow import offload_returned, relayed_key_headers
+    from lending.flow import offload_returned, relayed_key_share
     from lending.master import RelayRefused, get_master
     from registry.bodies import set_body_model
 
@@ -275,6 +313,8 @@ async def handle_offload_request(ctx: Ctx, node: Node) -> None:
     if not owner or not model or route is None or not path.startswith("/") or path.startswith("//"):
         raise RouterError(400, "lent request needs owner, model and a valid inference path")
     master = get_master(node)
+    # The owner's key: the helper (this master, or the node it relays to) records it.
+    ctx.relayed_key_name = key_name_from_header(ctx.header(KEY_NAME_HEADER_BYTES))
     lease = master.lease_for(lane, owner, model)
     content_type = (ctx.header(b"content-type") or b"application/json").decode("latin-1")
     if lease is not None and lease.helper_node_id == node.node_id:
@@ -298,7 +338,8 @@ async def handle_offload_request(ctx: Ctx, node: Node) -> None:
             body=ctx.body,
             content_type=content_type,
             request_id=ctx.request_id,
-            key_headers=relayed_key_headers(ctx),
+            key_name=ctx.relayed_key_name,
+            key_share=relayed_key_share(ctx),
         ) as resp:
             ctype = resp.headers.get("Content-Type", "application/json").encode("latin-1")
             await ctx.start(resp.status, [(b"content-type", ctype)])
@@ -440,6 +481,27 @@ async def handle_site_asset_job(ctx: Ctx, node: Node) -> None:
     await ctx.json(200, local_job(node.assets, ctx.path.rsplit("/", 1)[1]))
 
 
+async def handle_limits(ctx: Ctx, node: Node) -> None:
+    """POST: the master takes a slave's per-key limit counts and answers with the rest of the
+    cluster's (registry/limitsync.py). GET: the counts as this node sees them."""
+    from registry.limitsync import limits_answer, limits_view
+
+    if ctx.method == "GET":
+        await ctx.json(200, limits_view(node.node_id))
+        return
+    if node.role != "master":
+        raise RouterError(409, "only the master sums key limit counts", code="not_master")
+    doc = parse_json_body(ctx)
+    node_id = doc.get("node_id")
+    if not isinstance(node_id, str) or not node_id:
+        raise RouterError(400, "node_id must be a non-empty string", param="node_id")
+    try:
+        answer = limits_answer(node_id, doc)
+    except ValueError as exc:
+        raise RouterError(400, str(exc), param="keys") from exc
+    await ctx.json(200, answer)
+
+
 async def handle_not_found(ctx: Ctx, node: Node) -> None:
     raise RouterError(404, "endpoint not found", type="not_found")
 
@@ -456,11 +518,14 @@ NODE_ROUTES: dict[str, Route] = {
     "/router/v1/node/routing-links": (POST, handle_routing_links, False),
     "/router/v1/node/offload/settings": (POST, handle_offload_settings, False),
     "/router/v1/node/guardians": (POST, handle_guardians, False),
+    "/router/v1/node/api-keys": (GET_POST, handle_api_keys, False),
+    "/router/v1/node/limits": (GET_POST, handle_limits, False),
     "/router/v1/node/offload/summary": (GET, handle_offload_summary, False),
     "/router/v1/node/offload/decisions": (GET, handle_offload_decisions, False),
     "/router/v1/node/offload/decisions/folded": (GET, handle_offload_decision_folds, False),
     "/router/v1/node/offload/timeline": (GET, handle_offload_timeline, False),
     "/router/v1/node/audit": (GET, handle_audit, False),
+    "/router/v1/node/usage": (GET, handle_usage, False),
     "/router/v1/node/offload/event": (POST, handle_offload_event, False),
     "/router/v1/node/offload/grant": (POST, handle_offload_grant, False),
     "/router/v1/node/offload/request": (POST, handle_offload_request, False),
@@ -483,6 +548,7 @@ def _inner(handler: Handler, inner_path: str) -> Handler:
         # Served through this node's own pipeline, exactly as a client request to it would be.
         # Only here, behind the cluster token, is the borrowed mark read from a header.
         ctx.path = inner_path
+        ctx.relayed_key_name = key_name_from_header(ctx.header(KEY_NAME_HEADER_BYTES))
         if ctx.header(b"x-tensors-offload") == b"1":
             ctx.borrowed = True
             ctx.offload_load = ctx.header(b"x-tensors-offload-load") == b"1"

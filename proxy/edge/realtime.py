@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -31,11 +32,12 @@ import aiohttp
 import orjson
 from daphne.ws_protocol import WebSocketProtocol
 
-from proxy.edge.gate import KEY_SUBPROTOCOL_PREFIX, Gate, parse_address
+from access.identity import CALLER_SCOPE_KEY, caller_of
+from proxy.edge.gate import KEY_SUBPROTOCOL_PREFIX, MASTER_CALLER, Gate, parse_address
 from proxy.edge.nodeapi import INFERENCE_PREFIX
 from proxy.families.voice.handlers import REALTIME_PATH
 from proxy.node import Node, get_node
-from proxy.request import Receive, Scope, Send
+from proxy.request import Receive, Scope, Send, model_not_allowed
 from proxy.runtimes.backends import auth_headers
 from registry.cluster import Replica
 from registry.httpclient import get_session
@@ -155,7 +157,9 @@ class RealtimeApp:
         if gate.address_refusal(peer, header) or gate.key_refusal("GET", path, header):
             await send({"type": "websocket.close", "code": 1000})
             return
-        relay = Relay(node, scope, receive, send, from_node=path == NODE_REALTIME_PATH)
+        from_node = path == NODE_REALTIME_PATH
+        scope[CALLER_SCOPE_KEY] = MASTER_CALLER if from_node else gate.client_caller(header)
+        relay = Relay(node, scope, receive, send, from_node=from_node)
         await relay.run()
 
 
@@ -187,6 +191,8 @@ class Relay:
     async def run(self) -> None:
         try:
             model = self._model()
+            if not caller_of(self.scope).may_use(model):
+                raise model_not_allowed(model)
             kind = _kind(self.node, model)
             replica = resolve(self.node, model, kind, borrowed=self.from_node)
         except RouterError as err:
@@ -277,7 +283,7 @@ class Relay:
             served = cfg.served_model
             url = f"{launch.base_url}{launch.backend_path(REALTIME_PATH)}"
             url += "?" + self._backend_query(served)
-            async with self._connect(url, auth_headers(cfg), public_id) as backend:
+            async with self._connect(url, auth_headers(cfg), public_id, launch.tls) as backend:
                 yield backend, Session(public_id, served)
         finally:
             runtime.release()
@@ -298,17 +304,18 @@ class Relay:
                 502, f"node {replica.node_id!r} cannot be reached: {exc}", type="backend_error"
             ) from exc
         headers = {"Authorization": client.authorization}
-        async with self._connect(url, headers, public_id) as backend:
+        async with self._connect(url, headers, public_id, client.ssl) as backend:
             yield backend, Session(public_id, replica.local_id)
 
     @contextlib.asynccontextmanager
     async def _connect(
-        self, url: str, headers: dict[str, str], public_id: str
+        self, url: str, headers: dict[str, str], public_id: str, tls: ssl.SSLContext | bool
     ) -> AsyncIterator[aiohttp.ClientWebSocketResponse]:
         try:
             backend = await get_session().ws_connect(
                 url,
                 headers=headers,
+                ssl=tls,
                 protocols=self.offered,
                 timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=BACKEND_CLOSE_SECS),
                 max_msg_size=0,

@@ -27,7 +27,8 @@ TAGS: list[Schema] = [
 INFERENCE_KEY: Schema = {
     "type": "http",
     "scheme": "bearer",
-    "description": "One of `auth.inference_keys`. Checked only when that list is set.",
+    "description": "One of `auth.inference_keys`, or a stored key (`rk-…`, any role). Checked "
+    "only when either exists.",
 }
 
 # -- small builders --------------------------------------------------------------------------
@@ -364,9 +365,15 @@ def _client_schemas() -> dict[str, Schema]:
 
 def _client_errors(*, ollama: bool = False, model: bool = True) -> dict[str, Schema]:
     errors = {
-        "401": _error("`auth.inference_keys` is set and the request carries none.", ollama=ollama),
+        "401": _error(
+            "Keys are required (`auth.inference_keys` or stored keys exist) and the request "
+            "carries no valid one (unknown, revoked or expired).",
+            ollama=ollama,
+        ),
         "403": _error(
-            "The client is outside `server.allowed_cidrs` (address_not_allowed).", ollama=ollama
+            "The client is outside `server.allowed_cidrs` (address_not_allowed), or the "
+            "request's key may not use the model it names (model_not_allowed).",
+            ollama=ollama,
         ),
     }
     if not model:
@@ -378,6 +385,12 @@ def _client_errors(*, ollama: bool = False, model: bool = True) -> dict[str, Sch
             ),
             "404": _error("The model is not known (code model_not_found).", ollama=ollama),
             "413": _error("The body is larger than `server.max_body_bytes`.", ollama=ollama),
+            "429": _error(
+                "The request's stored key is over its `rpm` or `tpm` (rate_limited) or its "
+                "`max_concurrent` (too_many_concurrent), counted across the cluster; with "
+                "`Retry-After` and the `x-ratelimit-*` headers (README, Limits).",
+                ollama=ollama,
+            ),
             "502": _error("No replica can serve it, or the backend failed.", ollama=ollama),
             "503": _error(
                 "The model's node is not healthy (code node_unavailable).", ollama=ollama

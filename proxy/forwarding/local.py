@@ -16,6 +16,7 @@ from typing import Any
 
 import aiohttp
 
+from access.limits import charge_usage
 from guardians.routing import REFUSAL_STATUSES, ImageRefused, is_image_refusal
 from lending.flow import Turn
 from proxy import work
@@ -63,7 +64,8 @@ class Job:
     max_tokens: int | None = None
     usage: dict[str, Any] | None = None
     lent: bool = False
-    """Answered by a helper: the helper records it; the owner's own fits must not see it."""
+    """Answered by a helper: the helper records it; the owner's own fits must not see it.
+    (One a helper hands back is the owner's again: the helper records nothing of it.)"""
     has_image: bool = False
     """Carries an image: never lent to a helper without vision."""
     service_ms: float | None = None
@@ -130,10 +132,24 @@ def _outcome(ctx: Ctx, failure: RouterError | None) -> int:
     return ctx.status
 
 
+def handed_back(ctx: Ctx, failure: RouterError | None) -> bool:
+    """A borrowed request its owner gets back: an answer head of 409 or 5xx (see
+    lending.flow.relay), or cut off before any answer (the owner's cutoff, or its client gone).
+    The owner records it, so this attempt is not a request of its own: usage and the per-key
+    metrics would count it twice."""
+    if not ctx.borrowed:
+        return False
+    if ctx.started:
+        return ctx.status == 409 or ctx.status >= 500
+    if ctx.disconnected:
+        return True
+    return failure is not None and (failure.status == 409 or failure.status >= 500)
+
+
 def _record(ctx: Ctx, node: Node, job: Job, failure: RouterError | None = None) -> None:
     from analytics.recorder import RequestSample
 
-    if job.lent or job.not_sent:
+    if job.lent or job.not_sent or handed_back(ctx, failure):
         return
     usage = job.usage or {}
     prompt_tokens = _int(usage.get("prompt_tokens", usage.get("input_tokens")))
@@ -143,6 +159,10 @@ def _record(ctx: Ctx, node: Node, job: Job, failure: RouterError | None = None) 
     image = job.image
     status = _outcome(ctx, failure)
     metrics.tokens_counted(job.public_id, prompt_tokens, output_tokens)
+    key_name = ctx.key_name
+    metrics.key_usage_counted(key_name, 200 <= status < 300, prompt_tokens, output_tokens)
+    # Toward the key's `tpm` on every node (access/limits.py): the node that ran it counts it.
+    charge_usage(key_name, _charged_tokens(job, prompt_tokens, output_tokens))
     node.recorder.add_request(
         RequestSample(
             node_id=node.node_id,
@@ -170,7 +190,21 @@ def _record(ctx: Ctx, node: Node, job: Job, failure: RouterError | None = None) 
             finished_at=time.time(),
             borrowed=ctx.borrowed,
             request_id=ctx.request_id or None,
+            key_name=key_name,
         )
+    )
+
+
+def _charged_tokens(job: Job, prompt_tokens: int, output_tokens: int) -> int:
+    # What the backend reported; a text request it reported nothing for (a stream cut short)
+    # counts what the edge estimated for it, so it is not free against `tpm`. An upload (audio,
+    # an image edit) is no prompt: its bytes are not tokens.
+    if prompt_tokens or output_tokens:
+        return prompt_tokens + output_tokens
+    if not job.content_type.startswith(JSON):
+        return 0
+    return work.prompt_tokens_for_bytes(job.prompt_bytes) + (
+        job.max_tokens or work.DEFAULT_MAX_TOKENS
     )
 
 
@@ -252,6 +286,7 @@ async def _send(
             data=body,
             headers=_backend_headers(job),
             timeout=node.request_timeout,
+            ssl=launch.tls,
         ) as resp:
             if job.guardian_fallback and resp.status in REFUSAL_STATUSES:
                 await _check_refusal(ctx, resp)

@@ -10,6 +10,7 @@ from typing import Protocol
 
 import aiohttp
 
+from access.keyheader import key_name_header
 from guardians.routing import ImageRefused, is_image_refusal
 from proxy.forwarding.faults import NotSent, SentBody, never_sent
 from proxy.forwarding.inflight import Forward
@@ -159,6 +160,7 @@ def _node_call(
         headers=headers,
         allow_redirects=False,
         timeout=node.request_timeout,
+        ssl=node.client.ssl if node.client is not None else True,
     )
 
 
@@ -219,6 +221,8 @@ def _node_headers(
         headers["X-Tensors-Guardian-Restore"] = "1"
     if model_header is not None:
         headers["X-Tensors-Model"] = model_header
+    # The key check happened here; the serving node's usage row names the key.
+    headers.update(key_name_header(ctx.key_name))
     return headers
 
 

@@ -18,11 +18,10 @@ from typing import Any
 
 from channels.db import database_sync_to_async
 
-from lending.flow import tenant_of
+from access.keys import admin_caller, current_table
 from proxy.node import Node
 from proxy.observe import metrics
 from proxy.request import Ctx
-from routerproject.api import admin_key_valid
 from routerproject.errors import RouterError
 
 access = logging.getLogger("router.access")
@@ -65,7 +64,7 @@ def _line(ctx: Ctx, node: Node, level: int, status: int, now: float) -> None:
         "backend": ctx.backend,
         "lent": bool(ctx.lent_to),
         "lent_to": ctx.lent_to,
-        "key_name": tenant_of(ctx)[0] or None,
+        "key_name": ctx.key_name,
         "status": status,
         "bytes": ctx.sent_bytes,
         "ms": ms,
@@ -102,8 +101,11 @@ async def handle_ping(ctx: Ctx, node: Node) -> None:
 
 
 async def handle_metrics(ctx: Ctx, node: Node) -> None:
-    """Prometheus text format; behind the admin key when admin keys are set."""
-    if not admin_key_valid(ctx.header(b"authorization"), node.config.auth.admin_keys):
+    """Prometheus text format; behind an admin key (config or stored) when admin keys exist."""
+    header = ctx.header(b"authorization") or b""
+    token = header[7:].strip() if header.startswith(b"Bearer ") else b""
+    config_keys = tuple(key.encode() for key in node.config.auth.admin_keys)
+    if admin_caller(token, config_keys, current_table()) is None:
         raise RouterError(401, "a valid admin key is required", type="unauthorized")
     await ctx.respond(200, metrics.exposition(node), metrics.CONTENT_TYPE)
 

@@ -80,6 +80,26 @@ TOKENS = Counter(
     ("model", "direction"),
     registry=REGISTRY,
 )
+KEY_REQUESTS = Counter(
+    "router_key_requests",
+    "Requests this node's backends served, by stored API key name (empty: a config key or "
+    "none; a request lent here counts under its owner's key) and outcome (ok, error).",
+    ("key", "outcome"),
+    registry=REGISTRY,
+)
+KEY_TOKENS = Counter(
+    "router_key_tokens",
+    "Tokens this node's backends reported, by stored API key name and direction (in, out).",
+    ("key", "direction"),
+    registry=REGISTRY,
+)
+KEY_RATE_LIMITED = Counter(
+    "router_key_rate_limited",
+    "Requests this node refused with 429 for a stored API key's limit, by key name and the "
+    "limit that refused it (requests: rpm, tokens: tpm, concurrent: max_concurrent).",
+    ("key", "limit"),
+    registry=REGISTRY,
+)
 LOADS = Counter(
     "router_backend_loads",
     "Model loads on this node by lane, model, reason and outcome (ok, failed).",
@@ -115,6 +135,8 @@ _request_children: dict[tuple[str, str, str, str], Any] = {}
 _latency_children: dict[tuple[str, str], tuple[Any, Any]] = {}
 _overhead_children: dict[str, Any] = {}
 _token_children: dict[str, tuple[Any, Any]] = {}
+# Key names are made by operators (the key API), so these stay as few as the keys.
+_key_children: dict[str, tuple[Any, Any, Any, Any]] = {}
 
 
 def path_family(path: str) -> str:
@@ -184,6 +206,31 @@ def tokens_counted(model: str, prompt_tokens: int, output_tokens: int) -> None:
         children[0].inc(prompt_tokens)
     if output_tokens:
         children[1].inc(output_tokens)
+
+
+def key_usage_counted(
+    key_name: str | None, success: bool, prompt_tokens: int, output_tokens: int
+) -> None:
+    """Count one served request and its tokens under the key it came with."""
+    key = key_name or ""
+    children = _key_children.get(key)
+    if children is None:
+        children = _key_children[key] = (
+            KEY_REQUESTS.labels(key, "ok"),
+            KEY_REQUESTS.labels(key, "error"),
+            KEY_TOKENS.labels(key, "in"),
+            KEY_TOKENS.labels(key, "out"),
+        )
+    children[0 if success else 1].inc()
+    if prompt_tokens:
+        children[2].inc(prompt_tokens)
+    if output_tokens:
+        children[3].inc(output_tokens)
+
+
+def key_rate_limited(key_name: str, limit: str) -> None:
+    """Count one 429 of a stored key's limit (keys are few: the table bounds the labels)."""
+    KEY_RATE_LIMITED.labels(key_name, limit).inc()
 
 
 def load_finished(event: LoadEvent) -> None:

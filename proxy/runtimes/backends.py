@@ -8,11 +8,13 @@ probe says it is ready. The simulated backend has llama-server's command line, s
 
 from __future__ import annotations
 
+import ssl
 import sys
 from dataclasses import dataclass, field
 
 from proxy.runtimes.readiness import Probe
 from registry.kcpps import Lane, ModelConfig
+from registry.tlsclient import ca_ssl_context
 from routerproject.config import FamilyConfig, RouterConfig
 
 DEFAULT_BINARIES = {
@@ -41,6 +43,8 @@ class Launch:
     form_fields: dict[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
     """Client path → form fields a multipart body gets on its way to this backend (where one
     endpoint serves two client paths and a field tells them apart)."""
+    tls: ssl.SSLContext | bool = field(default=True, compare=False)
+    """What an `https://` backend is verified against (aiohttp's `ssl=`)."""
 
     def backend_path(self, path: str) -> str:
         return self.paths.get(path, path)
@@ -96,7 +100,13 @@ def build_launch(cfg: ModelConfig, lane: Lane, *, config: RouterConfig, port: in
     mode = cfg.backend_mode
     if mode == "upstream":
         assert cfg.upstream_url is not None
-        return Launch(None, cfg.upstream_url.rstrip("/"), "models", family="upstream")
+        return Launch(
+            None,
+            cfg.upstream_url.rstrip("/"),
+            "models",
+            family="upstream",
+            tls=ca_ssl_context(cfg.upstream_tls_ca_file),
+        )
     if mode == "sim":
         weights = _weights_for(cfg, lane)
         argv = [sys.executable, "-m", "proxy.sim", "-m", weights, "--host", host]

@@ -36,6 +36,7 @@ from proxy.runtimes.logfiles import rotate_if_large
 from proxy.runtimes.readiness import is_ready, probe_path, reported_vision
 from registry.httpclient import get_session
 from registry.kcpps import Lane, ModelConfig
+from registry.tlsclient import ca_ssl_context
 from routerproject.config import RouterConfig
 from routerproject.errors import BackendError
 
@@ -420,7 +421,9 @@ class Runtime:
                     + (f": {tail}" if tail else "")
                 )
             try:
-                async with session.get(url, timeout=timeout, headers=headers) as resp:
+                async with session.get(
+                    url, timeout=timeout, headers=headers, ssl=launch.tls
+                ) as resp:
                     body = await resp.read()
                     if is_ready(launch.probe, resp.status, body, flag=launch.flag):
                         if self.on_models is not None and launch.probe == "models":
@@ -443,7 +446,7 @@ class Runtime:
             # A timer, not a wait for a condition: the probe repeats for as long as it is loaded.
             await asyncio.sleep(LANE_PROBE_EVERY_SECS)
             try:
-                async with session.get(url, timeout=timeout) as resp:
+                async with session.get(url, timeout=timeout, ssl=launch.tls) as resp:
                     ok = is_ready(launch.probe, resp.status, await resp.read(), flag=launch.flag)
             except (TimeoutError, aiohttp.ClientError, OSError):
                 ok = False
@@ -598,7 +601,12 @@ class RuntimeManager:
             assert cfg.upstream_url is not None
             url = cfg.upstream_url.rstrip("/") + probe_path("models")
             try:
-                async with session.get(url, timeout=timeout, headers=auth_headers(cfg)) as resp:
+                async with session.get(
+                    url,
+                    timeout=timeout,
+                    headers=auth_headers(cfg),
+                    ssl=ca_ssl_context(cfg.upstream_tls_ca_file),
+                ) as resp:
                     if 200 <= resp.status < 300:
                         self.note_models(cfg, await resp.read())
             except (TimeoutError, aiohttp.ClientError):

@@ -249,6 +249,7 @@ async def serve_named(
 ) -> None:
     """Serve a request that names `model` on the client's path: the usual replica choice,
     and once more on another replica when it never reached the first."""
+    ctx.model = model
     replica = resolve(node, model, kind, borrowed=ctx.borrowed)
 
     def serve(target: Replica) -> Awaitable[None]:

@@ -15,8 +15,10 @@ import httpx
 import pytest
 import yaml
 
+from access.keys import current_table
 from lending import propagate
 from proxy.node import Node, build_node, catch_up_if_stale
+from registry.keysync import KEYS_PATH
 from registry.nodeclient import AllowList, NodeClient
 from registry.sync import ClusterSync
 from routerproject.config import load_config
@@ -61,10 +63,12 @@ async def master(tmp_path: Path) -> AsyncIterator[Node]:
 
 
 class Slave:
-    """Answers polls with a snapshot carrying `fingerprint`; records every push it gets."""
+    """Answers polls with a snapshot carrying `fingerprint` (and `keys`, the key table's: the
+    master's own unless given); records every push it gets."""
 
-    def __init__(self, fingerprint: str) -> None:
+    def __init__(self, fingerprint: str, keys: str | None = None) -> None:
         self.fingerprint = fingerprint
+        self.keys = current_table().fingerprint if keys is None else keys
         self.pushed: list[str] = []
         self.all_pushed = asyncio.Event()
 
@@ -78,10 +82,11 @@ class Slave:
                     "models": [],
                     "protocol_version": 2,
                     "settings_fingerprint": self.fingerprint,
+                    "api_keys_fingerprint": self.keys,
                 },
             )
         self.pushed.append(request.url.path)
-        if len(self.pushed) == len(PUSHES):
+        if len(self.pushed) == len(PUSHES) or request.url.path == KEYS_PATH:
             self.all_pushed.set()
         return httpx.Response(204)
 
@@ -116,3 +121,11 @@ async def test_a_polled_slave_that_runs_the_masters_settings_gets_nothing(master
     # The hook schedules a catch-up before the poll returns, or never.
     assert not propagate._catch_up_tasks
     assert slave.pushed == []
+
+
+async def test_a_polled_slave_with_another_key_table_gets_the_masters(master: Node) -> None:
+    slave = Slave(master.lending.fingerprint, keys="not-the-masters")
+    await asyncio.wait_for(connect(master, slave).poll_all(), WAIT_SECS)
+    await asyncio.wait_for(slave.all_pushed.wait(), WAIT_SECS)
+    # The key table alone: the slave runs the master's lending settings already.
+    assert slave.pushed == [KEYS_PATH]

@@ -32,6 +32,7 @@ WAIT_SECS = 10.0
 
 class FakeClient:
     authorization = "Bearer cluster-token"
+    ssl = True  # the system store: the node URLs here are plain http
 
     def __init__(self, checked_url: Callable[[str, str], str]) -> None:
         self.checked_url = checked_url

@@ -198,6 +198,9 @@ class NodeSnapshotSerializer(serializers.Serializer):
     settings_fingerprint = serializers.CharField(
         help_text="Fingerprint of the lending settings it runs."
     )
+    api_keys_fingerprint = serializers.CharField(
+        help_text="Fingerprint of the stored-key table it checks keys against."
+    )
 
 
 class VersionSerializer(serializers.Serializer):

@@ -14,6 +14,7 @@ import itertools
 import logging
 import mmap
 import os
+import ssl
 import stat
 import threading
 import urllib.parse
@@ -211,8 +212,11 @@ class Puller:
     ) -> None:
         stop = threading.Event()
         timeout = self.node.config.cluster.control_timeout
+        client = self.node.client
+        tls = client.ssl if client is not None else True
+        context = tls if isinstance(tls, ssl.SSLContext) else None
         pull = asyncio.ensure_future(
-            asyncio.to_thread(pull_blocking, url, headers, timeout, transfer, writer, stop)
+            asyncio.to_thread(pull_blocking, url, headers, timeout, transfer, writer, stop, context)
         )
         try:
             await asyncio.shield(pull)
@@ -292,6 +296,7 @@ def pull_blocking(
     transfer: Transfer,
     writer: PartialFile,
     stop: threading.Event,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> None:
     """Take a peer's asset stream into the partial file, in the calling (worker) thread.
 
@@ -300,10 +305,14 @@ def pull_blocking(
     loop's per-chunk reads and copies do, and leaves the router's loop free meanwhile.
     """
     parts = urllib.parse.urlsplit(url)
-    connection_class = (
-        http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    )
-    connection = connection_class(parts.hostname or "", parts.port, timeout=timeout)
+    connection: http.client.HTTPConnection
+    if parts.scheme == "https":
+        # The cluster's CA and client certificate, as for every other call to a node.
+        connection = http.client.HTTPSConnection(
+            parts.hostname or "", parts.port, timeout=timeout, context=ssl_context
+        )
+    else:
+        connection = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=timeout)
     target = parts.path + (f"?{parts.query}" if parts.query else "")
     try:
         connection.request("GET", target, headers=dict(headers))

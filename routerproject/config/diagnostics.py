@@ -51,6 +51,7 @@ def config_to_dict(cfg: RouterConfig) -> dict[str, Any]:
     """
     out: dict[str, Any] = {name: _section_to_dict(getattr(cfg, name)) for name in SECTION_MODELS}
     out["cluster"]["token"] = REDACTED if cfg.cluster.token else ""
+    out["cluster"]["previous_tokens"] = [REDACTED for _ in cfg.cluster.previous_tokens]
     out["auth"]["inference_keys"] = [REDACTED for _ in cfg.auth.inference_keys]
     out["auth"]["admin_keys"] = [REDACTED for _ in cfg.auth.admin_keys]
     out["database"]["url"] = _redact_url(cfg.database.url)

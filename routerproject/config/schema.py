@@ -29,6 +29,7 @@ from pydantic import (
 
 from lending.keys import KEYS_BY_NAME, LENDING_KEYS, LendingSettingError, canonical_value
 from routerproject.config.errors import ConfigError
+from routerproject.config.tls import OptionalFile, tls_problems
 from routerproject.config.values import (
     AllowedHost,
     Cidr,
@@ -123,6 +124,11 @@ class ServerConfig(_Section):
         DEFAULT_MAX_CONNECTIONS_PER_CLIENT
     )
     shutdown_grace: NonNegativeDuration = _yaml_default("10s")
+    # HTTPS and WSS on `bind` (both or neither); the client CA asks node routes for a client
+    # certificate it signed (routerproject/config/tls.py checks them at start).
+    tls_cert_file: OptionalFile = None
+    tls_key_file: OptionalFile = None
+    tls_client_ca_file: OptionalFile = None
 
     @property
     def host(self) -> str:
@@ -211,6 +217,15 @@ class ClusterConfig(_Section):
     public_url: OptionalUrl = ""
     master_url: OptionalUrl = ""
     slave_urls: list[RequiredUrl] = Field(default_factory=list)
+    # Older tokens still accepted on node routes while a new `token` rolls out; never sent.
+    previous_tokens: list[Annotated[str, BeforeValidator(_validate_token)]] = Field(
+        default_factory=list, repr=False
+    )
+    # What this node trusts for https:// node URLs (None: the system's store), and the
+    # certificate it shows them.
+    tls_ca_file: OptionalFile = None
+    tls_client_cert_file: OptionalFile = None
+    tls_client_key_file: OptionalFile = None
     store_dir: ResolvedPath = _yaml_default("./router-store")
     sync_interval: PositiveDuration = _yaml_default("60s")
     health_interval: PositiveDuration = _yaml_default("15s")
@@ -413,7 +428,7 @@ def cross_problems(
         for name in ("inference_keys", "admin_keys"):
             if cluster.token in getattr(auth, name):
                 problems.append(("cluster.token", f"must not reuse a value from auth.{name}"))
-    return problems
+    return problems + tls_problems(server, auth, cluster)
 
 
 # ---------------------------------------------------------------------- top level

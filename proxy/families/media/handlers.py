@@ -143,6 +143,7 @@ async def _run(
     model was chosen here, not named in its body, reaches another node or the backend naming
     it, so the node there does not choose again by its own default.
     """
+    ctx.model = model
     ctype = _request_type(ctx)
     # A header carries Latin-1 only; a model ID beyond ASCII travels in the body alone.
     if ctx.header(MODEL_HEADER) is None and model.isascii():
@@ -345,6 +346,7 @@ async def handle_image_generations(ctx: Ctx, node: Node) -> None:
         image = work.image_work(doc)
     except ValueError as exc:
         raise RouterError(400, str(exc), param=getattr(exc, "param", None)) from exc
+    ctx.model = model
     replica = resolve(node, model, "image", borrowed=ctx.borrowed)
 
     def serve(target: Replica) -> Awaitable[None]:
@@ -377,7 +379,7 @@ async def handle_sd_models(ctx: Ctx, node: Node) -> None:
             "sha256": "",
         }
         for pid, replicas in sorted(node.cluster.by_public_image_id.items())
-        if any(not r.record.get("disabled") for r in replicas)
+        if any(not r.record.get("disabled") for r in replicas) and ctx.may_use(pid)
     ]
     await ctx.json(200, entries)
 

@@ -30,6 +30,7 @@ async def handle_kobold(ctx: Ctx, node: Node) -> None:
         model = loaded_text_model(node)
     if not isinstance(model, str):
         raise RouterError(400, "model must be a string", param="model")
+    ctx.model = model
     prefix, ctx.prefix_match = prefix_of(node, doc)
     replica = resolve(
         node, model, "llm", borrowed=ctx.borrowed, prefix=prefix, match=ctx.prefix_match
@@ -102,10 +103,12 @@ KOBOLD_API_VERSION = "1.98"
 async def handle_kobold_model(ctx: Ctx, node: Node) -> None:
     """`GET /api/v1/model`: the model a Kobold client's generate would run."""
     try:
-        model = loaded_text_model(node)
+        model: str | None = loaded_text_model(node)
     except RouterError:
-        # No single text model to name: KoboldCpp says so with its read-only marker, and the
-        # client then names a model itself (or asks the user to).
+        model = None
+    if model is None or not ctx.may_use(model):
+        # No single text model to name (or none this key may use): KoboldCpp says so with its
+        # read-only marker, and the client then names a model itself (or asks the user to).
         await ctx.json(200, {"result": "ReadOnly"})
         return
     await ctx.json(200, {"result": f"koboldcpp/{model}"})

@@ -173,6 +173,7 @@ async def handle_ollama_show(ctx: Ctx, node: Node) -> None:
     model = doc.get("model") or doc.get("name")
     if not isinstance(model, str) or not model:
         raise RouterError(400, "model is required", param="model")
+    ctx.model = model
     replicas = [
         r
         for r in node.cluster.by_public_id.get(model, [])
@@ -241,13 +242,15 @@ def _ollama_entry(public_id: str, rec: dict[str, Any]) -> dict[str, Any]:
 
 async def handle_tags(ctx: Ctx, node: Node) -> None:
     require_view(node)
-    await ctx.json(200, {"models": [_ollama_entry(pid, rec) for pid, rec in _listed(node)]})
+    await ctx.json(200, {"models": [_ollama_entry(pid, rec) for pid, rec in _listed(node, ctx)]})
 
 
 async def handle_ps(ctx: Ctx, node: Node) -> None:
     require_view(node)
     models = []
     for pid, replicas in sorted(node.cluster.by_public_id.items()):
+        if not ctx.may_use(pid):
+            continue
         for r in replicas:
             loaded = (
                 node.runtimes.is_loaded(r.cfg)

@@ -85,11 +85,16 @@ def default_embeddings(node: Node) -> str:
     return pool[node.cluster.next_rr("embeddings:") % len(pool)]
 
 
-def _listed(node: Node) -> list[tuple[str, dict[str, Any]]]:
+def _listed(node: Node, ctx: Ctx) -> list[tuple[str, dict[str, Any]]]:
+    """The text models a model list shows: those the request's key may use."""
     out = []
     for public_id, replicas in sorted(node.cluster.by_public_id.items()):
         rec = replicas[0].record
-        if (rec.get("has_llm") or rec.get("has_embeddings")) and not rec.get("disabled"):
+        if (
+            (rec.get("has_llm") or rec.get("has_embeddings"))
+            and not rec.get("disabled")
+            and ctx.may_use(public_id)
+        ):
             out.append((public_id, dict(rec)))
     return out
 
@@ -105,7 +110,7 @@ def _openai_model(public_id: str, rec: dict[str, Any]) -> dict[str, Any]:
 
 async def handle_models(ctx: Ctx, node: Node) -> None:
     require_view(node)
-    data = [_openai_model(pid, rec) for pid, rec in _listed(node)]
+    data = [_openai_model(pid, rec) for pid, rec in _listed(node, ctx)]
     await ctx.json(200, {"object": "list", "data": data})
 
 
@@ -114,8 +119,8 @@ MODEL_PATH_PREFIX = "/v1/models/"
 
 async def handle_model(ctx: Ctx, node: Node) -> None:
     """`GET /v1/models/{id}` (the OpenAI SDK's `models.retrieve`): one entry of the list."""
-    wanted = ctx.path[len(MODEL_PATH_PREFIX) :]
-    for public_id, rec in _listed(node):
+    wanted = ctx.model = ctx.path[len(MODEL_PATH_PREFIX) :]
+    for public_id, rec in _listed(node, ctx):
         if public_id == wanted:
             await ctx.json(200, _openai_model(public_id, rec))
             return

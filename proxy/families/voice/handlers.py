@@ -129,6 +129,7 @@ async def handle_transcriptions(ctx: Ctx, node: Node) -> None:
     model_field = work.multipart_field(ctx.body, ctype.decode("latin-1"), "model")
     model = model_field.decode("utf-8", "replace").strip() if model_field else ""
     if model:
+        ctx.model = model
         replica = resolve(node, model, "voice", borrowed=ctx.borrowed)
 
         def serve(target: Replica) -> Awaitable[None]:

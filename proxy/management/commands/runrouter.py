@@ -57,10 +57,10 @@ def _persist_assignments(assignments: Any) -> None:
 _PENDING: set[asyncio.Task[None]] = set()
 
 
-def _router_server(runner: NodeRunner, door: Any, listening: list[Any]) -> Any:
-    """Daphne's server class for this node: the front door on every HTTP connection, the
-    realtime close codes on every WebSocket, `http.response.pathsend`, and the node's startup
-    once it listens."""
+def _router_server(runner: NodeRunner, door: Any, listening: list[Any], tls: Any) -> Any:
+    """Daphne's server class for this node: the front door on every HTTP connection (under
+    TLS when `tls` is given), the realtime close codes on every WebSocket,
+    `http.response.pathsend`, and the node's startup once it listens."""
     from daphne.server import Server
 
     from proxy.edge import filesend
@@ -75,7 +75,9 @@ def _router_server(runner: NodeRunner, door: Any, listening: list[Any]) -> Any:
 
         @http_factory.setter
         def http_factory(self, factory: Any) -> None:
-            self._router_http_factory = FrontDoorFactory(self, door)
+            front = FrontDoorFactory(self, door)
+            # TLS outside, the front door inside: its rules see the decrypted stream.
+            self._router_http_factory = front if tls is None else tls.wrap(front)
 
         @property
         def ws_factory(self) -> Any:
@@ -91,6 +93,8 @@ def _router_server(runner: NodeRunner, door: Any, listening: list[Any]) -> Any:
 
         def create_application(self, protocol: Any, scope: dict[str, Any]) -> Any:
             filesend.advertise(scope)
+            # An HTTP request's transport is its channel's; a WebSocket holds its own.
+            _tell_tls(protocol, scope, tls is not None)
             return super().create_application(protocol, scope)
 
         async def handle_reply(self, protocol: Any, message: dict[str, Any]) -> None:
@@ -111,6 +115,20 @@ def _router_server(runner: NodeRunner, door: Any, listening: list[Any]) -> Any:
             super().listen_error(failure)
 
     return RouterServer
+
+
+def _tell_tls(protocol: Any, scope: dict[str, Any], tls: bool) -> None:
+    """Tell the app whether a verified client certificate came with this connection."""
+    from proxy.edge.tls import CLIENT_CERT_SCOPE_KEY, has_client_cert
+
+    # An HTTP request's transport is its channel's; a WebSocket holds its own.
+    channel = getattr(protocol, "channel", None)
+    transport = getattr(channel, "transport", None) or protocol.transport
+    scope[CLIENT_CERT_SCOPE_KEY] = has_client_cert(transport)
+    if tls and scope["type"] == "websocket":
+        # Daphne sets an HTTP request's scheme from the transport but leaves a WebSocket's
+        # unset, which ASGI reads as "ws".
+        scope["scheme"] = "wss"
 
 
 class Command(BaseCommand):
@@ -147,12 +165,16 @@ class NodeRunner:
         self.stopping = False
         self.tasks: set[asyncio.Task[None]] = set()
         self.ticker: Any = None
+        self.keys: Any = None
+        self.limit_sync: Any = None
         self.rotating: asyncio.Task[None] | None = None
+        self.tls: Any = None
 
     def run(self) -> int:
         from daphne.endpoints import build_endpoint_description_strings
 
         from proxy.edge.frontdoor import FrontDoor, raise_fd_limit
+        from proxy.edge.tls import ServerTLS
         from routerproject.asgi import application
         from routerproject.gctune import (
             disable_twisted_access_log,
@@ -162,7 +184,8 @@ class NodeRunner:
 
         self._build_node()
         listening: list[Any] = []
-        server_class = _router_server(self, FrontDoor(self.config), listening)
+        self.tls = ServerTLS.from_config(self.config.server)
+        server_class = _router_server(self, FrontDoor(self.config), listening, self.tls)
         self.listening = listening
         endpoints = build_endpoint_description_strings(
             host=self.config.server.host, port=self.config.server.port
@@ -219,6 +242,9 @@ class NodeRunner:
         loop = _reactor_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, lambda: self.tasks.add(loop.create_task(self.shutdown())))
+        if self.tls is not None:
+            # A renewed certificate: new connections get it, open ones keep theirs.
+            loop.add_signal_handler(signal.SIGHUP, self.tls.reload)
 
     async def startup(self) -> None:
         try:
@@ -238,6 +264,7 @@ class NodeRunner:
         from registry.sync import RegistrationRefused
 
         node.decisions.start()
+        await self._start_keys()
         try:
             await self.sync.start()
         except RegistrationRefused as exc:
@@ -259,12 +286,37 @@ class NodeRunner:
             print(f"router: skipped model config {err}", file=sys.stderr, flush=True)
         cfg = self.config
         node.ready = True
+        scheme = "https" if self.tls is not None else "http"
         print(
-            f"router ready: http://{cfg.server.bind} node={cfg.cluster.node_id} "
+            f"router ready: {scheme}://{cfg.server.bind} node={cfg.cluster.node_id} "
             f"role={cfg.cluster.role} models={len(node.catalog.configs)} pid={os.getpid()}",
             file=sys.stderr,
             flush=True,
         )
+
+    async def _start_keys(self) -> None:
+        """The stored-key table before the first registration: a master builds it from its
+        database (so the slaves that register get it), a slave takes the one it kept and asks
+        its master once (so it does not serve keyless for a sync interval); then the loop
+        that keeps it."""
+        from registry.keysync import KeySync, keys_restore
+
+        self.keys = KeySync(self.node)
+        try:
+            if self.node.role == "slave":
+                await keys_restore(self.node)
+                await self.keys.pull_once()
+            else:
+                await self.keys.watch_once()
+        except Exception:
+            # The loop retries; a node without its table yet still starts.
+            logger.exception("loading the stored-key table failed")
+        self.keys.start()
+        from registry.limitsync import LimitSync
+
+        # Per-key limit counts, exchanged with the master (a slave's loop only).
+        self.limit_sync = LimitSync(self.node)
+        self.limit_sync.start()
 
     async def _start_background(self) -> None:
         """The analytics recorder, the upstream discovery, the workers and log rotation."""
@@ -384,6 +436,10 @@ class NodeRunner:
                 logger.exception("closing the listening socket %s failed", port)
         node = self.node
         await self.sync.stop()
+        if self.keys is not None:
+            await self.keys.stop()
+        if self.limit_sync is not None:
+            await self.limit_sync.stop()
         if self.ticker is not None:
             await self.ticker.stop()
         # Requests in flight get their answers; past the grace period they are cut off and

@@ -1,0 +1,174 @@
+"""Node routes under token rotation and mutual TLS, in both guards: the front door's gate and
+the app (for requests that reach it another way). The real handshake is in
+tests/test_tls_cluster.py; here the scope's `router.tls_client_cert` stands for it."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import trustme
+from asgiref.testing import ApplicationCommunicator
+
+from proxy.edge.app import ProxyApp
+from proxy.edge.gate import Gate
+from proxy.edge.tls import CLIENT_CERT_SCOPE_KEY
+from proxy.node import Node, build_node
+from registry.httpclient import close_session
+from routerproject.config import RouterConfig, load_config
+
+NEW = "new-cluster-token-0123456789"
+OLD = "old-cluster-token-0123456789"
+NODE_PATH = "/router/v1/node/runtime-status"
+
+
+def _config(tmp_path: Path, extra: str = "") -> RouterConfig:
+    (tmp_path / "kcpps").mkdir(exist_ok=True)
+    path = tmp_path / "config.yaml"
+    text = f"""
+        cluster:
+          role: master
+          node_id: auth-test
+          token: {NEW}
+          previous_tokens: [{OLD}]
+          store_dir: {tmp_path / "store"}
+        """
+    path.write_text(textwrap.dedent(text) + textwrap.dedent(extra))
+    return load_config(path, environ={})
+
+
+def _tls_keys(tmp_path: Path) -> str:
+    ca = trustme.CA()
+    leaf = ca.issue_cert("127.0.0.1")
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    leaf.cert_chain_pems[0].write_to_path(str(tmp_path / "cert.pem"))
+    leaf.private_key_pem.write_to_path(str(tmp_path / "key.pem"))
+    return f"""
+        server:
+          tls_cert_file: {tmp_path / "cert.pem"}
+          tls_key_file: {tmp_path / "key.pem"}
+          tls_client_ca_file: {tmp_path / "ca.pem"}
+        """
+
+
+def _bearer(token: str) -> Any:
+    return {b"authorization": f"Bearer {token}".encode()}.get
+
+
+@pytest.mark.parametrize(("token", "accepted"), [(NEW, True), (OLD, True), ("x" * 28, False)])
+def test_the_gate_accepts_the_token_and_the_previous_ones(
+    tmp_path: Path, token: str, accepted: bool
+) -> None:
+    gate = Gate(_config(tmp_path))
+    refusal = gate.key_refusal("GET", NODE_PATH, _bearer(token))
+    assert (refusal is None) is accepted
+    if not accepted:
+        assert refusal is not None and refusal.status == 401
+
+
+def test_a_previous_token_opens_only_node_routes(tmp_path: Path) -> None:
+    gate = Gate(_config(tmp_path, "auth: {admin_keys: [an-admin-key-0123456789]}\n"))
+    refusal = gate.key_refusal("GET", "/router/v1/site/nodes/state", _bearer(OLD))
+    assert refusal is not None and refusal.status == 401
+
+
+@pytest.fixture
+async def nodes() -> AsyncIterator[list[Node]]:
+    built: list[Node] = []
+    try:
+        yield built
+    finally:
+        for node in built:
+            await node.runtimes.close()
+        await close_session()
+
+
+async def _get(node: Node, token: str, *, cert: bool | None) -> tuple[int, dict[str, Any]]:
+    async def fallback(scope: Any, receive: Any, send: Any) -> None:
+        raise AssertionError("node routes never reach Django")
+
+    scope: dict[str, Any] = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "https",
+        "path": NODE_PATH,
+        "raw_path": NODE_PATH.encode(),
+        "query_string": b"",
+        "headers": [(b"authorization", f"Bearer {token}".encode())],
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 18999),
+    }
+    if cert is not None:
+        scope[CLIENT_CERT_SCOPE_KEY] = cert
+    comm = ApplicationCommunicator(ProxyApp(fallback, node_getter=lambda: node), scope)
+    await comm.send_input({"type": "http.request", "body": b"", "more_body": False})
+    start = await comm.receive_output(20)
+    body = b""
+    while True:
+        message = await comm.receive_output(20)
+        body += message.get("body", b"")
+        if not message.get("more_body", False):
+            break
+    return start["status"], orjson.loads(body)
+
+
+async def test_the_app_accepts_the_previous_token_too(tmp_path: Path, nodes: list[Node]) -> None:
+    node = build_node(_config(tmp_path))
+    nodes.append(node)
+    assert (await _get(node, OLD, cert=None))[0] == 200
+    assert (await _get(node, NEW, cert=None))[0] == 200
+    assert (await _get(node, "y" * 28, cert=None))[0] == 401
+
+
+@pytest.mark.parametrize("cert", [None, False])
+async def test_with_a_client_ca_the_app_refuses_node_routes_without_a_verified_certificate(
+    tmp_path: Path, nodes: list[Node], cert: bool | None
+) -> None:
+    node = build_node(_config(tmp_path, _tls_keys(tmp_path)))
+    nodes.append(node)
+    status, body = await _get(node, NEW, cert=cert)
+    assert status == 403
+    assert body["error"]["code"] == "client_certificate_required"
+    # Refused before the token is judged: a wrong token gets the same answer.
+    assert (await _get(node, "z" * 28, cert=cert))[0] == 403
+    assert (await _get(node, NEW, cert=True))[0] == 200
+
+
+def test_a_reload_that_cannot_load_keeps_the_previous_certificate(tmp_path: Path) -> None:
+    from proxy.edge.tls import ServerTLS
+
+    _tls_keys(tmp_path)
+    tls = ServerTLS(tmp_path / "cert.pem", tmp_path / "key.pem", tmp_path / "ca.pem")
+    before = tls.context
+    other = trustme.CA().issue_cert("127.0.0.1")
+    # A renewal half-written: the new certificate, the old key.
+    other.cert_chain_pems[0].write_to_path(str(tmp_path / "cert.pem"))
+    assert tls.reload() is False
+    assert tls.context is before
+    other.private_key_pem.write_to_path(str(tmp_path / "key.pem"))
+    assert tls.reload() is True
+    assert tls.context is not before
+
+
+class _Socket:
+    """What `_tell_tls` reads of a WebSocket protocol: its transport."""
+
+    def __init__(self, transport: object) -> None:
+        self.transport = transport
+
+
+def test_a_websocket_on_a_tls_node_is_told_wss_and_whether_a_certificate_came() -> None:
+    from proxy.management.commands.runrouter import _tell_tls
+
+    scope: dict[str, Any] = {"type": "websocket"}
+    _tell_tls(_Socket(object()), scope, True)
+    assert scope == {"type": "websocket", "scheme": "wss", CLIENT_CERT_SCOPE_KEY: False}
+    plain: dict[str, Any] = {"type": "websocket"}
+    _tell_tls(_Socket(object()), plain, False)
+    assert plain == {"type": "websocket", CLIENT_CERT_SCOPE_KEY: False}
