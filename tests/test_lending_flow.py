@@ -193,8 +193,9 @@ def test_a_lent_request_keeps_its_id_on_the_owner_the_master_and_the_helper(
     assert not borrowed_ids() & owner_ids()
 
 
-def test_a_lent_request_waits_on_the_helper_under_its_owners_key(cluster: Cluster) -> None:
-    """Needs stored keys (issue 25): skipped on a build without `site/api-keys`."""
+def test_a_lent_request_waits_on_the_helper_under_its_owners_key(own_cluster: Cluster) -> None:
+    """A cluster of its own: once it has a stored key, every client path needs a key."""
+    cluster = own_cluster
     with cluster.master.client() as client:
         made = client.post(
             "/router/v1/site/api-keys", json={"name": "lending-team", "role": "inference"}
