@@ -18,7 +18,7 @@ from typing import Any, Generic, TypeVar
 
 import aiohttp
 
-from access.identity import caller_of
+from access.identity import MASTER, caller_of
 from access.keyheader import key_name_header
 from lending.fairshare import clean_cost, clean_weight
 from lending.planner import Lease
@@ -237,18 +237,19 @@ def tenant_of(ctx: RequestCtx) -> tuple[str, float]:
     """(key name, fair-share weight) a request waits under; ("", 1.0) without a stored key.
 
     The name is the one usage counts (`ctx.key_name`: the caller's, or on a node-protocol
-    call the relaying node's word). A borrowed request waits under its owner's key and share,
-    which the relay carried (the node protocol's headers, never a client's: `ctx.borrowed` is
-    set only there).
+    call the relaying node's word). A request another node let in (a lent one, or one the
+    master passed on) waits under the key and share that node sent: headers read only on the
+    node protocol (cluster token), never on a client's request.
     """
     name = (ctx.key_name or "")[:KEY_NAME_MAX_CHARS]
-    if ctx.borrowed:
+    caller = caller_of(ctx.scope)
+    if ctx.borrowed or caller.kind == MASTER:
         share = ctx.header(KEY_SHARE_HEADER_BYTES) or b""
         try:
             return name, clean_weight(float(share.decode("ascii")))
         except (UnicodeDecodeError, ValueError):
             return name, 1.0
-    return name, clean_weight(caller_of(ctx.scope).share)
+    return name, clean_weight(caller.share)
 
 
 def key_share(ctx: RequestCtx) -> str | None:

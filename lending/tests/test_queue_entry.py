@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from access.identity import CALLER_SCOPE_KEY, STORED, Caller
+from access.identity import CALLER_SCOPE_KEY, MASTER, STORED, Caller
 from analytics.fitting import CostFit, TokenProfile
 from lending.flow import (
     UNPRICED_COST_MS,
@@ -161,3 +161,13 @@ def test_the_master_passes_the_owners_share_on_as_it_came() -> None:
     ctx = FakeCtx(headers={b"x-router-key-share": b"3.0", b"x": b"y"})
     assert relayed_key_share(ctx) == "3.0"  # type: ignore[arg-type]
     assert relayed_key_share(FakeCtx(headers={})) is None  # type: ignore[arg-type]
+
+
+def test_a_request_the_master_passed_on_waits_under_the_key_and_share_it_sent() -> None:
+    master = Caller(kind=MASTER)
+    ctx = FakeCtx(
+        scope={CALLER_SCOPE_KEY: master},
+        headers={b"x-router-key-share": b"2.5"},
+        key_name="team a",
+    )
+    assert tenant_of(ctx) == ("team a", 2.5)  # type: ignore[arg-type]

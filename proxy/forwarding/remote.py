@@ -12,6 +12,7 @@ import aiohttp
 
 from access.keyheader import key_name_header
 from guardians.routing import ImageRefused, is_image_refusal
+from lending.flow import key_share_header
 from proxy.forwarding.faults import NotSent, SentBody, never_sent
 from proxy.forwarding.inflight import Forward
 from proxy.forwarding.local import content_type_of
@@ -221,8 +222,10 @@ def _node_headers(
         headers["X-Tensors-Guardian-Restore"] = "1"
     if model_header is not None:
         headers["X-Tensors-Model"] = model_header
-    # The key check happened here; the serving node's usage row names the key.
+    # The key check happened here; the serving node's usage row names the key, and with fair
+    # share its queue waits the request under that key with the key's share.
     headers.update(key_name_header(ctx.key_name))
+    headers.update(key_share_header(ctx))
     return headers
 
 
