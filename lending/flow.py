@@ -37,8 +37,8 @@ T = TypeVar("T")
 Shaper = Callable[[C, J, aiohttp.ClientResponse], Awaitable[None]]
 """Answers the client from a backend's (or a helper's) response: the proxy's, passed in."""
 
-# A lent request carries its owner's key's share (beside its name, access/keyheader.py) to the
-# helper, where it waits under that key. Only node-protocol requests (cluster token) are read.
+# A request another node serves (lent, or passed on) carries its key's share beside its name
+# (access/keyheader.py): it waits there under that key. Read on the node protocol only.
 KEY_SHARE_HEADER = "X-Router-Key-Share"
 KEY_SHARE_HEADER_BYTES = KEY_SHARE_HEADER.lower().encode("ascii")
 KEY_NAME_MAX_CHARS = 200

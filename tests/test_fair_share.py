@@ -5,8 +5,9 @@ One node, one simulated model with `parallel` 1. The first tests hold without st
 requests, the rest wait in the router where `site/nodes/state` and `/metrics` show them, and
 a client that gives up while waiting leaves at once without reaching the backend.
 
-The last test needs stored keys (issue 25, `POST /router/v1/site/api-keys`): it is skipped on
-a build without them and runs once the keys are merged.
+The last test uses stored keys (issue 25, `POST /router/v1/site/api-keys`): two keys, one
+flooding, one sending a single request that goes ahead of the flood (skipped on a build
+without stored keys).
 """
 
 from __future__ import annotations
