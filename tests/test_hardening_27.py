@@ -1,0 +1,116 @@
+"""Issue 27's holes, on a real node: client text that reaches the logs cannot forge or hide a
+line, the Docker health check passes its own front door, and input validation and the front
+door answer what they refuse."""
+
+from __future__ import annotations
+
+import json
+import logging
+import logging.config
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.conf import settings
+
+from tests.harness import RouterNode, running_node, text_model, wait_for
+
+pytestmark = pytest.mark.integration
+
+# A line a forger would like the operator to read as the node's own.
+FORGED = "2026-01-01 00:00:00,000 INFO [-] router.access: GET /admin/ status=200"
+HOSTILE = f"evil\n{FORGED}\r\x1b[2J\x00\u202egnp.exe"
+READABLE = "modèle-日本語-чат"
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RouterNode]:
+    root = tmp_path_factory.mktemp("hardening27")
+    with running_node(root, [text_model("chat", load_ms=5, base_ms=1)]) as n:
+        yield n
+
+
+def _lines_of(node: RouterNode, request_id: str) -> list[str]:
+    return wait_for(
+        lambda: [ln for ln in list(node.lines) if f"[{request_id}] router.access:" in ln]
+    )
+
+
+def _assert_clean(text: str) -> None:
+    for raw in ("\n", "\r", "\x1b", "\x00", "\u202e"):
+        assert raw not in text, repr(text)
+
+
+# -- log injection (part 4) ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "rid"),
+    [("/v1/chat/completions", "inject-openai"), ("/api/chat", "inject-ollama")],
+)
+def test_a_hostile_model_name_cannot_forge_or_hide_an_access_line(
+    node: RouterNode, path: str, rid: str
+) -> None:
+    body = {"model": HOSTILE, "messages": [{"role": "user", "content": "hi"}], "stream": False}
+    with node.client() as client:
+        resp = client.post(path, json=body, headers={"X-Request-Id": rid})
+    assert resp.status_code == 404, resp.text
+    (line,) = _lines_of(node, rid)
+    _assert_clean(line)
+    # Escaped, not dropped: the operator still sees what the client sent.
+    assert "model=evil\\n2026-01-01" in line
+    assert "\\r\\x1b[2J\\x00\\u202egnp.exe" in line
+    assert not [ln for ln in list(node.lines) if ln.startswith(FORGED)]
+
+
+def test_a_hostile_path_is_escaped_in_the_refusal_warning(node: RouterNode) -> None:
+    # A refusal quotes the path it refused: a foreign Host is refused on a WebUI path.
+    path = "/hostile-path%0a" + FORGED.replace(" ", "%20") + "%1b%00%e2%80%ae"
+    with node.client() as client:
+        resp = client.get(path, headers={"Host": "evil.example"})
+    assert resp.status_code == 400
+    line = wait_for(lambda: next((ln for ln in list(node.lines) if "/hostile-path" in ln), None))
+    _assert_clean(line)
+    assert "refused: 400" in line
+    assert "/hostile-path\\n2026-01-01" in line
+    assert not [ln for ln in list(node.lines) if ln.startswith(FORGED)]
+
+
+def test_a_utf8_model_name_stays_readable_in_the_access_line(node: RouterNode) -> None:
+    body = {"model": READABLE, "messages": [{"role": "user", "content": "hi"}]}
+    with node.client() as client:
+        client.post("/v1/chat/completions", json=body, headers={"X-Request-Id": "utf8-name"})
+    (line,) = _lines_of(node, "utf8-name")
+    assert f"model={READABLE} " in line
+
+
+def _formatted(kind: str, message: str, *args: object, **extra: object) -> str:
+    config: dict[str, Any] = settings.LOGGING
+    formatter = logging.config.DictConfigurator(config).configure_formatter(
+        dict(config["formatters"][kind])
+    )
+    record = logging.LogRecord("router.access", logging.INFO, __file__, 1, message, args, None)
+    record.__dict__.update(extra)
+    record.request_id = "rid"
+    return str(formatter.format(record))
+
+
+def test_the_json_format_escapes_client_text_and_keeps_utf8_readable() -> None:
+    line = _formatted("json", "POST /v1 model=%s", HOSTILE + READABLE, model=HOSTILE + READABLE)
+    _assert_clean(line)
+    doc: dict[str, Any] = json.loads(line)
+    escaped = "evil\\n" + FORGED + "\\r\\x1b[2J\\x00\\u202egnp.exe" + READABLE
+    assert doc["model"] == escaped
+    assert doc["message"] == "POST /v1 model=" + escaped
+    # Readable as written, not as \\u escapes.
+    assert READABLE in line
+
+
+def test_the_text_format_escapes_every_control_and_bidi_character() -> None:
+    hostile = "".join(chr(c) for c in (*range(0x20), 0x7F, 0x85, 0x9B, 0x2028, 0x2029, 0x202E))
+    line = _formatted("text", "model=%s", hostile + READABLE)
+    assert line.endswith(
+        "model=\\x00\\x01\\x02\\x03\\x04\\x05\\x06\\x07\\x08\\t\\n\\x0b\\x0c\\r\\x0e\\x0f"
+        "\\x10\\x11\\x12\\x13\\x14\\x15\\x16\\x17\\x18\\x19\\x1a\\x1b\\x1c\\x1d\\x1e\\x1f"
+        "\\x7f\\x85\\x9b\\u2028\\u2029\\u202e" + READABLE
+    )
