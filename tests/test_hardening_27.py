@@ -7,13 +7,19 @@ from __future__ import annotations
 import json
 import logging
 import logging.config
+import os
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from django.conf import settings
 
-from tests.harness import RouterNode, running_node, text_model, wait_for
+from proxy.edge.selfcheck import HEALTHCHECK_HEADER, healthcheck_credential
+from routerproject.settings import SECRET_KEY_FILENAME, stored_secret_key
+from tests.harness import REPO, RouterNode, running_node, text_model, wait_for
+from tests.test_observability import healthcheck_argv
 
 pytestmark = pytest.mark.integration
 
@@ -114,3 +120,38 @@ def test_the_text_format_escapes_every_control_and_bidi_character() -> None:
         "\\x10\\x11\\x12\\x13\\x14\\x15\\x16\\x17\\x18\\x19\\x1a\\x1b\\x1c\\x1d\\x1e\\x1f"
         "\\x7f\\x85\\x9b\\u2028\\u2029\\u202e" + READABLE
     )
+
+
+# -- the Docker health check behind server.allowed_cidrs (part 5) ------------------------------
+
+
+def run_healthcheck(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "ROUTER_CONFIG": str(config)}
+    env.pop("DATABASE_URL", None)
+    return subprocess.run(
+        [*healthcheck_argv(), *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_the_dockerfile_healthcheck_passes_when_allowed_cidrs_leave_out_loopback(
+    tmp_path: Path,
+) -> None:
+    with running_node(
+        tmp_path, [text_model("chat")], server={"allowed_cidrs": ["10.77.0.0/16"]}
+    ) as n:
+        ready = run_healthcheck(n.config_path)
+        assert ready.returncode == 0, ready.stderr
+        assert "/readyz: ok" in ready.stdout
+        live = run_healthcheck(n.config_path, "--live")
+        assert live.returncode == 0, live.stderr
+        # Nothing else opens to a loopback caller the config refuses: not the health routes
+        # without the node's own credential, not another route with it, not a forged one.
+        own = healthcheck_credential(secret=stored_secret_key(n.store / SECRET_KEY_FILENAME))
+        with n.client() as client:
+            assert client.get("/readyz").status_code == 403
+            forged = {HEALTHCHECK_HEADER.decode(): "0" * len(own)}
+            assert client.get("/healthz", headers=forged).status_code == 403
+            with_own = {HEALTHCHECK_HEADER.decode(): own}
+            assert client.get("/healthz", headers=with_own).status_code == 200
+            assert client.get("/v1/models", headers=with_own).status_code == 403
+            assert client.get("/metrics", headers=with_own).status_code == 403
