@@ -155,3 +155,55 @@ def test_the_dockerfile_healthcheck_passes_when_allowed_cidrs_leave_out_loopback
             assert client.get("/healthz", headers=with_own).status_code == 200
             assert client.get("/v1/models", headers=with_own).status_code == 403
             assert client.get("/metrics", headers=with_own).status_code == 403
+
+
+# -- input validation answers 400, never a traceback (part 6) ----------------------------------
+
+HUGE = 2**64
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/api/v1/generate", {"prompt": "hi", "sampler_seed": HUGE}, "sampler_seed"),
+        (
+            "/api/generate",
+            {"prompt": "hi", "stream": False, "options": {"seed": HUGE}},
+            "options.seed",
+        ),
+        (
+            "/api/chat",
+            {"messages": [], "stream": False, "options": {"seed": HUGE + 12345}},
+            "options.seed",
+        ),
+    ],
+)
+def test_a_seed_past_64_bits_is_a_400_naming_the_field(
+    node: RouterNode, path: str, body: dict[str, Any], param: str
+) -> None:
+    with node.client() as client:
+        resp = client.post(path, json={"model": "chat", **body})
+    assert resp.status_code == 400, resp.text
+    assert param in resp.text
+    assert "Traceback" not in "\n".join(node.lines)
+
+
+def test_the_largest_64_bit_seed_still_runs(node: RouterNode) -> None:
+    body = {"model": "chat", "prompt": "hi", "stream": False, "options": {"seed": HUGE - 1}}
+    with node.client() as client:
+        assert client.post("/api/generate", json=body).status_code == 200
+
+
+@pytest.mark.parametrize("suffix", ["bind", "substitute"])
+@pytest.mark.parametrize("field", ["node_id", "node_url"])
+def test_a_node_id_that_is_no_string_is_a_400_naming_it(
+    node: RouterNode, suffix: str, field: str
+) -> None:
+    with node.client() as client:
+        resp = client.post(
+            f"/router/v1/site/model-assets/{suffix}", json={field: [None, None], "id": "chat"}
+        )
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["param"] == field
+    assert field in error["message"]
