@@ -8,6 +8,8 @@ import json
 import logging
 import logging.config
 import os
+import re
+import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -207,3 +209,34 @@ def test_a_node_id_that_is_no_string_is_a_400_naming_it(
     error = resp.json()["error"]
     assert error["param"] == field
     assert field in error["message"]
+
+
+# -- what the front door answers (part 6) ------------------------------------------------------
+
+
+def _raw(node: RouterNode, head: bytes) -> bytes:
+    """The whole answer to one raw request head (the connection is closed after it)."""
+    with socket.create_connection(("127.0.0.1", node.port), timeout=10) as sock:
+        sock.sendall(head)
+        chunks = []
+        while True:
+            try:
+                chunk = sock.recv(65536)
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_a_front_door_refusal_answers_a_sanitized_request_id(node: RouterNode) -> None:
+    hostile = 'abc" onload=x <b>' + "z" * 150
+    with node.client() as client:
+        refused = client.get(
+            "/webui-page", headers={"Host": "evil.example", "X-Request-Id": hostile}
+        )
+        good = client.get("/webui-page", headers={"Host": "evil.example", "X-Request-Id": "ok-1"})
+    assert refused.status_code == 400
+    assert re.fullmatch("[0-9a-f]{32}", refused.headers["x-request-id"])
+    assert good.headers["x-request-id"] == "ok-1"

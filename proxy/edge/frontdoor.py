@@ -34,6 +34,7 @@ from twisted.web import http
 
 from proxy.edge.gate import Address, Gate, Refusal, parse_address
 from proxy.observe import metrics
+from routerproject import request_ids
 
 logger = logging.getLogger("router.frontdoor")
 
@@ -336,13 +337,15 @@ class FrontDoorRequest(WebRequest):
         # No "100 Continue" after the answer: the client must not send the body.
         self.requestHeaders.removeHeader(b"expect")
         values = self.requestHeaders.getRawHeaders(b"x-request-id")
+        # The app's rule: an ID that is no plain token is replaced, never echoed.
+        request_id = request_ids.from_header(values[0] if values else None).encode()
         channel.door.refused(
             refusal.status,
             refusal.code or refusal.type,
             f"status-{refusal.status}",
             f"{refusal.status} to {channel.peer} on {self.path_text}: {refusal.message}",
         )
-        channel.refuse(refusal, self.path_text, values[0][:200] if values else None)
+        channel.refuse(refusal, self.path_text, request_id)
 
 
 class _TooManyConnections(twisted_protocol.Protocol):
