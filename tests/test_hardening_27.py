@@ -240,3 +240,24 @@ def test_a_front_door_refusal_answers_a_sanitized_request_id(node: RouterNode) -
     assert refused.status_code == 400
     assert re.fullmatch("[0-9a-f]{32}", refused.headers["x-request-id"])
     assert good.headers["x-request-id"] == "ok-1"
+
+
+def test_an_oversized_uri_is_a_414(node: RouterNode) -> None:
+    answer = _raw(node, b"GET /v1/models?" + b"q" * 20000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 414 "), answer[:200]
+    assert b'"code":"uri_too_long"' in answer.replace(b" ", b"")
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        b"X-Big: " + b"h" * 20000 + b"\r\n",
+        b"".join(b"X-H%d: %s\r\n" % (i, b"v" * 100) for i in range(300)),
+        b"".join(b"X-%d: v\r\n" % i for i in range(600)),
+    ],
+    ids=["one-long-header", "many-large-headers", "too-many-headers"],
+)
+def test_an_oversized_head_is_a_431(node: RouterNode, headers: bytes) -> None:
+    answer = _raw(node, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n")
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+    assert b'"code":"headers_too_large"' in answer.replace(b" ", b"")
