@@ -20,7 +20,7 @@ from django.conf import settings
 
 from proxy.edge.selfcheck import HEALTHCHECK_HEADER, healthcheck_credential
 from routerproject.settings import SECRET_KEY_FILENAME, stored_secret_key
-from tests.harness import REPO, RouterNode, running_node, text_model, wait_for
+from tests.harness import REPO, RouterNode, running_node, start_node, text_model, wait_for
 from tests.test_observability import healthcheck_argv
 
 pytestmark = pytest.mark.integration
@@ -261,3 +261,22 @@ def test_an_oversized_head_is_a_431(node: RouterNode, headers: bytes) -> None:
     answer = _raw(node, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n")
     assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
     assert b'"code":"headers_too_large"' in answer.replace(b" ", b"")
+
+
+# -- starting without a database (part 6) ------------------------------------------------------
+
+
+def test_starting_with_the_database_down_exits_with_one_line_naming_it(tmp_path: Path) -> None:
+    url = "postgresql://router@127.0.0.1:1/unreachable_db"
+    node = start_node(tmp_path, [text_model("chat")], wait=False, extra_env={"DATABASE_URL": url})
+    try:
+        assert node.proc.wait(60) == 1
+        assert node.ready.get(timeout=10) is False  # its output is over
+        output = node.output()
+        assert "Traceback" not in output
+        (line,) = [ln for ln in node.lines if "unreachable_db" in ln]
+        assert "database postgresql 127.0.0.1:1/unreachable_db" in line
+        assert "Connection refused" in line
+        assert len(line) < 400
+    finally:
+        node.cleanup()

@@ -128,10 +128,23 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        from django.db import connection
+
+        from routerproject.dbhealth import database_name, is_database_error, one_line
+
         config = settings.ROUTER
-        if not options["no_migrate"]:
-            call_command("migrate", interactive=False, verbosity=0)
-        call_command("setup_schedules", stdout=io.StringIO())
+        try:
+            connection.ensure_connection()
+            if not options["no_migrate"]:
+                call_command("migrate", interactive=False, verbosity=0)
+            call_command("setup_schedules", stdout=io.StringIO())
+        except Exception as exc:
+            if not is_database_error(exc):
+                raise
+            # One line an operator can act on, not a driver's traceback; an orchestrator
+            # restarts the node, and the database may be up by then.
+            self.stderr.write(f"router not started: {database_name()}: {one_line(exc)}")
+            sys.exit(1)
         runner = NodeRunner(config=config, workers=not options["no_workers"])
         code = runner.run()
         if code:
