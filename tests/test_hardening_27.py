@@ -11,6 +11,7 @@ import os
 import re
 import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ pytestmark = pytest.mark.integration
 FORGED = "2026-01-01 00:00:00,000 INFO [-] router.access: GET /admin/ status=200"
 HOSTILE = f"evil\n{FORGED}\r\x1b[2J\x00\u202egnp.exe"
 READABLE = "modèle-日本語-чат"
+CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 
 
 @pytest.fixture(scope="module")
@@ -280,3 +282,26 @@ def test_starting_with_the_database_down_exits_with_one_line_naming_it(tmp_path:
         assert len(line) < 400
     finally:
         node.cleanup()
+
+
+# -- what a crash can lose of analytics (part 6) -----------------------------------------------
+
+
+def test_an_answered_request_is_in_the_database_well_within_a_second(node: RouterNode) -> None:
+    # A kill -9 loses the rows still buffered: they must be written soon after the answer,
+    # not on a one-second tick (which left up to a second of answered requests unrecorded).
+    waits = []
+    with node.client() as client:
+        for n in range(6):
+            rid = f"analytics-window-{n}"
+            resp = client.post("/v1/chat/completions", json=CHAT, headers={"X-Request-Id": rid})
+            assert resp.status_code == 200
+            answered = time.monotonic()
+            wait_for(
+                lambda rid=rid: node.query(
+                    "SELECT count(*) FROM analytics_requests WHERE request_id = %s", (rid,)
+                )[0][0],
+                interval=0.01,
+            )
+            waits.append(time.monotonic() - answered)
+    assert max(waits) < 0.4, waits
