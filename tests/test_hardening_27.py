@@ -9,6 +9,7 @@ import logging
 import logging.config
 import os
 import re
+import signal
 import socket
 import subprocess
 import time
@@ -21,7 +22,15 @@ from django.conf import settings
 
 from proxy.edge.selfcheck import HEALTHCHECK_HEADER, healthcheck_credential
 from routerproject.settings import SECRET_KEY_FILENAME, stored_secret_key
-from tests.harness import REPO, RouterNode, running_node, start_node, text_model, wait_for
+from tests.harness import (
+    REPO,
+    RouterNode,
+    running_node,
+    start_cluster,
+    start_node,
+    text_model,
+    wait_for,
+)
 from tests.test_observability import healthcheck_argv
 
 pytestmark = pytest.mark.integration
@@ -305,3 +314,44 @@ def test_an_answered_request_is_in_the_database_well_within_a_second(node: Route
             )
             waits.append(time.monotonic() - answered)
     assert max(waits) < 0.4, waits
+
+
+# -- a master under SIGTERM ends a forwarded stream with an error event (part 6) ---------------
+
+
+def test_a_master_under_sigterm_ends_a_forwarded_stream_with_an_error_event(
+    tmp_path: Path,
+) -> None:
+    slow = text_model("slow", load_ms=5, base_ms=1, output_ms_per_token=100)
+    cluster = start_cluster(
+        tmp_path,
+        [],
+        {"s1": [slow]},
+        master_sections={"server": {"shutdown_grace": "1s"}},
+    )
+    try:
+        body = {
+            "model": "slow",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 400,
+            "stream": True,
+        }
+        received = []
+        with (
+            cluster.master.client() as client,
+            client.stream("POST", "/v1/chat/completions", json=body) as resp,
+        ):
+            assert resp.status_code == 200
+            for chunk in resp.iter_text():
+                received.append(chunk)
+                if len(received) == 1:
+                    cluster.master.proc.send_signal(signal.SIGTERM)
+        text = "".join(received)
+        assert "data: [DONE]" not in text
+        last = [ln for ln in text.split("\n") if ln.startswith("data: ")][-1]
+        error = json.loads(last.removeprefix("data: "))["error"]
+        assert error["message"].startswith("the router is shutting down"), error
+        assert error["code"] == "shutting_down"
+        assert cluster.master.proc.wait(30) == 0
+    finally:
+        cluster.cleanup()

@@ -170,6 +170,13 @@ def _cut_failure(replica: Replica, public_id: str, fwd: Forward) -> RouterError:
     task = asyncio.current_task()
     if task is not None:
         task.uncancel()
+    if fwd.stopping:
+        return RouterError(
+            503,
+            f"{fwd.cut}: {public_id!r} on node {replica.node_id!r} was cut off",
+            type="server_error",
+            code="shutting_down",
+        )
     return _node_failure(replica, f"stopped answering while serving {public_id!r}: {fwd.cut}")
 
 

@@ -27,6 +27,8 @@ logger = logging.getLogger("router")
 
 WORKER_STOP_SECS = 5.0
 WORKER_RESTART_DELAY_SECS = 1.0
+# How long the forwards cut at the end of the grace get to write their error and end.
+CUT_SETTLE_SECS = 2.0
 
 
 def _reactor_loop() -> asyncio.AbstractEventLoop:
@@ -434,6 +436,7 @@ class NodeRunner:
                 self.config.server.shutdown_grace,
                 node.requests.count,
             )
+            await _cut_forwards(node)
         await node.runtimes.close()
         await node.recorder.stop()
         await node.decisions.stop()
@@ -460,6 +463,15 @@ class NodeRunner:
         # The cluster's own process can exit before the workers it forked: whatever is left
         # of its process group must not outlive the node.
         _kill_group(workers.pid, signal.SIGKILL)
+
+
+async def _cut_forwards(node: Any) -> None:
+    """End the requests forwarded to other nodes with an error, as a standalone node's streams
+    end when its backends stop: closing the sessions under them would cut their connections
+    with no word to the client."""
+    if node.forwards.cut_all("the router is shutting down (server.shutdown_grace is over)"):
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(node.requests.wait_idle(), CUT_SETTLE_SECS)
 
 
 def _kill_group(pgid: int, sig: int) -> None:
