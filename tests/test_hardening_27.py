@@ -4,6 +4,7 @@ door answer what they refuse."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import logging
 import logging.config
@@ -12,19 +13,24 @@ import re
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from django.conf import settings
 
 from proxy.edge.selfcheck import HEALTHCHECK_HEADER, healthcheck_credential
 from routerproject.settings import SECRET_KEY_FILENAME, stored_secret_key
 from tests.harness import (
+    CLUSTER_TOKEN,
     REPO,
+    Cluster,
     RouterNode,
+    free_port,
     running_node,
     start_cluster,
     start_node,
@@ -355,3 +361,90 @@ def test_a_master_under_sigterm_ends_a_forwarded_stream_with_an_error_event(
         assert cluster.master.proc.wait(30) == 0
     finally:
         cluster.cleanup()
+
+
+# -- a slave's redirect on inference (part 6) --------------------------------------------------
+
+
+class _RedirectingRelay(http.server.BaseHTTPRequestHandler):
+    """In front of a slave: passes the node protocol through, answers inference with 307."""
+
+    target = ""
+
+    def _handle(self) -> None:
+        length = int(self.headers.get("content-length") or 0)
+        body = self.rfile.read(length) if length else b""
+        if self.path.startswith("/router/v1/node/inference/"):
+            self.send_response(307)
+            self.send_header("Location", self.target + self.path)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        skip = {"host", "content-length", "connection", "transfer-encoding"}
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in skip}
+        resp = httpx.request(
+            self.command, self.target + self.path, headers=headers, content=body, timeout=30
+        )
+        self.send_response(resp.status_code)
+        for name, value in resp.headers.items():
+            if name.lower() not in skip | {"content-encoding"}:
+                self.send_header(name, value)
+        self.send_header("Content-Length", str(len(resp.content)))
+        self.end_headers()
+        self.wfile.write(resp.content)
+
+    do_GET = do_POST = do_PUT = do_DELETE = _handle
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def test_a_slaves_inference_redirect_is_a_502_saying_so_not_a_bare_307(tmp_path: Path) -> None:
+    master_port, slave_port, relay_port = free_port(), free_port(), free_port()
+    relay_url = f"http://127.0.0.1:{relay_port}"
+    handler = type("Relay", (_RedirectingRelay,), {"target": f"http://127.0.0.1:{slave_port}"})
+    relay = http.server.ThreadingHTTPServer(("127.0.0.1", relay_port), handler)
+    threading.Thread(target=relay.serve_forever, daemon=True).start()
+    master_url = f"http://127.0.0.1:{master_port}"
+    common = {"token": CLUSTER_TOKEN, "sync_interval": "1s"}
+    master = start_node(
+        tmp_path / "master",
+        [],
+        port=master_port,
+        cluster={
+            **common,
+            "role": "master",
+            "node_id": "master",
+            "public_url": master_url,
+            "slave_urls": [relay_url],
+            "health_interval": "1s",
+        },
+    )
+    slave = start_node(
+        tmp_path / "s1",
+        [text_model("far")],
+        port=slave_port,
+        cluster={
+            **common,
+            "role": "slave",
+            "node_id": "s1",
+            "public_url": relay_url,
+            "master_url": master_url,
+        },
+    )
+    cluster = Cluster(master, {"s1": slave}, tmp_path)
+    try:
+        cluster.wait_healthy("s1")
+        with master.client() as client:
+            resp = client.post("/v1/chat/completions", json={**CHAT, "model": "far"})
+        assert resp.status_code == 502, resp.text
+        error = resp.json()["error"]
+        assert error["code"] == "node_redirected"
+        assert "307" in error["message"] and "s1" in error["message"]
+        # Where it pointed is for the operator, in the log, not for the client.
+        assert str(slave_port) not in resp.text
+        assert wait_for(lambda: [ln for ln in master.lines if f":{slave_port}/" in ln])
+    finally:
+        cluster.cleanup()
+        relay.shutdown()
+        relay.server_close()
