@@ -123,6 +123,9 @@ class ServerConfig(_Section):
         DEFAULT_MAX_CONNECTIONS_PER_CLIENT
     )
     shutdown_grace: NonNegativeDuration = _yaml_default("10s")
+    # A `/v1/realtime` session with no frame either way this long is closed (1001): it holds
+    # its lane's runtime, and clients that answer pings would otherwise keep it for hours.
+    realtime_idle_timeout: PositiveDuration = _yaml_default("2m")
 
     @property
     def host(self) -> str:
