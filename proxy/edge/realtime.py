@@ -280,6 +280,8 @@ class Relay:
             raise RouterError(
                 502, f"backend for model {public_id!r} failed: {exc}", type="backend_error"
             ) from exc
+        # Requests for another model on this lane wait for the session only so long.
+        runtime.sessions.append(public_id)
         try:
             served = cfg.served_model
             url = f"{launch.base_url}{launch.backend_path(REALTIME_PATH)}"
@@ -287,6 +289,7 @@ class Relay:
             async with self._connect(url, auth_headers(cfg), public_id) as backend:
                 yield backend, Session(public_id, served)
         finally:
+            runtime.sessions.remove(public_id)
             runtime.release()
 
     @contextlib.asynccontextmanager
