@@ -27,6 +27,25 @@ RETRY_AFTER_SECS = 5
 REASON_MAX_CHARS = 200
 
 
+def database_name() -> str:
+    """The database this process uses, as an operator would name it (no password)."""
+    from django.conf import settings
+
+    db = settings.DATABASES["default"]
+    engine = str(db["ENGINE"]).rsplit(".", 1)[-1]
+    if engine == "sqlite3":
+        return f"database sqlite {db['NAME']}"
+    host = db.get("HOST") or "localhost"
+    port = f":{db['PORT']}" if db.get("PORT") else ""
+    return f"database {engine} {host}{port}/{db['NAME']}"
+
+
+def one_line(exc: BaseException) -> str:
+    """An error as one short line: its type and its message, whitespace collapsed."""
+    reason = " ".join(str(exc).split())[:REASON_MAX_CHARS]
+    return f"{type(exc).__name__}: {reason or '-'}"
+
+
 def is_database_error(exc: BaseException) -> bool:
     return isinstance(exc, DatabaseError | InterfaceError)
 

@@ -228,11 +228,15 @@ LOGGING = {
     # Every line names the request it was logged for (`-` outside one): see request_ids.py.
     "filters": {"request_id": {"()": "routerproject.request_ids.RequestIdLogFilter"}},
     "formatters": {
-        "text": {"format": "%(asctime)s %(levelname)s [%(request_id)s] %(name)s: %(message)s"},
+        # Client text in a message cannot forge or hide a line: see logsafe.py.
+        "text": {
+            "()": "routerproject.logsafe.TextFormatter",
+            "format": "%(asctime)s %(levelname)s [%(request_id)s] %(name)s: %(message)s",
+        },
         # Every `extra` field of a record (the access line's request_id, status, ms...)
         # becomes a key of its object; so does the request ID the filter adds to every record.
         "json": {
-            "()": "pythonjsonlogger.json.JsonFormatter",
+            "()": "routerproject.logsafe.SafeJsonFormatter",
             "fmt": "%(asctime)s %(levelname)s %(name)s %(message)s",
             "rename_fields": {"asctime": "time", "levelname": "level", "name": "logger"},
         },

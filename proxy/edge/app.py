@@ -172,7 +172,8 @@ class ProxyApp:
 
         client = scope.get("client")
         peer = parse_address(client[0]) if client else None
-        return gate.address_refusal(peer, header) or gate.host_refusal(path, header), gate
+        refusal = gate.address_refusal(peer, header, path) or gate.host_refusal(path, header)
+        return refusal, gate
 
     async def _management(self, scope: Scope, receive: Receive, send: Send, gate: Gate) -> None:
         path, method = scope["path"], scope["method"]

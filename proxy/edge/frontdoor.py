@@ -36,6 +36,7 @@ from proxy.edge.gate import Address, Gate, Refusal, parse_address
 from proxy.edge.nodeapi import NODE_PREFIX
 from proxy.edge.tls import client_cert_refusal, has_client_cert, is_tls
 from proxy.observe import metrics
+from routerproject import request_ids
 
 logger = logging.getLogger("router.frontdoor")
 
@@ -219,6 +220,44 @@ class FrontDoorChannel(http.HTTPChannel):
             self.door.clock, self.transport, _response(refusal, path, request_id)
         )
 
+    # Twisted drops a request line or header line past MAX_LENGTH without a word, and answers
+    # a head past totalHeadersSize or maxHeaders with a bare 400: the client learns nothing of
+    # why. These answer 414 (the request line) or 431 (the headers) in the usual envelope.
+
+    def lineReceived(self, line: bytes) -> None:
+        if self.closing:
+            return
+        if self._receivedHeaderSize + len(line) > self.totalHeadersSize:
+            self._head_too_large()
+            return
+        super().lineReceived(line)
+
+    def lineLengthExceeded(self, line: bytes) -> None:
+        if not self.closing:
+            self._head_too_large()
+
+    def headerReceived(self, line: bytes) -> bool:
+        if self._receivedHeaderCount >= self.maxHeaders:
+            self._head_too_large()
+            return False
+        return bool(super().headerReceived(line))
+
+    def _head_too_large(self) -> None:
+        if getattr(self, "_HTTPChannel__first_line", 0):
+            status, code = 414, "uri_too_long"
+            message = f"request line longer than {self.MAX_LENGTH} bytes"
+        else:
+            status, code = 431, "headers_too_large"
+            message = (
+                f"request headers larger than {self.totalHeadersSize} bytes "
+                f"or more than {self.maxHeaders} of them"
+            )
+            if self.requests:
+                # The request whose head this is: the app must never see it.
+                self.requests[-1].refused = True
+        self.door.refused(status, code, f"status-{status}", f"{status} to {self.peer}: {message}")
+        self.refuse(Refusal(status, message, code=code), "/", None)
+
     def connectionLost(self, reason: Failure = _CONNECTION_DONE) -> None:
         self._cancel()
         if self._linger is not None and self._linger.active():
@@ -350,13 +389,15 @@ class FrontDoorRequest(WebRequest):
         # No "100 Continue" after the answer: the client must not send the body.
         self.requestHeaders.removeHeader(b"expect")
         values = self.requestHeaders.getRawHeaders(b"x-request-id")
+        # The app's rule: an ID that is no plain token is replaced, never echoed.
+        request_id = request_ids.from_header(values[0] if values else None).encode()
         channel.door.refused(
             refusal.status,
             refusal.code or refusal.type,
             f"status-{refusal.status}",
             f"{refusal.status} to {channel.peer} on {self.path_text}: {refusal.message}",
         )
-        channel.refuse(refusal, self.path_text, values[0][:200] if values else None)
+        channel.refuse(refusal, self.path_text, request_id)
 
 
 class _TooManyConnections(twisted_protocol.Protocol):

@@ -29,6 +29,7 @@ from access.identity import MASTER, Caller
 from access.keys import KeyTable, admin_caller, client_caller, current_table
 from proxy.edge.nodeapi import NODE_PREFIX
 from proxy.edge.routes import route_for
+from proxy.edge.selfcheck import HEALTHCHECK_HEADER, HEALTHCHECK_PATHS, healthcheck_credential
 from routerproject.api import (
     MANAGEMENT_PREFIX,
     WRITE_METHODS,
@@ -165,6 +166,7 @@ class Gate:
             token.encode() for token in (config.cluster.token, *config.cluster.previous_tokens)
         )
         self.standalone: bool = config.cluster.role == "standalone"
+        self.healthcheck: bytes = healthcheck_credential().encode()
 
     # -- addresses -----------------------------------------------------------------------------
 
@@ -192,8 +194,10 @@ class Gate:
             address = parsed
         return address
 
-    def address_refusal(self, peer: Address | None, header: HeaderLookup) -> Refusal | None:
-        if not self.allowed:
+    def address_refusal(
+        self, peer: Address | None, header: HeaderLookup, path: str = ""
+    ) -> Refusal | None:
+        if not self.allowed or self._own_healthcheck(peer, header, path):
             return None
         client = self.client_address(peer, header)
         if client is not None and _in(client, self.allowed):
@@ -204,6 +208,16 @@ class Gate:
             f"client address {shown} is not in server.allowed_cidrs",
             type="forbidden",
             code="address_not_allowed",
+        )
+
+    def _own_healthcheck(self, peer: Address | None, header: HeaderLookup, path: str) -> bool:
+        """The node's own health check (proxy.edge.selfcheck): its health routes, from the TCP
+        peer on loopback (never a forwarded address), with the credential of its secret key."""
+        return (
+            path in HEALTHCHECK_PATHS
+            and peer is not None
+            and peer.is_loopback
+            and hmac.compare_digest(header(HEALTHCHECK_HEADER) or b"", self.healthcheck)
         )
 
     # -- browsers ------------------------------------------------------------------------------
@@ -348,7 +362,7 @@ class Gate:
             return "/", Refusal(400, "invalid characters in path")
         # The write rules after the keys: a caller without the key learns nothing more.
         refusal = (
-            self.address_refusal(peer, header)
+            self.address_refusal(peer, header, path)
             or self.host_refusal(path, header)
             or self.key_refusal(method, path, header)
             or self.write_refusal(method, path, header)

@@ -181,6 +181,8 @@ class Relay:
         self.offered = [
             p for p in scope.get("subprotocols", ()) if not p.startswith(KEY_PREFIX_TEXT)
         ]
+        # When a frame last passed either way (pings and pongs do not count).
+        self.last_frame = time.monotonic()
 
     def _model(self) -> str:
         models = [value.strip() for key, value in self.query if key == "model"]
@@ -279,6 +281,8 @@ class Relay:
             raise RouterError(
                 502, f"backend for model {public_id!r} failed: {exc}", type="backend_error"
             ) from exc
+        # Requests for another model on this lane wait for the session only so long.
+        runtime.sessions.append(public_id)
         try:
             served = cfg.served_model
             url = f"{launch.base_url}{launch.backend_path(REALTIME_PATH)}"
@@ -286,6 +290,7 @@ class Relay:
             async with self._connect(url, auth_headers(cfg), public_id, launch.tls) as backend:
                 yield backend, Session(public_id, served)
         finally:
+            runtime.sessions.remove(public_id)
             runtime.release()
 
     @contextlib.asynccontextmanager
@@ -351,17 +356,19 @@ class Relay:
     async def _pump(self, backend: aiohttp.ClientWebSocketResponse, session: Session) -> None:
         up = asyncio.ensure_future(self._client_to_backend(backend, session))
         down = asyncio.ensure_future(self._backend_to_client(backend, session))
+        idle = asyncio.ensure_future(self._close_when_idle(session))
         try:
-            done, _ = await asyncio.wait((up, down), return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait((up, down, idle), return_when=asyncio.FIRST_COMPLETED)
             if up in done and not self.client_gone:
                 # A client frame met a backend socket that is closing: the backend's close
                 # (code and reason) is what the client must get, and `down` is reading it.
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(asyncio.shield(down), BACKEND_CLOSE_SECS)
         finally:
-            for task in (up, down):
+            for task in (up, down, idle):
                 task.cancel()
-            for task, side in ((up, "client to backend"), (down, "backend to client")):
+            sides = ((up, "client to backend"), (down, "backend to client"), (idle, "idle"))
+            for task, side in sides:
                 try:
                     await task
                 except asyncio.CancelledError:
@@ -375,6 +382,20 @@ class Relay:
                 self.close_sent = True
                 await self.send({"type": "websocket.close", "code": INTERNAL_ERROR})
 
+    async def _close_when_idle(self, session: Session) -> None:
+        """Close the session once no frame has passed for `server.realtime_idle_timeout`: it
+        holds its lane, and a client that only answers pings would hold it for hours."""
+        limit = self.node.config.server.realtime_idle_timeout
+        # A deadline that each frame moves on: the frames only write a time (no event to set
+        # on the hot path), and this wakes at most once per limit to look at it.
+        while (left := self.last_frame + limit - time.monotonic()) > 0:  # noqa: ASYNC110
+            await asyncio.sleep(left)
+        logger.info("realtime session for %s idle for %gs: closed", session.public_id, limit)
+        self.close_sent = True
+        await self.send(
+            {"type": "websocket.close", "code": GOING_AWAY, "reason": f"idle for {limit:g}s"}
+        )
+
     async def _client_to_backend(
         self, backend: aiohttp.ClientWebSocketResponse, session: Session
     ) -> None:
@@ -384,6 +405,7 @@ class Relay:
             message = await receive()
             kind = message["type"]
             if kind == "websocket.receive":
+                self.last_frame = time.monotonic()
                 text = message.get("text")
                 if text is not None:
                     await backend.send_str(session.inward(text) if rewrite else text)
@@ -404,6 +426,7 @@ class Relay:
         reason = ""
         while True:
             msg = await backend.receive()
+            self.last_frame = time.monotonic()
             if msg.type == aiohttp.WSMsgType.TEXT:
                 text = session.rewrite(msg.data) if rewrite else msg.data
                 await send({"type": "websocket.send", "text": text})

@@ -51,6 +51,8 @@ class Forward:
     heard_at: float
     cut: str = ""
     """Why it was cut off (set just before its task is cancelled)."""
+    stopping: bool = False
+    """Cut because this node is stopping, not because the other node went silent."""
     clock: Callable[[], float] = field(default=time.monotonic, repr=False)
 
     def heard(self) -> None:
@@ -85,6 +87,18 @@ class Forwards:
                 fwd.cut = reason
                 fwd.task.cancel()
                 cut += 1
+        return cut
+
+    def cut_all(self, reason: str) -> int:
+        """Cut every forward still running (the node is stopping): each client gets an error in
+        its answer's own format instead of a connection that just ends."""
+        cut = 0
+        for held in list(self.by_node.values()):
+            for fwd in list(held):
+                if not fwd.cut:
+                    fwd.cut, fwd.stopping = reason, True
+                    fwd.task.cancel()
+                    cut += 1
         return cut
 
     def count(self) -> int:

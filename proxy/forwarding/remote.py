@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
@@ -28,6 +29,8 @@ from registry.cluster import Replica
 from registry.httpclient import get_session
 from registry.nodeclient import NodeCallError
 from routerproject.errors import RouterError
+
+logger = logging.getLogger(__name__)
 
 NODE_INFERENCE_PREFIX = "/router/v1/node/inference"
 
@@ -132,6 +135,8 @@ async def forward_remote(
         # The node client's allow-list decides where the cluster token may go.
         url = client.checked_url(replica.node_url, url_path)
         async with _node_call(ctx, node, url, sent, headers) as resp:
+            if 300 <= resp.status < 400:
+                raise _redirected(replica, public_id, resp)
             await _relay_answer(ctx, resp, rewrite_to, guardian_fallback, fwd, relay)
     except asyncio.CancelledError:
         if not fwd.cut or ctx.disconnected:
@@ -165,6 +170,33 @@ def _node_call(
     )
 
 
+def _redirected(replica: Replica, public_id: str, resp: aiohttp.ClientResponse) -> RouterError:
+    """A node (or a proxy in front of it) answered inference with a redirect.
+
+    Relayed, it reached the client as a bare 3xx: its `Location` names an address of the
+    cluster the client neither knows nor may call with its key. Followed, it would send the
+    cluster token and the prompt where no config said they may go (the node client follows
+    nothing but its own node's paths). So it is the node's failure, said to the client, and
+    where it pointed goes to the operator's log: usually a `public_url` that is http where
+    the node serves https, or a wrong path prefix.
+    """
+    location = resp.headers.get("Location", "-")
+    logger.warning(
+        "node %r answered %s on inference for %r (Location: %s): check its public_url",
+        replica.node_id,
+        resp.status,
+        public_id,
+        location[:300],
+    )
+    return RouterError(
+        502,
+        f"node {replica.node_id!r} answered a redirect ({resp.status}) while serving "
+        f"{public_id!r}; the router does not follow redirects between nodes",
+        type="backend_error",
+        code="node_redirected",
+    )
+
+
 def _cut_failure(replica: Replica, public_id: str, fwd: Forward) -> RouterError:
     """Cut off because the node stopped answering (see proxy/forwarding/inflight.py): the client
     gets an error now instead of waiting out the request timeout, so the cancellation that cut
@@ -172,6 +204,13 @@ def _cut_failure(replica: Replica, public_id: str, fwd: Forward) -> RouterError:
     task = asyncio.current_task()
     if task is not None:
         task.uncancel()
+    if fwd.stopping:
+        return RouterError(
+            503,
+            f"{fwd.cut}: {public_id!r} on node {replica.node_id!r} was cut off",
+            type="server_error",
+            code="shutting_down",
+        )
     return _node_failure(replica, f"stopped answering while serving {public_id!r}: {fwd.cut}")
 
 

@@ -38,7 +38,7 @@ from registry.httpclient import get_session
 from registry.kcpps import Lane, ModelConfig
 from registry.tlsclient import ca_ssl_context
 from routerproject.config import RouterConfig
-from routerproject.errors import BackendError
+from routerproject.errors import BackendError, RouterError
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +121,8 @@ class Runtime:
         self.probe_ok = True
         """The last readiness probe of the loaded backend succeeded (reference-cluster §3.3)."""
         self._probe_task: asyncio.Task[None] | None = None
+        self.sessions: list[str] = []
+        """The public IDs of the `/v1/realtime` sessions holding a use of the loaded model."""
 
     # -- admission --------------------------------------------------------------------------
 
@@ -149,6 +151,8 @@ class Runtime:
         self._waiters.append(_Waiter(cfg, future, reason))
         self._pump()
         try:
+            if self.sessions and not future.done():
+                await self._wait_past_sessions(future)
             await future
         except asyncio.CancelledError:
             # A client that went away while waiting gives its place back; if the slot had just
@@ -161,6 +165,26 @@ class Runtime:
             raise
         assert self.launch is not None
         return self.launch
+
+    async def _wait_past_sessions(self, future: asyncio.Future[None]) -> None:
+        """Wait for the lane a realtime session holds, but only `cluster.control_timeout`: a
+        session may live for hours, and a request must not wait for it without end."""
+        limit = self._config.cluster.control_timeout
+        done, _ = await asyncio.wait({future}, timeout=limit)
+        if done or not self.sessions:
+            # Granted, or the sessions ended and the switch is under way: wait it out.
+            return
+        future.cancel()
+        self._pump()
+        held = ", ".join(sorted(set(self.sessions)))
+        raise RouterError(
+            503,
+            f"the {self.lane} lane is held by a realtime session of {held}; "
+            f"nothing else can load there until it ends",
+            type="server_error",
+            code="lane_held_by_session",
+            retry_after=max(1, round(limit)),
+        )
 
     def lane_ready(self, cfg: ModelConfig) -> bool:
         """Whether a request for `cfg` may be routed here rather than to a remote replica.

@@ -128,6 +128,23 @@ async def test_a_forward_is_cut_only_once_silent_for_the_whole_deadline() -> Non
     await asyncio.wait_for(asyncio.gather(talking, other_node), WAIT_SECS)
 
 
+async def test_a_stopping_node_cuts_every_forward_once_and_says_why() -> None:
+    forwards = Forwards(clock=Clock())
+    fwds = []
+
+    async def forwarded(node_id: str) -> None:
+        fwds.append(forwards.begin(node_id))
+        await asyncio.Event().wait()
+
+    tasks = [asyncio.ensure_future(forwarded(n)) for n in ("s1", "s1", "s2")]
+    await asyncio.sleep(0)
+    assert forwards.cut_all("stopping") == 3
+    assert forwards.cut_all("stopping") == 0
+    await asyncio.wait(tasks, timeout=WAIT_SECS)
+    assert all(task.cancelled() for task in tasks)
+    assert all(fwd.cut == "stopping" and fwd.stopping for fwd in fwds)
+
+
 async def test_the_drain_waits_for_the_last_request() -> None:
     requests = Requests()
     requests.begin()

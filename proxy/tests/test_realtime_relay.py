@@ -69,7 +69,8 @@ def relay_to(url: str | Exception, client: Client) -> Relay:
             raise url
         return url
 
-    node: Any = SimpleNamespace(busy=Counter(), client=FakeClient(checked_url))
+    config = SimpleNamespace(server=SimpleNamespace(realtime_idle_timeout=120.0))
+    node: Any = SimpleNamespace(busy=Counter(), client=FakeClient(checked_url), config=config)
     scope = {"query_string": b"model=talk", "subprotocols": []}
     return Relay(node, scope, client.receive, client.send, from_node=False)
 

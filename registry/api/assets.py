@@ -33,6 +33,7 @@ from routerproject.api import (
     StrictCharField,
     StrictListField,
     error_response,
+    validated,
 )
 from routerproject.errors import RouterError
 
@@ -168,7 +169,13 @@ TARGET_ERRORS = {
 
 
 def _target(data: dict[str, Any]) -> str | None:
-    return target_node(running_node(), data.get("node_id") or None, data.get("node_url") or None)
+    # Read before the body's own serializer (the node it names checks the rest), so the two
+    # fields are held to their types here: a list is no node.
+    named = {key: data[key] for key in ("node_id", "node_url") if data.get(key) is not None}
+    fields = validated(_Target(data=named))
+    return target_node(
+        running_node(), fields.get("node_id") or None, fields.get("node_url") or None
+    )
 
 
 async def _here_or_there(

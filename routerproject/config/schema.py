@@ -129,6 +129,9 @@ class ServerConfig(_Section):
     tls_cert_file: OptionalFile = None
     tls_key_file: OptionalFile = None
     tls_client_ca_file: OptionalFile = None
+    # A `/v1/realtime` session with no frame either way this long is closed (1001): it holds
+    # its lane's runtime, and clients that answer pings would otherwise keep it for hours.
+    realtime_idle_timeout: PositiveDuration = _yaml_default("2m")
 
     @property
     def host(self) -> str:

@@ -43,6 +43,10 @@ _KOBOLD_OPTION_MAP: tuple[tuple[str, str, type], ...] = (
 JSONDict = dict[str, Any]
 
 
+INT_MIN = -(2**63)
+UINT_MAX = 2**64 - 1
+
+
 class TranslationError(ValueError):
     """A client body the router must refuse with 400; ``param`` names the field."""
 
@@ -79,12 +83,17 @@ def _number(value: Any, expected: type, param: str) -> int | float:
     # bool is an int subclass in Python but never a valid sampling value.
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TranslationError(f"{param} must be a number", param)
-    if expected is int:
-        if isinstance(value, float):
-            if not value.is_integer():
-                raise TranslationError(f"{param} must be an integer", param)
-            return int(value)
+    if expected is not int:
         return value
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise TranslationError(f"{param} must be an integer", param)
+        # The JSON parser reads an integer past 64 bits as a float.
+        value = int(value)
+    if not INT_MIN <= value <= UINT_MAX:
+        # The body is JSON again for the backend, and JSON encoders (ours, the backends')
+        # stop at 64 bits: past them the client is told so, rather than given a traceback.
+        raise TranslationError(f"{param} must fit in 64 bits", param)
     return value
 
 

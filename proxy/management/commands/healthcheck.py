@@ -1,6 +1,8 @@
 """`manage.py healthcheck [--live]`: ask this node's own `/readyz` (or `/healthz`), exit 0 when
 it answers 200 and 1 otherwise. The Dockerfile's HEALTHCHECK runs it; the address comes from
 the node's config (`server.bind`), so a container with its own config needs no other setting.
+It carries the credential of the node's secret key (proxy.edge.selfcheck), so it passes the
+front door even when `server.allowed_cidrs` leaves out loopback.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from typing import Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
+
+from proxy.edge.selfcheck import HEALTHCHECK_HEADER, healthcheck_credential
 
 TIMEOUT_SECS = 5.0
 
@@ -50,8 +54,11 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         url = probe_url("/healthz" if options["live"] else "/readyz")
+        request = urllib.request.Request(
+            url, headers={HEALTHCHECK_HEADER.decode(): healthcheck_credential()}
+        )
         try:
-            with urllib.request.urlopen(url, timeout=TIMEOUT_SECS, context=_own_tls()) as resp:
+            with urllib.request.urlopen(request, timeout=TIMEOUT_SECS, context=_own_tls()) as resp:
                 body = resp.read()
                 status = resp.status
         except urllib.error.HTTPError as exc:

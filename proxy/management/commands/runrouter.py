@@ -27,6 +27,8 @@ logger = logging.getLogger("router")
 
 WORKER_STOP_SECS = 5.0
 WORKER_RESTART_DELAY_SECS = 1.0
+# How long the forwards cut at the end of the grace get to write their error and end.
+CUT_SETTLE_SECS = 2.0
 
 
 def _reactor_loop() -> asyncio.AbstractEventLoop:
@@ -146,10 +148,23 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        from django.db import connection
+
+        from routerproject.dbhealth import database_name, is_database_error, one_line
+
         config = settings.ROUTER
-        if not options["no_migrate"]:
-            call_command("migrate", interactive=False, verbosity=0)
-        call_command("setup_schedules", stdout=io.StringIO())
+        try:
+            connection.ensure_connection()
+            if not options["no_migrate"]:
+                call_command("migrate", interactive=False, verbosity=0)
+            call_command("setup_schedules", stdout=io.StringIO())
+        except Exception as exc:
+            if not is_database_error(exc):
+                raise
+            # One line an operator can act on, not a driver's traceback; an orchestrator
+            # restarts the node, and the database may be up by then.
+            self.stderr.write(f"router not started: {database_name()}: {one_line(exc)}")
+            sys.exit(1)
         runner = NodeRunner(config=config, workers=not options["no_workers"])
         code = runner.run()
         if code:
@@ -454,6 +469,7 @@ class NodeRunner:
                 self.config.server.shutdown_grace,
                 node.requests.count,
             )
+            await _cut_forwards(node)
         await node.runtimes.close()
         await node.recorder.stop()
         await node.decisions.stop()
@@ -480,6 +496,15 @@ class NodeRunner:
         # The cluster's own process can exit before the workers it forked: whatever is left
         # of its process group must not outlive the node.
         _kill_group(workers.pid, signal.SIGKILL)
+
+
+async def _cut_forwards(node: Any) -> None:
+    """End the requests forwarded to other nodes with an error, as a standalone node's streams
+    end when its backends stop: closing the sessions under them would cut their connections
+    with no word to the client."""
+    if node.forwards.cut_all("the router is shutting down (server.shutdown_grace is over)"):
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(node.requests.wait_idle(), CUT_SETTLE_SECS)
 
 
 def _kill_group(pgid: int, sig: int) -> None:
