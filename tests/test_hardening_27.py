@@ -88,17 +88,21 @@ def test_a_hostile_model_name_cannot_forge_or_hide_an_access_line(
     assert not [ln for ln in list(node.lines) if ln.startswith(FORGED)]
 
 
-def test_a_hostile_path_is_escaped_in_the_refusal_warning(node: RouterNode) -> None:
-    # A refusal quotes the path it refused: a foreign Host is refused on a WebUI path.
+def test_a_hostile_path_is_escaped_in_the_refusal_warning(tmp_path: Path) -> None:
+    # A refusal quotes the path it refused: a foreign Host is refused on a WebUI path. A node
+    # of its own: refusals of one status are logged once per 10 s, and the shared node's other
+    # tests are refused with 400 too.
     path = "/hostile-path%0a" + FORGED.replace(" ", "%20") + "%1b%00%e2%80%ae"
-    with node.client() as client:
+    with running_node(tmp_path, [text_model("chat")]) as node, node.client() as client:
         resp = client.get(path, headers={"Host": "evil.example"})
-    assert resp.status_code == 400
-    line = wait_for(lambda: next((ln for ln in list(node.lines) if "/hostile-path" in ln), None))
-    _assert_clean(line)
-    assert "refused: 400" in line
-    assert "/hostile-path\\n2026-01-01" in line
-    assert not [ln for ln in list(node.lines) if ln.startswith(FORGED)]
+        assert resp.status_code == 400
+        line = wait_for(
+            lambda: next((ln for ln in list(node.lines) if "/hostile-path" in ln), None)
+        )
+        _assert_clean(line)
+        assert "refused: 400" in line
+        assert "/hostile-path\\n2026-01-01" in line
+        assert not [ln for ln in list(node.lines) if ln.startswith(FORGED)]
 
 
 def test_a_utf8_model_name_stays_readable_in_the_access_line(node: RouterNode) -> None:
