@@ -108,12 +108,17 @@ def test_the_backend_gets_at_most_parallel_and_the_rest_wait_in_the_router(
 ) -> None:
     warm(node)
     out: list[Any] = []
-    threads = [in_thread(node, INFERENCE_KEY, 20, out) for _ in range(4)]
-    # 300 ms a request: three of them wait in the router queue, under no stored key.
+    # The first holds the backend for 3 s, so the three after it are all waiting while the test
+    # looks, however loaded the machine.
+    threads = [in_thread(node, INFERENCE_KEY, 290, out)]
+    wait_for(lambda: sim_stats(admin)["active"] == 1)
+    threads += [in_thread(node, INFERENCE_KEY, 20, out) for _ in range(3)]
+    # They wait in the router queue, under no stored key.
     wait_for(lambda: waiting(admin) == 3)
     stats = sim_stats(admin)
     assert (stats["active"], stats["waiting"]) == (1, 0)
     metrics = admin.get("/metrics").text
+    assert threads[0].is_alive()
     assert f'router_queue_waiting_by_key{{key="",lane="text",model="{MODEL}"}} 3.0' in metrics
     while any(t.is_alive() for t in threads):
         # The backend never holds more than one, all the way down.
