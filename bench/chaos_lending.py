@@ -23,12 +23,8 @@ MASTER_LENDING = {
     "offload_probe_idle": "200ms",
     "offload_probe_helper_slots": 2,
 }
-LINKS = (
-    ("s1", "solo1", "s2", "solo2"),
-    ("s2", "solo2", "s1", "solo1"),
-    ("s1", "twin", "s2", "twin"),
-    ("s2", "twin", "s1", "twin"),
-)
+# Both ways: a save replaces every link touching its anchor, so each pair is one save.
+LINKS = (("s1", "solo1", "s2", "solo2"), ("s1", "twin", "s2", "twin"))
 DECISIONS = "/router/v1/site/offload/decisions"
 
 
@@ -37,16 +33,21 @@ def link(cluster: Cluster) -> list[str]:
     problems = []
     with cluster.master.client(timeout=30) as client:
         for owner, model, helper, helper_model in LINKS:
+            other = {"node_id": helper, "model_id": helper_model, "load_if_unloaded": True}
             body = {
                 "anchor": {"node_id": owner, "model_id": model},
-                "lends_to": [
-                    {"node_id": helper, "model_id": helper_model, "load_if_unloaded": True}
-                ],
+                "lends_to": [other],
+                "borrows_from": [other],
                 "acknowledge_different_weights": True,
             }
             r = client.post("/router/v1/site/text-routing-groups", json=body)
             if r.status_code != 200:
-                problems.append(f"link {owner}/{model} -> {helper}/{helper_model}: {r.text[:200]}")
+                problems.append(f"link {owner}/{model} - {helper}/{helper_model}: {r.text[:200]}")
+        # The helper's model loaded: a helper that must switch first is probed only after
+        # 12 x offload_probe_idle of idleness.
+        r = client.post("/router/v1/load", json={"model": "solo2"})
+        if r.status_code != 200:
+            problems.append(f"load solo2: {r.text[:200]}")
     return problems
 
 
