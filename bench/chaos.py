@@ -394,7 +394,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lending: {lending}")
     for row in rows:
         for key, users in row["examples"].items():
-            print(f"{key}, {row['name']}: {', '.join(users)}")
+            print(f"{key}, {row['name']}:")
+            for example in users:
+                # Where it ran: the node whose backend completed it, seconds into the soak.
+                ran = log.where.get(example.split()[0], [])
+                runs = ", ".join(f"{node} at {(at - since_ms) / 1000:.1f}" for node, at in ran)
+                print(f"  {example} ran: {runs or 'nowhere'}")
     if not args.keep:
         shutil.rmtree(root, ignore_errors=True)
     result = {

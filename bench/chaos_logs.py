@@ -6,9 +6,10 @@ read at the end of a long soak would miss what rotated away. So a thread follows
 `<node>/store/logs/*-backend.log` a few times a second: when a file is shorter than what was
 read of it, it was rotated, and the rest of what was read is in its `.1` copy.
 
-Each completion line carries the backend process's ID and its own line number (`pid=P seq=N`,
-from 1), so a line read twice is counted once, and a line lost to rotation (written between
-the copy and the truncation) shows up as a gap.
+Each completion line carries the backend process's ID, its own line number and the time
+(`pid=P seq=N at=<epoch ms>`), so a line read twice is counted once, a line lost to rotation
+(written between the copy and the truncation) shows up as a gap, and a request that ran twice
+can be placed among the faults.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-LINE_RE = re.compile(rb"sim: completed \S+ pid=(\d+) seq=(\d+) user=(\S+)")
+LINE_RE = re.compile(rb"sim: completed \S+ pid=(\d+) seq=(\d+) at=(\d+) user=(\S+)")
 POLL_SECS = 0.1
 
 
@@ -35,6 +36,8 @@ class CompletionLog:
 
     root: Path
     runs: collections.Counter[str] = field(default_factory=collections.Counter)
+    where: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
+    """Each user's runs: the node whose backend ran it, and when it completed (epoch ms)."""
     rotations: int = 0
     torn: int = 0
     """Rotations whose `.1` no longer held what was read (two rotations between two polls)."""
@@ -71,13 +74,13 @@ class CompletionLog:
             if rest is None:
                 self.torn += 1
             else:
-                self._feed(state, rest)
+                self._feed(path, state, rest)
             state.offset, state.partial = 0, b""
         data = _read(path, state.offset) or b""
         state.offset += len(data)
-        self._feed(state, data)
+        self._feed(path, state, data)
 
-    def _feed(self, state: _Followed, data: bytes) -> None:
+    def _feed(self, path: Path, state: _Followed, data: bytes) -> None:
         lines = (state.partial + data).split(b"\n")
         state.partial = lines.pop()
         for line in lines:
@@ -88,7 +91,10 @@ class CompletionLog:
             seq = int(match.group(2))
             if seq not in seqs:
                 seqs.add(seq)
-                self.runs[match.group(3).decode(errors="replace")] += 1
+                user = match.group(4).decode(errors="replace")
+                self.runs[user] += 1
+                node = path.relative_to(self.root).parts[0]
+                self.where.setdefault(user, []).append((node, int(match.group(3))))
 
 
 def _read(path: Path, start: int) -> bytes | None:

@@ -29,7 +29,7 @@ def _append(path: Path, *lines: str) -> None:
 
 
 def _done(seq: int, user: str, pid: int = 4242) -> str:
-    return f"sim: completed /v1/chat/completions pid={pid} seq={seq} user={user}"
+    return f"sim: completed /v1/chat/completions pid={pid} seq={seq} at=1000{seq} user={user}"
 
 
 def test_lines_written_before_a_rotation_are_read_from_its_copy(tmp_path: Path) -> None:
@@ -64,6 +64,7 @@ def test_a_new_backend_process_numbers_from_one_again(tmp_path: Path) -> None:
     log.poll()
     # The same request completed by two processes: it ran twice.
     assert log.runs["a"] == 2
+    assert log.where["a"] == [("s1", 10001), ("s1", 10001)]
     assert log.gaps() == 0
 
 
@@ -78,7 +79,7 @@ def test_a_200_that_never_ran_is_unran_and_fails_the_run() -> None:
     row = summarize(_tally(("u1", "200", 0.0, 1.0), ("u2", "200", 0.0, 1.0)), {"u1": 1}, [], set())
     assert row["unran"] == 1
     assert "unran" in FAILURES
-    assert row["examples"]["unran"] == ["u2"]
+    assert [e.split()[0] for e in row["examples"]["unran"]] == ["u2"]
 
 
 def test_an_error_for_work_that_ran_is_wasted_not_a_failure() -> None:
@@ -125,6 +126,6 @@ def test_the_simulated_backend_numbers_its_completion_lines(tmp_path: Path) -> N
     finally:
         proc.terminate()
         proc.wait(10)
-    found = [m.groups() for m in LINE_RE.finditer(out.read_bytes())]
+    found = [m.group(1, 2, 4) for m in LINE_RE.finditer(out.read_bytes())]
     pid = str(proc.pid).encode()
     assert found == [(pid, b"1", b"first"), (pid, b"2", b"second")]

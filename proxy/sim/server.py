@@ -150,7 +150,8 @@ class SimState:
     cancelled: int = 0
     logged: int = 0
     """Completion lines printed: each carries its process and number, so a reader of a rotated
-    log sees a line lost between rotation's copy and truncation as a gap."""
+    log sees a line lost between rotation's copy and truncation as a gap, and its wall-clock
+    time in ms, so a soak can place a request that ran twice among its faults."""
     active: int = 0
     waiting: int = 0
     # asyncio.Lock wakes waiters in arrival order, which is the one-slot queue we want.
@@ -233,8 +234,10 @@ class SimState:
             self.history.append({"path": path, "duration_ms": duration_ms, **(seen or {})})
             if isinstance(user, str) and user:
                 self.logged += 1
-                pid = os.getpid()
-                line = f"{COMPLETED_MARK} {path} pid={pid} seq={self.logged} user={user[:200]}"
+                pid, at = os.getpid(), int(time.time() * 1000)
+                line = (
+                    f"{COMPLETED_MARK} {path} pid={pid} seq={self.logged} at={at} user={user[:200]}"
+                )
                 print(line, flush=True)
         finally:
             self.active -= 1
