@@ -62,6 +62,7 @@ OUTCOMES = ("200", "error", "hung", "lost", "cut")
 FAILURES = ("hung", "lost", "duplicated", "unran")
 # A connection the master's SIGKILL broke fails within moments of the kill.
 CUT_GRACE_SECS = 2.0
+CUT_OPEN_SECS = 0.5
 # Small, so that a soak of minutes rotates every backend log several times.
 LOG_MAX_BYTES = 8192
 LOG_BACKUPS = 2
@@ -197,22 +198,26 @@ def summarize(
     runs: dict[str, int],
     kills: list[float],
     lent_ids: set[str],
+    stalled_ids: set[str] | None = None,
     events: tuple[list[tuple[float, float, str]], float] = ([], 0.0),
 ) -> dict[str, Any]:
     """One table row: outcomes, duplicated/unran/wasted against the completion logs, latency.
 
     A connection that broke within `CUT_GRACE_SECS` after a master SIGKILL that happened while
-    it was open is "cut", not lost; `kills` is empty for a tally not sent through the master.
+    it was open (or `CUT_OPEN_SECS` before it opened) is "cut", not lost; `kills` is empty for
+    a tally not sent through the master.
     `events` (the faults made and when the soak began) place each example among the faults.
     """
     row: dict[str, Any] = dict.fromkeys(("sent", *OUTCOMES, "refused"), 0)
-    row.update(duplicated=0, unran=0, wasted=0, lent=0)
+    row.update(duplicated=0, unran=0, wasted=0, lent=0, dup_stalled=0)
     latencies: list[float] = []
     examples: dict[str, list[str]] = {k: [] for k in FAILURES}
     for rec in tally.records:
         outcome = rec.outcome
+        # A connection opened an instant after the kill signal can still reach the dying
+        # process's listening socket: such a request is cut by the kill too.
         if outcome == "lost" and any(
-            rec.started <= k <= rec.ended <= k + CUT_GRACE_SECS for k in kills
+            rec.started <= k + CUT_OPEN_SECS and k <= rec.ended <= k + CUT_GRACE_SECS for k in kills
         ):
             outcome = "cut"
         row[outcome] += 1
@@ -221,6 +226,8 @@ def summarize(
         row["sent"] += 1
         ran = runs.get(rec.user, 0)
         row["duplicated"] += ran > 1
+        # Of those, the ones the master took back from a helper that stopped answering.
+        row["dup_stalled"] += ran > 1 and rec.user in (stalled_ids or set())
         row["unran"] += outcome == "200" and ran == 0
         flags = {
             "hung": outcome == "hung",
@@ -237,7 +244,7 @@ def summarize(
     for pct in (50, 95, 99):
         value = percentile(latencies, pct)
         row[f"p{pct}_ms"] = None if value is None else round(value)
-    row["examples"] = {k: v[:5] for k, v in examples.items() if v}
+    row["examples"] = {k: v[:20] for k, v in examples.items() if v}
     return row
 
 
@@ -318,7 +325,7 @@ def _soak(
 
 
 def _print_table(rows: list[dict[str, Any]]) -> None:
-    keys = ["sent", *OUTCOMES, "duplicated", "unran", "wasted", "refused", "lent"]
+    keys = ["sent", *OUTCOMES, "duplicated", "dup_stalled", "unran", "wasted", "refused", "lent"]
     keys += ["p50_ms", "p95_ms", "p99_ms"]
     print()
     print(" | ".join([f"{'':>20}", *(f"{k:>8}" for k in keys)]))
@@ -381,11 +388,14 @@ def main(argv: list[str] | None = None) -> int:
     follower.join(10)
     log.poll()  # what the backends wrote after the follower's last look
     lent_ids = lending.pop("lent_ids", set())
+    stalled_ids = lending.pop("stalled_ids", set())
     rows = [
         {"name": "through the master"}
-        | summarize(tallies[0], log.runs, faults.master_kills, lent_ids, (faults.events, began)),
+        | summarize(
+            tallies[0], log.runs, faults.master_kills, lent_ids, stalled_ids, (faults.events, began)
+        ),
         {"name": "straight to a slave"}
-        | summarize(tallies[1], log.runs, [], lent_ids, (faults.events, began)),
+        | summarize(tallies[1], log.runs, [], lent_ids, stalled_ids, (faults.events, began)),
     ]
     _print_table(rows)
     labelled = {"through the master": tallies[0], "straight to a slave": tallies[1]}

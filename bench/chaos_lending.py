@@ -63,16 +63,28 @@ def lending_counts(cluster: Cluster, since_ms: int) -> dict[str, Any]:
         with cluster.master.client(timeout=60) as client:
             doc = client.get(DECISIONS, params=base).json()
             lent = client.get(DECISIONS, params={**base, "outcome": "lent"}).json()
+            refused = client.get(DECISIONS, params={**base, "outcome": "relay_refused"}).json()
     except (httpx.HTTPError, ValueError) as exc:
-        return {"error": repr(exc), "lent_requests": 0, "lent_ids": set()}
+        return {"error": repr(exc), "lent_requests": 0, "lent_ids": set(), "stalled_ids": set()}
     outcomes: collections.Counter[str] = collections.Counter()
     for row in doc.get("records", []):
         outcomes[f"{row.get('kind')}/{row.get('outcome')}/{row.get('reason')}"] += 1
     lent_ids = {str(r["request_id"]) for r in lent.get("records", []) if r.get("request_id")}
+    # Taken back from a helper that stopped answering: its backend may have run them already.
+    stalled_ids = {
+        str(r["request_id"])
+        for r in refused.get("records", [])
+        if r.get("request_id") and r.get("reason") == "helper_stalled"
+    }
     return {
         # The newest 5000 rows (the route's cap) by outcome; `lent_requests` counts them all.
         "outcomes": dict(outcomes.most_common()),
         "lent_requests": len(lent_ids),
         "lent_ids": lent_ids,
-        "node_errors": [*doc.get("node_errors", []), *lent.get("node_errors", [])],
+        "stalled_ids": stalled_ids,
+        "node_errors": [
+            *doc.get("node_errors", []),
+            *lent.get("node_errors", []),
+            *refused.get("node_errors", []),
+        ],
     }

@@ -129,3 +129,15 @@ def test_the_simulated_backend_numbers_its_completion_lines(tmp_path: Path) -> N
     found = [m.group(1, 2, 4) for m in LINE_RE.finditer(out.read_bytes())]
     pid = str(proc.pid).encode()
     assert found == [(pid, b"1", b"first"), (pid, b"2", b"second")]
+
+
+def test_a_connection_opened_just_after_the_kill_signal_is_cut() -> None:
+    row = summarize(_tally(("u1", "lost", 10.2, 10.3)), {}, [10.0], set())
+    assert (row["cut"], row["lost"]) == (1, 0)
+
+
+def test_a_request_taken_back_from_a_stalled_helper_that_ran_twice_is_named_so() -> None:
+    tally = _tally(("u1", "200", 0.0, 1.0), ("u2", "200", 0.0, 1.0))
+    row = summarize(tally, {"u1": 2, "u2": 2}, [], set(), {"u1"})
+    # Still duplicated (a failure): the name only says where it came from.
+    assert (row["duplicated"], row["dup_stalled"]) == (2, 1)
