@@ -4,11 +4,17 @@ A master and two slaves (`runrouter` processes on 127.0.0.1, simulated backends)
 replicated model and one model of each slave's own. Clients send OpenAI requests (a quarter
 of them streamed) through the master without pause, and a few send straight to the slaves.
 Meanwhile, at random: a slave is SIGKILLed and restarted, a slave is SIGSTOPped and later
-SIGCONTed, a backend is SIGKILLed, or the master is restarted with SIGTERM (it drains).
+SIGCONTed, a backend is SIGKILLed, or the master is restarted, after a SIGTERM (it drains) or
+a SIGKILL. With `--lending`, the slaves' models are linked to each other (bench/chaos_lending.py)
+and most traffic goes to one slave's own model, so backlogs build and work is lent; every
+slave is then a helper, and a slave fault picks one that holds lent work when there is one.
 
-Every request names a unique OpenAI `user`; the simulated backend logs each request that
-completes with its `user`, and those logs outlive the processes, so a request that ran twice
-shows up as a duplicate, and a 200 whose request never ran as "unran".
+Every request names a unique OpenAI `user` (and the same X-Request-Id); the simulated backend
+logs each request that completes with its `user`, and those logs outlive the processes and are
+followed across rotations (bench/chaos_logs.py; the soak sets a small
+`logging.backend_log_max_bytes` to exercise that). So a request that ran twice shows up as
+"duplicated", a 200 whose request never ran as "unran", and an error answer for a request
+that did run as "wasted" (reported, not a failure: the client may send it again).
 
 Outcomes, per request:
   200        a complete answer (a stream ends with [DONE])
@@ -16,26 +22,25 @@ Outcomes, per request:
              with an error event
   hung       no answer within the hang limit
   lost       the connection broke without an answer, or an answer that is neither of the above
+  cut        (through the master) the connection broke while the master was being SIGKILLed:
+             nothing can answer a client whose server process died
 Connections refused (the node was down or restarting: nothing was sent) are counted apart as
 "refused", not as sent. Requests sent straight to a slave are reported apart: a client
 connected to a node that dies loses its connection, and that is not the router's to save.
 
-    ./scripts/chaos --minutes 5 [--clients 6] [--direct 2] [--seed N]
+    ./scripts/chaos --minutes 5 [--lending] [--clients 6] [--direct 2] [--seed N] [--keep]
 
-Prints a table, then one JSON line.
+Prints a table, then one JSON line. Exits 1 if any request through the master hung, was lost,
+ran twice or was answered 200 without running.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import collections
-import contextlib
 import json
-import os
 import random
-import re
-import signal
+import shutil
 import sys
 import tempfile
 import threading
@@ -47,19 +52,20 @@ from typing import Any
 
 import httpx
 
-from tests.harness import (
-    CLUSTER_TOKEN,
-    Cluster,
-    ModelSpec,
-    sim_weights,
-    start_cluster,
-    start_node,
-)
+from bench import chaos_lending
+from bench.chaos_faults import Faults
+from bench.chaos_logs import CompletionLog
+from tests.harness import Cluster, ModelSpec, sim_weights, start_cluster
 
 HUNG_SECS = 120.0
-OUTCOMES = ("200", "error", "hung", "lost")
-AUTH = {"Authorization": f"Bearer {CLUSTER_TOKEN}"}
-USER_RE = re.compile(r"sim: completed \S+ user=(\S+)")
+OUTCOMES = ("200", "error", "hung", "lost", "cut")
+FAILURES = ("hung", "lost", "duplicated", "unran")
+# A connection the master's SIGKILL broke fails within moments of the kill.
+CUT_GRACE_SECS = 2.0
+CUT_OPEN_SECS = 0.5
+# Small, so that a soak of minutes rotates every backend log several times.
+LOG_MAX_BYTES = 8192
+LOG_BACKUPS = 2
 
 
 def _model(name: str) -> ModelSpec:
@@ -69,22 +75,20 @@ def _model(name: str) -> ModelSpec:
 
 
 @dataclass
-class Tally:
-    counts: collections.Counter[str] = field(default_factory=collections.Counter)
-    ok_users: set[str] = field(default_factory=set)
-    users: set[str] = field(default_factory=set)
-    errors: collections.Counter[str] = field(default_factory=collections.Counter)
+class Record:
+    user: str
+    outcome: str
+    detail: str
+    started: float
+    ended: float
 
-    def add(self, user: str, outcome: str, detail: str = "") -> None:
-        self.counts[outcome] += 1
-        if outcome == "refused":
-            return  # never sent: the node was not listening
-        self.counts["sent"] += 1
-        self.users.add(user)
-        if outcome == "200":
-            self.ok_users.add(user)
-        elif detail:
-            self.errors[f"{outcome}: {detail[:90]}"] += 1
+
+@dataclass
+class Tally:
+    records: list[Record] = field(default_factory=list)
+
+    def add(self, record: Record) -> None:
+        self.records.append(record)
 
 
 def _classify_error(status: int, body: bytes) -> tuple[str, str]:
@@ -98,9 +102,31 @@ def _classify_error(status: int, body: bytes) -> tuple[str, str]:
     return "lost", f"{status} without an error envelope"
 
 
-async def _one(
-    client: httpx.AsyncClient, url: str, model: str, stream: bool
-) -> tuple[str, str, str]:
+async def _exchange(
+    client: httpx.AsyncClient, url: str, body: dict[str, Any], stream: bool
+) -> tuple[str, str]:
+    headers = {"X-Request-Id": body["user"]}
+    if stream:
+        async with client.stream("POST", url, json=body, headers=headers) as r:
+            if r.status_code != 200:
+                return _classify_error(r.status_code, await r.aread())
+            last = ""
+            async for line in r.aiter_lines():
+                if line.startswith("data: "):
+                    last = line
+            if last == "data: [DONE]":
+                return "200", ""
+            if '"error"' in last:
+                return "error", "stream ended with an error event"
+            return "lost", "stream ended without [DONE] or an error"
+    r = await client.post(url, json=body, headers=headers)
+    if r.status_code == 200:
+        ok = isinstance(r.json(), dict) and r.json().get("choices")
+        return ("200", "") if ok else ("lost", "200 without choices")
+    return _classify_error(r.status_code, r.content)
+
+
+async def _one(client: httpx.AsyncClient, url: str, model: str, stream: bool) -> Record:
     user = f"chaos-{uuid.uuid4().hex}"
     body = {
         "model": model,
@@ -109,32 +135,17 @@ async def _one(
         "user": user,
         "stream": stream,
     }
+    started = time.monotonic()
     try:
         async with asyncio.timeout(HUNG_SECS):
-            if stream:
-                async with client.stream("POST", url, json=body) as r:
-                    if r.status_code != 200:
-                        return (user, *_classify_error(r.status_code, await r.aread()))
-                    last = ""
-                    async for line in r.aiter_lines():
-                        if line.startswith("data: "):
-                            last = line
-                    if last == "data: [DONE]":
-                        return user, "200", ""
-                    if '"error"' in last:
-                        return user, "error", "stream ended with an error event"
-                    return user, "lost", "stream ended without [DONE] or an error"
-            r = await client.post(url, json=body)
-            if r.status_code == 200:
-                ok = isinstance(r.json(), dict) and r.json().get("choices")
-                return (user, "200", "") if ok else (user, "lost", "200 without choices")
-            return (user, *_classify_error(r.status_code, r.content))
+            outcome, detail = await _exchange(client, url, body, stream)
     except TimeoutError:
-        return user, "hung", ""
+        outcome, detail = "hung", ""
     except httpx.ConnectError:
-        return user, "refused", ""
+        outcome, detail = "refused", ""
     except httpx.HTTPError as exc:
-        return user, "lost", type(exc).__name__
+        outcome, detail = "lost", type(exc).__name__
+    return Record(user, outcome, detail, started, time.monotonic())
 
 
 async def _clients(
@@ -148,186 +159,271 @@ async def _clients(
         async with httpx.AsyncClient(timeout=None, limits=limits) as client:
             while not stop.is_set():
                 model = random.choice(models)
-                user, outcome, detail = await _one(
+                record = await _one(
                     client, base + "/v1/chat/completions", model, random.random() < 0.25
                 )
-                tally.add(user, outcome, detail)
-                if outcome == "refused":
+                tally.add(record)
+                if record.outcome == "refused":
                     # The node is down: a pause before the next try, not a busy loop.
                     await asyncio.sleep(0.5)
+                elif record.outcome != "200":
+                    # As a client backs off after an error (a 503 while a slave restarts
+                    # comes in a millisecond: without it, those would swamp the count).
+                    await asyncio.sleep(0.2)
 
     await asyncio.gather(*(run(i) for i in range(count)))
 
 
-class Faults:
-    """Injects one fault at a time, at random, from its own thread."""
-
-    def __init__(self, cluster: Cluster, rng: random.Random, stop: threading.Event) -> None:
-        self.cluster = cluster
-        self.rng = rng
-        self.stop = stop
-        self.done: collections.Counter[str] = collections.Counter()
-        self.log: list[str] = []
-        self.lock = threading.Lock()
-
-    def run(self) -> None:
-        # Weighted: a master restart takes the longest, and clients can only be refused then.
-        actions = [self.kill_slave] * 2 + [self.freeze_slave] * 2 + [self.kill_backend] * 3
-        actions.append(self.restart_master)
-        while not self.stop.wait(self.rng.uniform(1.0, 4.0)):
-            action = self.rng.choice(actions)
-            try:
-                action()
-                self.done[action.__name__] += 1
-            except Exception as exc:  # a fault that could not be made is reported, not fatal
-                self.log.append(f"{action.__name__} failed: {exc!r}")
-
-    def kill_slave(self) -> None:
-        name = self.rng.choice(sorted(self.cluster.slaves))
-        node = self.cluster.slaves[name]
-        os.killpg(node.proc.pid, signal.SIGKILL)
-        self.stop.wait(self.rng.uniform(1.0, 3.0))
-        with self.lock:
-            self.cluster.restart_slave(name)
-
-    def freeze_slave(self) -> None:
-        name = self.rng.choice(sorted(self.cluster.slaves))
-        node = self.cluster.slaves[name]
-        os.killpg(node.proc.pid, signal.SIGSTOP)
-        try:
-            self.stop.wait(self.rng.uniform(2.0, 6.0))
-        finally:
-            os.killpg(node.proc.pid, signal.SIGCONT)
-
-    def kill_backend(self) -> None:
-        node = self.rng.choice(self.cluster.nodes())
-        state = httpx.get(node.base_url + "/router/v1/node/state", headers=AUTH, timeout=5).json()
-        pids = [b["pid"] for b in state["backends"] if b.get("pid")]
-        if pids:
-            os.kill(self.rng.choice(pids), signal.SIGKILL)
-
-    def restart_master(self) -> None:
-        c = self.cluster
-        old = c.master
-        old.stop(timeout=60)
-        old.cleanup(drop_db=False)
-        port, models, sections = c.specs["master"]
-        c.master = start_node(c.root / "master", models, port=port, db=old.db, **sections)
-
-    def thaw_all(self) -> None:
-        for node in self.cluster.nodes():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(node.proc.pid, signal.SIGCONT)
+def percentile(values: list[float], pct: float) -> float | None:
+    """Nearest-rank percentile of `values` (None when there are none)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, -(-len(ordered) * pct // 100))
+    return ordered[int(rank) - 1]
 
 
-def _completions(root: Path) -> collections.Counter[str]:
-    runs: collections.Counter[str] = collections.Counter()
-    for log in root.rglob("*-backend.log"):
-        for match in USER_RE.finditer(log.read_text(errors="replace")):
-            runs[match.group(1)] += 1
-    return runs
+def _when(rec: Record, events: list[tuple[float, float, str]], t0: float) -> str:
+    """When a request was sent and answered, and the faults under way around it."""
+    near = [
+        f"{what} {began - t0:.1f}-{ended - t0:.1f}"
+        for began, ended, what in events
+        if began - 1.0 <= rec.ended and ended + 1.0 >= rec.started
+    ]
+    return f"[{rec.started - t0:.1f}-{rec.ended - t0:.1f} s; {', '.join(near) or 'no fault'}]"
 
 
-def _report(name: str, tally: Tally, runs: collections.Counter[str]) -> dict[str, Any]:
-    duplicated = sum(1 for u in tally.users if runs[u] > 1)
-    unran = sum(1 for u in tally.ok_users if runs[u] == 0)
-    row: dict[str, Any] = {k: tally.counts[k] for k in ("sent", *OUTCOMES, "refused")}
-    row["duplicated"] = duplicated
-    row["unran"] = unran
-    row["name"] = name
+def summarize(
+    tally: Tally,
+    runs: dict[str, int],
+    kills: list[float],
+    lent_ids: set[str],
+    stalled_ids: set[str] | None = None,
+    events: tuple[list[tuple[float, float, str]], float] = ([], 0.0),
+) -> dict[str, Any]:
+    """One table row: outcomes, duplicated/unran/wasted against the completion logs, latency.
+
+    A connection that broke within `CUT_GRACE_SECS` after a master SIGKILL that happened while
+    it was open (or `CUT_OPEN_SECS` before it opened) is "cut", not lost; `kills` is empty for
+    a tally not sent through the master.
+    `events` (the faults made and when the soak began) place each example among the faults.
+    """
+    row: dict[str, Any] = dict.fromkeys(("sent", *OUTCOMES, "refused"), 0)
+    row.update(duplicated=0, unran=0, wasted=0, lent=0, dup_stalled=0)
+    latencies: list[float] = []
+    examples: dict[str, list[str]] = {k: [] for k in FAILURES}
+    for rec in tally.records:
+        outcome = rec.outcome
+        # A connection opened an instant after the kill signal can still reach the dying
+        # process's listening socket: such a request is cut by the kill too.
+        if outcome == "lost" and any(
+            rec.started <= k + CUT_OPEN_SECS and k <= rec.ended <= k + CUT_GRACE_SECS for k in kills
+        ):
+            outcome = "cut"
+        row[outcome] += 1
+        if outcome == "refused":
+            continue  # never sent: the node was not listening
+        row["sent"] += 1
+        ran = runs.get(rec.user, 0)
+        row["duplicated"] += ran > 1
+        # Of those, the ones the master took back from a helper that stopped answering.
+        row["dup_stalled"] += ran > 1 and rec.user in (stalled_ids or set())
+        row["unran"] += outcome == "200" and ran == 0
+        flags = {
+            "hung": outcome == "hung",
+            "lost": outcome == "lost",
+            "duplicated": ran > 1,
+            "unran": outcome == "200" and ran == 0,
+        }
+        for key in (k for k, hit in flags.items() if hit):
+            examples[key].append(f"{rec.user} {rec.detail} {_when(rec, *events)}")
+        row["wasted"] += outcome != "200" and ran > 0
+        row["lent"] += rec.user in lent_ids
+        if outcome == "200":
+            latencies.append((rec.ended - rec.started) * 1000.0)
+    for pct in (50, 95, 99):
+        value = percentile(latencies, pct)
+        row[f"p{pct}_ms"] = None if value is None else round(value)
+    row["examples"] = {k: v[:20] for k, v in examples.items() if v}
     return row
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--minutes", type=float, default=5.0, help="how long faults run")
-    parser.add_argument("--clients", type=int, default=6, help="clients sending to the master")
-    parser.add_argument("--direct", type=int, default=2, help="clients sending to the slaves")
-    parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--keep", action="store_true", help="keep the cluster's directory")
-    args = parser.parse_args(argv)
-    if not 0 < args.minutes <= 120:
-        parser.error("--minutes must be in (0, 120]")
-    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
-    random.seed(seed)
-    rng = random.Random(seed)
-    root = Path(tempfile.mkdtemp(prefix="router-chaos-"))
-    print(f"chaos: seed {seed}, {args.minutes:g} min, cluster in {root}", flush=True)
-    fast = {"cluster": {"health_timeout": "1s"}}
+def _start(root: Path, lending: bool) -> Cluster:
+    cluster_fast: dict[str, Any] = {"health_timeout": "1s"}
+    if lending:
+        cluster_fast.update(chaos_lending.MASTER_LENDING)
+    logs = {"backend_log_max_bytes": LOG_MAX_BYTES, "backend_log_backups": LOG_BACKUPS}
+    slave_sections = {"logging": logs}
     cluster = start_cluster(
         root,
         [_model("twin")],
         {"s1": [_model("twin"), _model("solo1")], "s2": [_model("twin"), _model("solo2")]},
         health_interval="1s",
-        master_sections=fast,
+        master_sections={"cluster": cluster_fast, "logging": logs},
+        per_slave_sections={"s1": slave_sections, "s2": slave_sections},
     )
-    through = Tally()
-    direct = Tally()
+    if lending:
+        try:
+            for problem in chaos_lending.link(cluster):
+                print(f"  {problem}", flush=True)
+        except BaseException:
+            cluster.cleanup()
+            raise
+    return cluster
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=5.0, help="how long faults run")
+    parser.add_argument("--clients", type=int, default=6, help="clients sending to the master")
+    parser.add_argument("--direct", type=int, default=2, help="clients sending to the slaves")
+    parser.add_argument("--lending", action="store_true", help="link the slaves' models")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--keep", action="store_true", help="keep the cluster's directory")
+    args = parser.parse_args(argv)
+    if not 0 < args.minutes <= 120:
+        parser.error("--minutes must be in (0, 120]")
+    return args
+
+
+def _traffic(cluster: Cluster, lending: bool) -> tuple[list[str], list[tuple[str, list[str]]]]:
+    """Models the master's clients pick from (repeats weigh), and each direct client's slave."""
+    if lending:
+        # Mostly s1's own model: s1 builds a backlog while s2 is often idle (a helper takes
+        # borrowed work only while it has none of its own); s2's own requests, now and then,
+        # take it back from borrowed work.
+        through = ["solo1"] * 4 + ["twin", "solo2"]
+        return through, [(cluster.slaves["s1"].base_url, ["solo1"])]
+    through = ["twin", "solo1", "solo2"]
+    direct = [(cluster.slaves["s1"].base_url, ["twin", "solo1"])]
+    return through, [*direct, (cluster.slaves["s2"].base_url, ["twin", "solo2"])]
+
+
+def _soak(
+    args: argparse.Namespace, cluster: Cluster, faults: Faults, tallies: tuple[Tally, Tally]
+) -> float:
+    stop = faults.stop
+    master_url = cluster.master.base_url
+    through_models, slave_urls = _traffic(cluster, args.lending)
+    fault_thread = threading.Thread(target=faults.run, daemon=True)
+    started = time.monotonic()
+    fault_thread.start()
+
+    async def soak() -> None:
+        timer = asyncio.get_running_loop().call_later(args.minutes * 60, stop.set)
+        try:
+            await asyncio.gather(
+                _clients([(master_url, through_models)], args.clients, tallies[0], stop),
+                _clients(slave_urls, args.direct, tallies[1], stop) if args.direct else _none(),
+            )
+        finally:
+            timer.cancel()
+
+    asyncio.run(soak())
+    fault_thread.join(120)
+    return time.monotonic() - started
+
+
+def _print_table(rows: list[dict[str, Any]]) -> None:
+    keys = ["sent", *OUTCOMES, "duplicated", "dup_stalled", "unran", "wasted", "refused", "lent"]
+    keys += ["p50_ms", "p95_ms", "p99_ms"]
+    print()
+    print(" | ".join([f"{'':>20}", *(f"{k:>8}" for k in keys)]))
+    for row in rows:
+        cells = [f"{row['name']:>20}", *(f"{row[k]!s:>8}" for k in keys)]
+        print(" | ".join(cells))
+
+
+def _print_details(
+    faults: Faults, elapsed: float, log: CompletionLog, tallies: dict[str, Tally]
+) -> None:
+    print(f"\nfaults: {dict(faults.done)}; {elapsed:.0f} s")
+    for line in faults.log:
+        print(f"  {line}")
+    print(
+        f"completion logs: {log.rotations} rotations followed, {log.torn} torn,"
+        f" {log.gaps()} completion lines missing"
+    )
+    for label, tally in tallies.items():
+        errors: dict[str, int] = {}
+        for rec in tally.records:
+            if rec.outcome not in ("200", "refused") and rec.detail:
+                what = f"{rec.outcome}: {rec.detail[:90]}"
+                errors[what] = errors.get(what, 0) + 1
+        if errors:
+            print(f"answers other than 200, {label}:")
+            for what, n in sorted(errors.items(), key=lambda kv: -kv[1])[:12]:
+                print(f"  {n:6d}  {what}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
+    random.seed(seed)
+    root = Path(tempfile.mkdtemp(prefix="router-chaos-"))
+    mode = " with lending" if args.lending else ""
+    print(f"chaos: seed {seed}, {args.minutes:g} min{mode}, cluster in {root}", flush=True)
+    cluster = _start(root, args.lending)
+    since_ms = int(time.time() * 1000)
+    began = time.monotonic()
+    tallies = (Tally(), Tally())
     stop = threading.Event()
-    faults = Faults(cluster, rng, stop)
+    faults = Faults(cluster, random.Random(seed), stop, lending=args.lending)
+    log = CompletionLog(root)
+    # Followed until every node is gone: the router rotates logs until it exits.
+    log_stop = threading.Event()
+    follower = threading.Thread(target=log.follow, args=(log_stop,), daemon=True)
+    follower.start()
+    lending: dict[str, Any] = {}
     try:
-        master_url = cluster.master.base_url
-        slave_urls = [
-            (cluster.slaves["s1"].base_url, ["twin", "solo1"]),
-            (cluster.slaves["s2"].base_url, ["twin", "solo2"]),
-        ]
-        fault_thread = threading.Thread(target=faults.run, daemon=True)
-        started = time.monotonic()
-        fault_thread.start()
-
-        async def soak() -> None:
-            timer = asyncio.get_running_loop().call_later(args.minutes * 60, stop.set)
-            try:
-                await asyncio.gather(
-                    _clients(
-                        [(master_url, ["twin", "solo1", "solo2"])], args.clients, through, stop
-                    ),
-                    _clients(slave_urls, args.direct, direct, stop) if args.direct else _none(),
-                )
-            finally:
-                timer.cancel()
-
-        asyncio.run(soak())
-        fault_thread.join(120)
-        elapsed = time.monotonic() - started
+        elapsed = _soak(args, cluster, faults, tallies)
+        faults.thaw_all()
+        if args.lending:
+            lending = chaos_lending.lending_counts(cluster, since_ms)
     finally:
         stop.set()
         faults.thaw_all()
         cluster.cleanup()
-    runs = _completions(root)
+        log_stop.set()
+    follower.join(10)
+    log.poll()  # what the backends wrote after the follower's last look
+    lent_ids = lending.pop("lent_ids", set())
+    stalled_ids = lending.pop("stalled_ids", set())
     rows = [
-        _report("through the master", through, runs),
-        _report("straight to a slave", direct, runs),
+        {"name": "through the master"}
+        | summarize(
+            tallies[0], log.runs, faults.master_kills, lent_ids, stalled_ids, (faults.events, began)
+        ),
+        {"name": "straight to a slave"}
+        | summarize(tallies[1], log.runs, [], lent_ids, stalled_ids, (faults.events, began)),
     ]
-    header = ["", "sent", *OUTCOMES, "duplicated", "unran", "refused"]
-    print()
-    print(" | ".join(f"{h:>20}" if i == 0 else f"{h:>8}" for i, h in enumerate(header)))
+    _print_table(rows)
+    labelled = {"through the master": tallies[0], "straight to a slave": tallies[1]}
+    _print_details(faults, elapsed, log, labelled)
+    if args.lending:
+        print(f"lending: {lending}")
     for row in rows:
-        cells = [row["name"], *(row[k] for k in header[1:])]
-        print(" | ".join(f"{c:>20}" if i == 0 else f"{c:>8}" for i, c in enumerate(cells)))
-    print(f"\nfaults: {dict(faults.done)}; {elapsed:.0f} s")
-    for line in faults.log:
-        print(f"  {line}")
-    for label, tally in (("through the master", through), ("straight to a slave", direct)):
-        if tally.errors:
-            print(f"answers other than 200, {label}:")
-            for what, n in tally.errors.most_common(12):
-                print(f"  {n:6d}  {what}")
+        for key, users in row["examples"].items():
+            print(f"{key}, {row['name']}:")
+            for example in users:
+                # Where it ran: the node whose backend completed it, seconds into the soak.
+                ran = log.where.get(example.split()[0], [])
+                runs = ", ".join(f"{node} at {(at - since_ms) / 1000:.1f}" for node, at in ran)
+                print(f"  {example} ran: {runs or 'nowhere'}")
     if not args.keep:
-        import shutil
-
         shutil.rmtree(root, ignore_errors=True)
     result = {
         "bench": "chaos",
         "seed": seed,
         "minutes": args.minutes,
+        "lending": lending if args.lending else None,
         "faults": dict(faults.done),
+        "completion_logs": {"rotations": log.rotations, "torn": log.torn, "gaps": log.gaps()},
         "through_master": {k: v for k, v in rows[0].items() if k != "name"},
         "direct_to_slave": {k: v for k, v in rows[1].items() if k != "name"},
     }
     print(json.dumps(result), flush=True)
-    target = rows[0]
-    return 0 if target["hung"] == target["lost"] == target["duplicated"] == 0 else 1
+    return 1 if any(rows[0][k] for k in FAILURES) else 0
 
 
 async def _none() -> None:

@@ -16,6 +16,7 @@ import contextlib
 import hashlib
 import itertools
 import math
+import os
 import signal
 import struct
 import sys
@@ -147,6 +148,10 @@ class SimState:
     created: int = field(default_factory=lambda: int(time.time()))
     completed: int = 0
     cancelled: int = 0
+    logged: int = 0
+    """Completion lines printed: each carries its process and number, so a reader of a rotated
+    log sees a line lost between rotation's copy and truncation as a gap, and its wall-clock
+    time in ms, so a soak can place a request that ran twice among its faults."""
     active: int = 0
     waiting: int = 0
     # asyncio.Lock wakes waiters in arrival order, which is the one-slot queue we want.
@@ -228,7 +233,12 @@ class SimState:
             self.completed += 1
             self.history.append({"path": path, "duration_ms": duration_ms, **(seen or {})})
             if isinstance(user, str) and user:
-                print(f"{COMPLETED_MARK} {path} user={user[:200]}", flush=True)
+                self.logged += 1
+                pid, at = os.getpid(), int(time.time() * 1000)
+                line = (
+                    f"{COMPLETED_MARK} {path} pid={pid} seq={self.logged} at={at} user={user[:200]}"
+                )
+                print(line, flush=True)
         finally:
             self.active -= 1
             self.slot_lock.release()
