@@ -172,7 +172,10 @@ def test_unload_lets_borrowed_work_finish_and_the_page_marks_it_meanwhile(
     runner = threading.Thread(target=borrowed)
     runner.start()
     try:
-        row = wait_for(lambda: (r := text_row(state(master, "s"))) and r["borrowed"] and r)
+        # Marked borrowed when admitted, active once in the backend: wait for both.
+        row = wait_for(
+            lambda: (r := text_row(state(master, "s"))) and r["borrowed"] and r["active"] and r
+        )
         assert row["model_id"] == "slow" and row["active"] == 1
         resp = master.post(UNLOAD, json=unload_body("s", row["generation"]))
     finally:
