@@ -39,6 +39,7 @@ from proxy.families.voice.handlers import REALTIME_PATH
 from proxy.node import Node, get_node
 from proxy.request import Receive, Scope, Send, model_not_allowed
 from proxy.runtimes.backends import auth_headers
+from proxy.runtimes.runtime import SessionHold
 from registry.cluster import Replica
 from registry.httpclient import get_session
 from registry.kcpps import Lane
@@ -282,7 +283,8 @@ class Relay:
                 502, f"backend for model {public_id!r} failed: {exc}", type="backend_error"
             ) from exc
         # Requests for another model on this lane wait for the session only so long.
-        runtime.sessions.append(public_id)
+        hold = SessionHold(public_id, time.time(), lambda: self.last_frame)
+        runtime.sessions.append(hold)
         try:
             served = cfg.served_model
             url = f"{launch.base_url}{launch.backend_path(REALTIME_PATH)}"
@@ -290,7 +292,7 @@ class Relay:
             async with self._connect(url, auth_headers(cfg), public_id, launch.tls) as backend:
                 yield backend, Session(public_id, served)
         finally:
-            runtime.sessions.remove(public_id)
+            runtime.sessions.remove(hold)
             runtime.release()
 
     @contextlib.asynccontextmanager
