@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import ssl
 import time
@@ -122,6 +123,15 @@ def _kind(node: Node, model: str) -> Kind:
         if any(rec.get(flag) and not rec.get("disabled") for rec in records):
             return kind  # type: ignore[return-value]
     return "speech"  # resolve() then says why it cannot
+
+
+def _stop_heartbeat(backend: aiohttp.ClientWebSocketResponse) -> None:
+    """Cancel a closed socket's heartbeat timer. aiohttp (3.14) re-arms it when bytes arrive
+    while the socket closes, and the timer then keeps the socket, its buffers and response
+    alive for another heartbeat and pong (~30 s): 3,072 sessions closed at once held ~100 MB."""
+    cancel = getattr(backend, "_cancel_heartbeat", None)
+    if cancel is not None:
+        cancel()
 
 
 class RealtimeApp:
@@ -354,6 +364,7 @@ class Relay:
                     await backend.close(code=GOING_AWAY)
                 except NETWORK_ERRORS as exc:
                     logger.info("closing the backend socket of %s failed: %s", public_id, exc)
+            _stop_heartbeat(backend)
 
     async def _pump(self, backend: aiohttp.ClientWebSocketResponse, session: Session) -> None:
         up = asyncio.ensure_future(self._client_to_backend(backend, session))
@@ -455,6 +466,39 @@ class Relay:
 
 
 KEY_PREFIX_TEXT = KEY_SUBPROTOCOL_PREFIX.decode("ascii")
+# Closed WebSockets between two full collections (see `Collector`).
+COLLECT_EVERY = 256
+
+
+class Collector:
+    """A full garbage collection after every `every` closed WebSockets, and when the last
+    open one closes.
+
+    A closed session leaves reference cycles (its tasks, cancelled futures and Twisted
+    failures refer back to it), and the node's tuned collector (routerproject/gctune.py) runs a
+    full collection only after millions of allocations: 3,072 sessions closed in a row kept
+    ~130 MB for good, and each round more. Collected this way, the memory is reused.
+    """
+
+    def __init__(self, every: int = COLLECT_EVERY) -> None:
+        self.every = every
+        self.open = 0
+        self.count = 0
+        self.collections = 0
+
+    def opened(self) -> None:
+        self.open += 1
+
+    def closed(self) -> None:
+        self.open = max(0, self.open - 1)
+        self.count += 1
+        if self.count >= self.every or self.open == 0:
+            self.count = 0
+            self.collections += 1
+            gc.collect()
+
+
+CLOSED_SOCKETS = Collector()
 
 
 class RouterWebSocketProtocol(WebSocketProtocol):
@@ -476,8 +520,13 @@ class RouterWebSocketProtocol(WebSocketProtocol):
             return
         super().handle_reply(message)
 
+    def connectionMade(self) -> None:
+        CLOSED_SOCKETS.opened()
+        super().connectionMade()
+
     def connectionLost(self, reason: Any) -> None:
         release, self.release = self.release, None
         if release is not None:
             release()
         super().connectionLost(reason)
+        CLOSED_SOCKETS.closed()
