@@ -9,11 +9,12 @@ refusals are logged once per kind per interval. The Nodes page shows a session h
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
 import pytest
+from playwright.sync_api import Page
 from websockets.exceptions import ConnectionClosedError, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
@@ -29,9 +30,10 @@ from tests.harness import (
 
 pytestmark = pytest.mark.integration
 
-PER_CLIENT = 3
-# Reserve: 1 place (proxy.edge.frontdoor.reserve_for), so 8 ordinary ones.
-TOTAL = 9
+# Room for a browser's parallel connections from 127.0.0.1.
+PER_CLIENT = 8
+# Reserve: 1 place (proxy.edge.frontdoor.reserve_for), so 19 ordinary ones.
+TOTAL = 20
 ORDINARY = TOTAL - 1
 PROBE = "127.0.0.9"
 TOKEN = {"Authorization": f"Bearer {CLUSTER_TOKEN}"}
@@ -150,3 +152,16 @@ def test_the_nodes_state_shows_the_session_holding_a_lane(node: RouterNode) -> N
             )
         )
     )
+
+
+def test_the_nodes_page_shows_the_session_holding_a_lane(
+    node: RouterNode, new_page: Callable[..., Page]
+) -> None:
+    with session(node, "127.0.0.4"):
+        tab = new_page()
+        tab.goto(node.base_url + "/ui/nodes")
+        row = tab.locator('.realtime-sessions li[data-model="talk"]')
+        row.wait_for(timeout=15_000)
+        text = row.inner_text()
+        assert text.startswith("talk holds text-runtime"), text
+        assert "since" in text and "idle" in text, text

@@ -4,6 +4,10 @@ aiohttp (3.14) re-arms a WebSocket's heartbeat when bytes arrive while it closes
 then holds the closed socket, its buffers and its response for another heartbeat and pong
 period (~30 s). Idle sessions opened and closed in bulk (3,072 in the issue) kept ~100 MB for
 that long. The relay cancels the heartbeat once the backend socket is closed.
+
+A closed session also leaves reference cycles that the node's tuned collector would keep for
+a long time: a full collection runs every `COLLECT_EVERY` closed WebSockets and when the last
+one closes (bench/websockets.py measures the RSS).
 """
 
 from __future__ import annotations
@@ -13,6 +17,11 @@ import gc
 import weakref
 from typing import Any
 
+import pytest
+from daphne.ws_protocol import WebSocketProtocol
+
+from proxy.edge import realtime
+from proxy.edge.realtime import COLLECT_EVERY, Collector, RouterWebSocketProtocol
 from proxy.tests.test_realtime_relay import Client, backend, pinned, relay_to
 
 __all__ = ["backend", "pinned"]  # fixtures used here
@@ -32,3 +41,34 @@ async def test_a_closed_backend_socket_is_not_kept_by_its_heartbeat(backend: str
         await asyncio.sleep(0)
     gc.collect()
     assert refs[0]() is None
+
+
+def test_a_full_collection_runs_every_so_many_closes_and_when_the_last_socket_closes() -> None:
+    collector = Collector(every=3)
+    for _ in range(5):
+        collector.opened()
+    collector.closed()
+    collector.closed()
+    assert collector.collections == 0
+    collector.closed()  # the third close
+    assert collector.collections == 1
+    collector.closed()
+    assert collector.collections == 1
+    collector.closed()  # the last open socket
+    assert collector.collections == 2
+    assert COLLECT_EVERY == 256
+
+
+def test_the_websocket_protocol_counts_its_socket_in_the_collector(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Daphne's own setup and teardown need a connected socket; only the counting is tested.
+    monkeypatch.setattr(WebSocketProtocol, "connectionMade", lambda self: None)
+    monkeypatch.setattr(WebSocketProtocol, "connectionLost", lambda self, reason: None)
+    collector = Collector(every=1000)
+    monkeypatch.setattr(realtime, "CLOSED_SOCKETS", collector)
+    protocol = RouterWebSocketProtocol.__new__(RouterWebSocketProtocol)
+    protocol.connectionMade()
+    assert collector.open == 1
+    protocol.connectionLost(None)
+    assert (collector.open, collector.collections) == (0, 1)
