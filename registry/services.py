@@ -256,6 +256,7 @@ def node_state(*, node: RegistryNode) -> dict[str, Any]:
                 "pid": status["pid"],
                 "base_url": runtime.launch.base_url if runtime.launch else None,
                 "probe_ok": status["probe_ok"],
+                "realtime_sessions": status.get("realtime_sessions", []),
             }
         )
     return {

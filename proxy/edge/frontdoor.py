@@ -11,14 +11,19 @@ connection is closed. A chunked body is counted as it arrives and refused past
 
 Slow clients: a connection must complete each request head within `server.header_timeout`, and
 a body within `server.body_timeout` plus one second per `server.body_min_rate` bytes; an idle
-kept-alive connection closes after `server.idle_timeout`. One address may hold at most
-`server.max_connections_per_client` connections (trusted proxies are exempt). Refusals are
-logged, at most one line per kind every `REFUSAL_LOG_INTERVAL_SECS`.
+kept-alive connection closes after `server.idle_timeout`. One client (an IPv4 address, or an
+IPv6 /64, which one host usually holds whole) may hold at most
+`server.max_connections_per_client` connections, WebSockets included (trusted proxies are
+exempt). The node as a whole holds at most `server.max_connections` (by default derived from
+the open-file limit, `derived_max_connections`); the last `reserve` places take only health
+checks and node routes, so a flood of idle sockets cannot silence `/healthz` or the cluster.
+Refusals are logged, at most one line per kind every `REFUSAL_LOG_INTERVAL_SECS`.
 """
 
 from __future__ import annotations
 
 import io
+import ipaddress
 import logging
 import resource
 import time
@@ -48,6 +53,37 @@ LINGER_MAX_BYTES = 4 << 20
 REFUSAL_LOG_INTERVAL_SECS = 10.0
 # Past this many fds nothing is gained, and the kernel may refuse an unlimited soft limit.
 FD_LIMIT_CEILING = 1 << 20
+# Descriptors the node needs besides client connections: backends' pipes and sockets, the
+# database, logs, the cluster's own calls.
+FD_HEADROOM = 256
+# The fewest connections a derived cap allows, however low the open-file limit.
+MIN_MAX_CONNECTIONS = 64
+# Places past the ordinary cap kept for health checks and node routes.
+RESERVE_MAX = 64
+# Paths a connection in the reserve may ask for (besides NODE_PREFIX).
+RESERVED_PATHS = frozenset({"/healthz", "/readyz"})
+
+
+def derived_max_connections(fd_limit: int) -> int:
+    """The connection cap for an open-file limit: each client connection may hold a second
+    descriptor to a backend or another node (a relayed WebSocket, a forwarded stream)."""
+    return max(MIN_MAX_CONNECTIONS, (fd_limit - FD_HEADROOM) // 2)
+
+
+def reserve_for(max_connections: int) -> int:
+    return min(RESERVE_MAX, max(1, max_connections // 16)) if max_connections else 0
+
+
+def client_key(peer: Address) -> str:
+    """What the per-client cap counts: an IPv4 address, or the /64 of an IPv6 one (a host
+    gets a whole /64 and may use any address in it)."""
+    if isinstance(peer, ipaddress.IPv6Address):
+        return str(ipaddress.IPv6Network((int(peer) >> 64 << 64, 64)))
+    return str(peer)
+
+
+def is_reserved_path(path: str) -> bool:
+    return path in RESERVED_PATHS or path.startswith(NODE_PREFIX)
 
 
 class RefusalLog:
@@ -82,8 +118,17 @@ class RefusalLog:
 class FrontDoor:
     """The limits of one node and the connections it holds, shared by its channels."""
 
-    def __init__(self, config: Any, *, log: RefusalLog | None = None, clock: Any = None) -> None:
-        """`clock` (Twisted's `IReactorTime`) times the deadlines; the reactor by default."""
+    def __init__(
+        self,
+        config: Any,
+        *,
+        log: RefusalLog | None = None,
+        clock: Any = None,
+        fd_limit: int | None = None,
+    ) -> None:
+        """`clock` (Twisted's `IReactorTime`) times the deadlines; the reactor by default.
+        `fd_limit` derives the connection cap when `server.max_connections` is unset; the
+        current soft limit by default."""
         server = config.server
         self._clock = clock
         self.gate = Gate(config)
@@ -95,13 +140,34 @@ class FrontDoor:
         # Node routes take only connections whose client certificate the handshake verified.
         self.client_cert_required: bool = server.tls_client_ca_file is not None
         self.open: dict[str, int] = {}
+        if server.max_connections is not None:
+            self.max_connections: int = server.max_connections
+        else:
+            limit = fd_limit if fd_limit is not None else _soft_fd_limit()
+            self.max_connections = derived_max_connections(limit)
+        self.reserve = reserve_for(self.max_connections)
+        self.total = 0
         self.log = log or RefusalLog(logger)
+
+    def enter(self) -> str:
+        """Count a connection in the node's total: "open", "reserve" (health checks and node
+        routes only) or "full" (refused, not counted)."""
+        if not self.max_connections:
+            self.total += 1
+            return "open"
+        if self.total >= self.max_connections:
+            return "full"
+        self.total += 1
+        return "open" if self.total <= self.max_connections - self.reserve else "reserve"
+
+    def leave(self) -> None:
+        self.total = max(0, self.total - 1)
 
     def acquire(self, peer: Address | None) -> str | bool | None:
         """Count a new connection: the key to release, None if uncounted, False if refused."""
         if peer is None or not self.cap or self.gate.is_trusted_proxy(peer):
             return None
-        key = str(peer)
+        key = client_key(peer)
         held = self.open.get(key, 0)
         if held >= self.cap:
             return False
@@ -171,6 +237,9 @@ class FrontDoorChannel(http.HTTPChannel):
     door: FrontDoor
     peer: Address | None = None
     counted: str | None = None
+    # Counted in the door's total; in its reserve, only health checks and node routes pass.
+    entered = False
+    reserve_only = False
     closing = False
     drained = 0
     body_bytes = 0
@@ -264,6 +333,9 @@ class FrontDoorChannel(http.HTTPChannel):
             self._linger.cancel()
         self.door.release(self.counted)
         self.counted = None
+        if self.entered:
+            self.entered = False
+            self.door.leave()
         super().connectionLost(reason)
 
     def _start(self, phase: str, after: float) -> None:
@@ -338,6 +410,16 @@ class FrontDoorRequest(WebRequest):
         ):
             # Before the token's verdict, so a caller without the certificate cannot test tokens.
             refusal = client_cert_refusal()
+        if refusal is None and channel.reserve_only and not is_reserved_path(self.path_text):
+            refusal = Refusal(
+                503,
+                f"the node holds {door.max_connections} connections, its cap "
+                "(server.max_connections); the last places are kept for health checks "
+                "and node routes",
+                type="server_error",
+                code="too_many_connections",
+                headers=((b"retry-after", b"1"),),
+            )
         if refusal is None and length is not None and length > door.gate.limit:
             refusal = door.gate.too_large()
         if refusal is not None:
@@ -367,16 +449,8 @@ class FrontDoorRequest(WebRequest):
         channel: FrontDoorChannel = self.channel
         transport = self.transport
         result = super().process()
-        if self.transport is None and transport is not None and channel.counted is not None:
-            # Upgraded to a WebSocket: the connection now belongs to the WebSocket protocol,
-            # and the channel never hears that it closed. The socket gives the address's
-            # count back instead.
-            protocol = getattr(transport, "wrappedProtocol", None) or transport.protocol
-            key, channel.counted = channel.counted, None
-            if hasattr(protocol, "release"):
-                protocol.release = lambda: channel.door.release(key)
-            else:
-                channel.door.release(key)
+        if self.transport is None and transport is not None:
+            _hand_over(channel, transport)
         return result
 
     def _refuse(self, refusal: Refusal) -> None:
@@ -400,22 +474,37 @@ class FrontDoorRequest(WebRequest):
         channel.refuse(refusal, self.path_text, request_id)
 
 
-class _TooManyConnections(twisted_protocol.Protocol):
-    """Answers a connection over its address's cap, without reading the request."""
+def _hand_over(channel: FrontDoorChannel, transport: Any) -> None:
+    """Upgraded to a WebSocket: the connection now belongs to the WebSocket protocol, and
+    the channel never hears that it closed. The socket gives the counts back instead."""
+    door = channel.door
+    key, channel.counted = channel.counted, None
+    entered, channel.entered = channel.entered, False
+    if key is None and not entered:
+        return
 
-    def __init__(self, door: FrontDoor) -> None:
+    def release() -> None:
+        door.release(key)
+        if entered:
+            door.leave()
+
+    protocol = getattr(transport, "wrappedProtocol", None) or transport.protocol
+    if hasattr(protocol, "release"):
+        protocol.release = release
+    else:
+        release()
+
+
+class _TooManyConnections(twisted_protocol.Protocol):
+    """Answers a connection over a cap, without reading the request."""
+
+    def __init__(self, door: FrontDoor, refusal: Refusal) -> None:
         self.door = door
+        self.refusal = refusal
         self.timer: Any = None
 
     def connectionMade(self) -> None:
-        refusal = Refusal(
-            429,
-            f"too many connections from this address (server.max_connections_per_client is "
-            f"{self.door.cap})",
-            type="rate_limit_error",
-            code="too_many_connections",
-            headers=((b"retry-after", b"1"),),
-        )
+        refusal = self.refusal
         self.timer = _answer_and_close(
             self.door.clock, self.transport, _response(refusal, "/", None)
         )
@@ -443,18 +532,38 @@ class FrontDoorFactory(HTTPFactory):
         self.timeOut = door.idle_timeout
 
     def buildProtocol(self, addr: Any) -> Any:
+        door = self.door
         peer = parse_address(getattr(addr, "host", None))
-        counted = self.door.acquire(peer)
+        counted = door.acquire(peer)
         if counted is False:
-            self.door.refused(
+            door.refused(
                 429,
                 "too_many_connections",
                 "connection-cap",
-                f"429 to {peer}: over {self.door.cap} connections from one address",
+                f"429 to {peer}: over {door.cap} connections from one client",
             )
-            refuser = _TooManyConnections(self.door)
-            refuser.factory = self
-            return refuser
+            return self._refuser(
+                429,
+                f"too many connections from this client (server.max_connections_per_client "
+                f"is {door.cap})",
+                "rate_limit_error",
+            )
+        place = door.enter()
+        if place == "full":
+            door.release(counted if isinstance(counted, str) else None)
+            door.refused(
+                503,
+                "too_many_connections",
+                "connection-total",
+                f"503 to {peer}: the node holds {door.max_connections} connections "
+                "(server.max_connections)",
+            )
+            return self._refuser(
+                503,
+                f"the node holds {door.max_connections} connections, its cap "
+                "(server.max_connections)",
+                "server_error",
+            )
         built = http.HTTPFactory.buildProtocol(self, addr)
         assert built is not None
         built.requestFactory = FrontDoorRequest
@@ -462,7 +571,26 @@ class FrontDoorFactory(HTTPFactory):
         channel.door = self.door
         channel.peer = peer
         channel.counted = counted if isinstance(counted, str) else None
+        channel.entered = True
+        channel.reserve_only = place == "reserve"
         return built
+
+    def _refuser(self, status: int, message: str, kind: str) -> Any:
+        refusal = Refusal(
+            status,
+            message,
+            type=kind,
+            code="too_many_connections",
+            headers=((b"retry-after", b"1"),),
+        )
+        refuser = _TooManyConnections(self.door, refusal)
+        refuser.factory = self
+        return refuser
+
+
+def _soft_fd_limit() -> int:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return FD_LIMIT_CEILING if soft == resource.RLIM_INFINITY else soft
 
 
 def raise_fd_limit() -> tuple[int, int]:

@@ -80,6 +80,24 @@ class _Waiter:
     reason: str
 
 
+@dataclass(eq=False)
+class SessionHold:
+    """A `/v1/realtime` session holding its lane's runtime, as the Nodes page shows it."""
+
+    model: str
+    started_at: float
+    """Unix time the session took the lane."""
+    last_frame: Callable[[], float]
+    """The monotonic time of the session's last frame either way."""
+
+    def view(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "since": self.started_at,
+            "idle_secs": round(max(0.0, time.monotonic() - self.last_frame()), 1),
+        }
+
+
 class Runtime:
     """One backend slot of the node (text, image or whisper side)."""
 
@@ -121,8 +139,8 @@ class Runtime:
         self.probe_ok = True
         """The last readiness probe of the loaded backend succeeded (reference-cluster §3.3)."""
         self._probe_task: asyncio.Task[None] | None = None
-        self.sessions: list[str] = []
-        """The public IDs of the `/v1/realtime` sessions holding a use of the loaded model."""
+        self.sessions: list[SessionHold] = []
+        """The `/v1/realtime` sessions holding a use of the loaded model."""
 
     # -- admission --------------------------------------------------------------------------
 
@@ -176,7 +194,7 @@ class Runtime:
             return
         future.cancel()
         self._pump()
-        held = ", ".join(sorted(set(self.sessions)))
+        held = ", ".join(sorted({hold.model for hold in self.sessions}))
         raise RouterError(
             503,
             f"the {self.lane} lane is held by a realtime session of {held}; "
@@ -562,6 +580,7 @@ class Runtime:
             "last_error": self.last_error,
             "last_error_at": self.last_error_at if self.last_error else None,
             "probe_ok": self.probe_ok,
+            "realtime_sessions": [hold.view() for hold in self.sessions],
             **self._loading_status(),
         }
 

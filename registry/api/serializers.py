@@ -258,6 +258,15 @@ class LoadUnderWaySerializer(serializers.Serializer):
     )
 
 
+class RealtimeSessionSerializer(serializers.Serializer):
+    model = serializers.CharField(help_text="The public ID the session named.")
+    since = serializers.FloatField(help_text="Unix time the session took the lane.")
+    idle_secs = serializers.FloatField(
+        help_text="Seconds since a frame last passed either way; at "
+        "server.realtime_idle_timeout the session is closed."
+    )
+
+
 class BackendSerializer(serializers.Serializer):
     """One runtime of the node (text, image or whisper)."""
 
@@ -279,6 +288,11 @@ class BackendSerializer(serializers.Serializer):
     probe_ok = serializers.BooleanField(
         help_text="The loaded backend's last readiness probe (repeated every second) passed; "
         "while it fails, requests go to another replica."
+    )
+    realtime_sessions = RealtimeSessionSerializer(
+        many=True,
+        help_text="`/v1/realtime` sessions holding this runtime's model: no other model loads "
+        "here until they end.",
     )
 
 

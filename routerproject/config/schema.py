@@ -123,6 +123,10 @@ class ServerConfig(_Section):
     max_connections_per_client: Annotated[StrictInt, Field(ge=0)] = (
         DEFAULT_MAX_CONNECTIONS_PER_CLIENT
     )
+    # Connections (HTTP and WebSocket) the node holds at once; unset, derived from the
+    # open-file limit (proxy/edge/frontdoor.py), 0 for no cap. The last few are kept for
+    # health checks and node routes.
+    max_connections: Annotated[StrictInt, Field(ge=0)] | None = None
     shutdown_grace: NonNegativeDuration = _yaml_default("10s")
     # HTTPS and WSS on `bind` (both or neither); the client CA asks node routes for a client
     # certificate it signed (routerproject/config/tls.py checks them at start).

@@ -200,7 +200,16 @@ class NodeRunner:
         self._build_node()
         listening: list[Any] = []
         self.tls = ServerTLS.from_config(self.config.server)
-        server_class = _router_server(self, FrontDoor(self.config), listening, self.tls)
+        before, after = raise_fd_limit()
+        if after != before:
+            logger.info("open-file limit raised from %d to %d", before, after)
+        door = FrontDoor(self.config, fd_limit=after)
+        logger.info(
+            "connection cap %d (the last %d for health checks and node routes)",
+            door.max_connections,
+            door.reserve,
+        )
+        server_class = _router_server(self, door, listening, self.tls)
         self.listening = listening
         endpoints = build_endpoint_description_strings(
             host=self.config.server.host, port=self.config.server.port
@@ -218,9 +227,6 @@ class NodeRunner:
         disable_twisted_form_parsing()
         disable_twisted_access_log()
         tune_gc()
-        before, after = raise_fd_limit()
-        if after != before:
-            logger.info("open-file limit raised from %d to %d", before, after)
         self.server.run()
         return self.exit_code
 
