@@ -30,6 +30,7 @@ from channels.db import database_sync_to_async
 from access.keys import KeyTable, current_table, install_table
 from access.selectors import api_keys_table, api_keys_version
 from registry.nodeclient import NodeCallError
+from registry.outcomelog import OutcomeLog
 from registry.ports import ClusterMember
 from registry.slavepush import push_to_slaves
 
@@ -158,7 +159,7 @@ class KeySync:
         self.node = node
         self.interval = interval
         self._task: asyncio.Task[None] | None = None
-        self.last_error = ""
+        self._outcome = OutcomeLog(logger, "key table sync")
         self._version: object = None
 
     async def pull_once(self) -> bool:
@@ -200,13 +201,12 @@ class KeySync:
         await keys_push(self.node, table)
         return True
 
+    @property
+    def last_error(self) -> str:
+        return self._outcome.last_error
+
     def _note(self, error: str) -> None:
-        if error != self.last_error:
-            if error:
-                logger.warning("key table sync failed: %s", error)
-            else:
-                logger.info("key table sync works again")
-            self.last_error = error
+        self._outcome.note(error)
 
     async def run(self) -> None:
         slave = self.node.role == "slave"

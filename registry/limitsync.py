@@ -31,6 +31,7 @@ from access.limits import (
     current_limiter,
 )
 from registry.nodeclient import NodeCallError
+from registry.outcomelog import OutcomeLog
 from registry.ports import ClusterMember
 
 logger = logging.getLogger(__name__)
@@ -79,7 +80,7 @@ class LimitSync:
     def __init__(self, node: ClusterMember, *, interval: float = LIMITS_SYNC_INTERVAL_SECS) -> None:
         self.node = node
         self.interval = interval
-        self.last_error = ""
+        self._outcome = OutcomeLog(logger, "exchange of key limit counts with the master")
         self._task: asyncio.Task[None] | None = None
         self._table: KeyTable | None = None
         self._limited = False
@@ -115,12 +116,7 @@ class LimitSync:
         return True
 
     def _note(self, error: str) -> None:
-        if error != self.last_error:
-            if error:
-                logger.warning("exchange of key limit counts with the master failed: %s", error)
-            else:
-                logger.info("exchange of key limit counts with the master works again")
-            self.last_error = error
+        self._outcome.note(error)
 
     async def run(self) -> None:
         while True:

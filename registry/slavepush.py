@@ -12,11 +12,12 @@ import logging
 from typing import Any
 
 from registry.nodeclient import NodeCallError
+from registry.outcomelog import OutcomeLog
 from registry.ports import ClusterMember
 
 logger = logging.getLogger(__name__)
 
-_last_outcome: dict[tuple[str, str], str] = {}
+_outcomes: dict[tuple[str, str], OutcomeLog] = {}
 
 
 async def push_to_slaves(
@@ -53,13 +54,11 @@ async def push_to_slaves(
     results = await asyncio.gather(*(one(nid, url) for nid, url in targets))
     errors = {}
     for node_id, error in results:
-        key = (node_id, path)
-        if _last_outcome.get(key) != error:
-            if error:
-                logger.warning("push of %s to %s failed: %s", what or path, node_id, error)
-            elif key in _last_outcome:
-                logger.info("push of %s to %s works again", what or path, node_id)
-            _last_outcome[key] = error
+        outcome = _outcomes.get((node_id, path))
+        if outcome is None:
+            outcome = OutcomeLog(logger, f"push of {what or path} to {node_id}")
+            _outcomes[(node_id, path)] = outcome
+        outcome.note(error)
         if error:
             errors[node_id] = error
     return errors
