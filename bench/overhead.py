@@ -54,19 +54,25 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[index]
 
 
-async def wait_http(url: str, limit_secs: float = 60.0) -> None:
+async def wait_http(
+    url: str, limit_secs: float = 60.0, session: aiohttp.ClientSession | None = None
+) -> None:
+    """Poll `url` until it answers 200 (on `session`, e.g. one that speaks TLS, if given)."""
+    if session is None:
+        async with aiohttp.ClientSession() as own:
+            await wait_http(url, limit_secs, own)
+        return
     deadline = time.monotonic() + limit_secs
-    async with aiohttp.ClientSession() as session:
-        while True:
-            try:
-                async with session.get(url) as resp:
-                    if resp.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{url} did not come up")
-            await asyncio.sleep(0.05)
+    while True:
+        try:
+            async with session.get(url) as resp:
+                if resp.status == 200:
+                    return
+        except aiohttp.ClientError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{url} did not come up")
+        await asyncio.sleep(0.05)
 
 
 async def one(session: aiohttp.ClientSession, url: str, key: str = "") -> float:

@@ -26,19 +26,15 @@ import json
 import ssl
 import statistics
 import tempfile
-import time
 from typing import Any
 
 import aiohttp
 import trustme
 import yaml
 
-from bench.overhead import free_port, percentile, router_env, start, stop
+from bench.overhead import free_port, one, percentile, router_env, start, stop, wait_http
 
 TARGET_ADDED_P50_MS = 0.3
-BODY = json.dumps(
-    {"model": "bench", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
-).encode()
 
 
 def write_router(root: Path, name: str, port: int, up_port: int, tls: dict[str, str]) -> Path:
@@ -58,29 +54,6 @@ def write_router(root: Path, name: str, port: int, up_port: int, tls: dict[str, 
     return path
 
 
-async def wait_up(session: aiohttp.ClientSession, url: str, limit_secs: float = 60.0) -> None:
-    deadline = time.monotonic() + limit_secs
-    while True:
-        try:
-            async with session.get(url) as resp:
-                if resp.status == 200:
-                    return
-        except aiohttp.ClientError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{url} did not come up")
-        await asyncio.sleep(0.05)
-
-
-async def one(session: aiohttp.ClientSession, url: str) -> float:
-    t0 = time.perf_counter()
-    async with session.post(url, data=BODY, headers={"Content-Type": "application/json"}) as resp:
-        await resp.read()
-        if resp.status != 200:
-            raise RuntimeError(f"{url}: HTTP {resp.status}")
-    return (time.perf_counter() - t0) * 1000.0
-
-
 async def measure(
     plain: str, secure: str, context: ssl.SSLContext, n: int
 ) -> tuple[list[float], list[float], int]:
@@ -94,8 +67,8 @@ async def measure(
         aiohttp.ClientSession(connector=plain_conn) as ps,
         aiohttp.ClientSession(connector=tls_conn) as ss,
     ):
-        await wait_up(ps, plain.replace("/v1/chat/completions", "/ping"))
-        await wait_up(ss, secure.replace("/v1/chat/completions", "/ping"))
+        await wait_http(plain.replace("/v1/chat/completions", "/ping"), session=ps)
+        await wait_http(secure.replace("/v1/chat/completions", "/ping"), session=ss)
         for _ in range(100):  # warm both paths
             await one(ps, plain)
             await one(ss, secure)
