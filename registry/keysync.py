@@ -30,7 +30,7 @@ from channels.db import database_sync_to_async
 from access.keys import KeyTable, current_table, install_table
 from access.selectors import api_keys_table, api_keys_version
 from registry.nodeclient import NodeCallError
-from registry.outcomelog import OutcomeLog
+from registry.outcomelog import PeriodicCall
 from registry.ports import ClusterMember
 from registry.slavepush import push_to_slaves
 
@@ -149,17 +149,15 @@ async def keys_restore(node: ClusterMember) -> bool:
     return True
 
 
-class KeySync:
+class KeySync(PeriodicCall):
     """This process's key loop: on a slave the pull (module docstring); on a master or a
     standalone node a watch of the table's rows, so a change made outside the site API (the
     Django admin, `manage.py create_api_key` in another process) is published within
     `interval` too."""
 
     def __init__(self, node: ClusterMember, *, interval: float = KEYS_PULL_INTERVAL_SECS) -> None:
+        super().__init__(logger, "key table sync", interval)
         self.node = node
-        self.interval = interval
-        self._task: asyncio.Task[None] | None = None
-        self._outcome = OutcomeLog(logger, "key table sync")
         self._version: object = None
 
     async def pull_once(self) -> bool:
@@ -201,33 +199,6 @@ class KeySync:
         await keys_push(self.node, table)
         return True
 
-    @property
-    def last_error(self) -> str:
-        return self._outcome.last_error
-
-    def _note(self, error: str) -> None:
-        self._outcome.note(error)
-
-    async def run(self) -> None:
-        slave = self.node.role == "slave"
-        while True:
-            try:
-                await (self.pull_once() if slave else self.watch_once())
-            except Exception as exc:
-                # A database outage on the master: the table in force stays, and so do we.
-                self._note(f"{type(exc).__name__}: {exc}")
-            await asyncio.sleep(self.interval)
-
-    def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.ensure_future(self.run())
-
-    async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is None:
-            return
-        task.cancel()
-        try:
-            await task
-        except asyncio.CancelledError:
-            pass  # what the cancel asked for
+    async def tick(self) -> bool:
+        # A database outage on the master raises: the table in force stays, and so do we.
+        return await (self.pull_once() if self.node.role == "slave" else self.watch_once())

@@ -18,7 +18,6 @@ Lives in the registry (not in `access`) because it calls other nodes.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
@@ -31,7 +30,7 @@ from access.limits import (
     current_limiter,
 )
 from registry.nodeclient import NodeCallError
-from registry.outcomelog import OutcomeLog
+from registry.outcomelog import PeriodicCall
 from registry.ports import ClusterMember
 
 logger = logging.getLogger(__name__)
@@ -74,14 +73,12 @@ def limits_view(node_id: str) -> dict[str, Any]:
     return {"node_id": node_id, "keys": keys}
 
 
-class LimitSync:
+class LimitSync(PeriodicCall):
     """A slave's exchange loop (a master answers; a standalone node counts alone)."""
 
     def __init__(self, node: ClusterMember, *, interval: float = LIMITS_SYNC_INTERVAL_SECS) -> None:
+        super().__init__(logger, "exchange of key limit counts with the master", interval)
         self.node = node
-        self.interval = interval
-        self._outcome = OutcomeLog(logger, "exchange of key limit counts with the master")
-        self._task: asyncio.Task[None] | None = None
         self._table: KeyTable | None = None
         self._limited = False
 
@@ -115,27 +112,10 @@ class LimitSync:
         self._note("")
         return True
 
-    def _note(self, error: str) -> None:
-        self._outcome.note(error)
-
-    async def run(self) -> None:
-        while True:
-            try:
-                await self.exchange_once()
-            except Exception as exc:
-                self._note(f"{type(exc).__name__}: {exc}")
-            await asyncio.sleep(self.interval)
+    async def tick(self) -> bool:
+        return await self.exchange_once()
 
     def start(self) -> None:
-        if self._task is None and self.node.role == "slave":
-            self._task = asyncio.ensure_future(self.run())
-
-    async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is None:
-            return
-        task.cancel()
-        try:
-            await task
-        except asyncio.CancelledError:
-            pass  # what the cancel asked for
+        # Only a slave reports; a master answers, a standalone node counts alone.
+        if self.node.role == "slave":
+            super().start()
