@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
 from lending.decisions import DecisionLog
 from lending.runtime import Lending
+from registry.catalog import LocalCatalog
 from registry.kcpps import Lane, ModelConfig
 from registry.ports import ClusterMember
 from routerproject import node_slot
@@ -31,6 +32,11 @@ class LendingNode(ClusterMember, Protocol):
 
     @property
     def decisions(self) -> DecisionLog: ...
+
+    @property
+    def catalog(self) -> LocalCatalog:
+        """The node's model configs: the timeline counts its backend slots from them."""
+        ...
 
 
 class LendingRuntime(Protocol):

@@ -3,20 +3,21 @@
 Each node answers from its own database, in equal buckets the master chose so every node's
 series line up:
 
-* the node: how much of each bucket its backends spent on its own requests and on borrowed
-  ones (analytics' finished requests, by the part of each request inside the bucket), and how
-  many of its requests it lent (its `lent` decision rows);
+* the node: how much of each bucket its backends' slots spent on its own requests and on
+  borrowed ones, and how many of its requests it lent (its `lent` decision rows). A request's
+  backend time is the `duration_ms` that ends at its `finished_at` (the backend's own time;
+  time in the router queue or waiting for a load is not in it), and a lane never counts more
+  than its slots at once, so own + borrowed + idle is exactly `slots` times the bucket;
 * each owner it knows of: the deepest hold the master planned with in the bucket (`plan` rows'
   held count, on the master) and how many requests it lent (`lent` rows, on the owner).
 
-The master merges the answers (`merge_timelines`). Idle is what is left of a bucket; several
-requests at once (or several runtimes) can fill more than a bucket, which the page shows as is.
+The master merges the answers (`merge_timelines`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -60,8 +61,10 @@ def timeline_window(
     return until - step * math.ceil(span / step), until, step
 
 
-def _spread(series: list[float], since: int, step: int, start_ms: float, end_ms: float) -> None:
-    """Add the part of [start_ms, end_ms] inside each bucket to that bucket."""
+def _spread(
+    series: list[float], since: int, step: int, start_ms: float, end_ms: float, rate: float = 1.0
+) -> None:
+    """Add the part of [start_ms, end_ms] inside each bucket, times `rate`, to that bucket."""
     n = len(series)
     first = max(0, int((start_ms - since) // step))
     last = min(n - 1, int((end_ms - since) // step))
@@ -69,7 +72,7 @@ def _spread(series: list[float], since: int, step: int, start_ms: float, end_ms:
         lo, hi = since + i * step, since + (i + 1) * step
         overlap = min(hi, end_ms) - max(lo, start_ms)
         if overlap > 0:
-            series[i] += overlap
+            series[i] += overlap * rate
 
 
 def _bucket(since: int, step: int, n: int, at_ms: int) -> int | None:
@@ -77,19 +80,49 @@ def _bucket(since: int, step: int, n: int, at_ms: int) -> int | None:
     return int(i) if 0 <= i < n else None
 
 
-def timeline_local(*, node_id: str, since_ms: int, until_ms: int, step_ms: int) -> dict[str, Any]:
-    """This node's series for the window (its own database only)."""
+def lane_slots(configs: Iterable[Any]) -> dict[str, int]:
+    """Each lane's backend slots on a node with these model configs: the text lane (chat,
+    embeddings and speech) runs as many requests at once as its widest config's `parallel`;
+    sd-server and whisper-server run one."""
+    slots: dict[str, int] = {}
+    for cfg in configs:
+        if cfg.has_llm or cfg.has_embeddings or cfg.has_tts:
+            slots["text"] = max(slots.get("text", 1), cfg.parallel or 1)
+        if cfg.has_image:
+            slots["image"] = 1
+        if cfg.has_voice:
+            slots["whisper"] = 1
+    return slots
+
+
+def timeline_local(
+    *,
+    node_id: str,
+    since_ms: int,
+    until_ms: int,
+    step_ms: int,
+    slots: Mapping[str, int] | None = None,
+) -> dict[str, Any]:
+    """This node's series for the window (its own database only). `slots` is each lane's
+    backend slots (a lane not named there, or with no slots given, has one)."""
     n = math.ceil((until_ms - since_ms) / step_ms)
-    own, borrowed = _busy_ms(node_id, since_ms, until_ms, step_ms, n)
+    lanes = {lane: max(1, int(count)) for lane, count in (slots or {}).items()}
+    own, borrowed = _busy_ms(node_id, since_ms, until_ms, step_ms, n, lanes)
     lent, owners = _lending(node_id, since_ms, until_ms, step_ms, n)
+    own_ms = [round(v) for v in own]
+    borrowed_ms = [round(v) for v in borrowed]
+    capacity = sum(lanes.values()) * step_ms
     return {
         "since_ms": since_ms,
         "until_ms": until_ms,
         "step_ms": step_ms,
         "node": {
             "node_id": node_id,
-            "own_ms": [round(v) for v in own],
-            "borrowed_ms": [round(v) for v in borrowed],
+            "slots": sum(lanes.values()),
+            "own_ms": own_ms,
+            "borrowed_ms": borrowed_ms,
+            # What is left of the slots' time, so the three parts always add up to it.
+            "idle_ms": [max(0, capacity - a - b) for a, b in zip(own_ms, borrowed_ms, strict=True)],
             "lent": lent,
         },
         "owners": [owners[k] for k in sorted(owners)],
@@ -97,28 +130,56 @@ def timeline_local(*, node_id: str, since_ms: int, until_ms: int, step_ms: int) 
 
 
 def _busy_ms(
-    node_id: str, since_ms: int, until_ms: int, step_ms: int, n: int
+    node_id: str, since_ms: int, until_ms: int, step_ms: int, n: int, lanes: dict[str, int]
 ) -> tuple[list[float], list[float]]:
-    """Milliseconds of each bucket this node's backends spent on its own requests and on
-    borrowed ones."""
+    """Milliseconds of each bucket this node's backend slots spent on its own requests and on
+    borrowed ones. `lanes` gains a one-slot entry for a lane a row names that it lacks."""
     from analytics.models import RequestRecord
 
     own = [0.0] * n
     borrowed = [0.0] * n
     since_dt = datetime.fromtimestamp(since_ms / 1000, tz=UTC)
     until_dt = datetime.fromtimestamp(until_ms / 1000, tz=UTC)
-    requests = RequestRecord.objects.filter(
+    rows = RequestRecord.objects.filter(
         node_id=node_id, finished_at__gte=since_dt, started_at__lt=until_dt
-    ).values_list("started_at", "finished_at", "borrowed")
-    for started, finished, was_borrowed in requests.iterator():
-        _spread(
-            borrowed if was_borrowed else own,
-            since_ms,
-            step_ms,
-            started.timestamp() * 1000,
-            finished.timestamp() * 1000,
-        )
+    ).values_list("lane", "finished_at", "duration_ms", "borrowed")
+    by_lane: dict[str, list[tuple[float, float, bool]]] = {}
+    for lane, finished, duration, was_borrowed in rows.iterator():
+        end = finished.timestamp() * 1000
+        by_lane.setdefault(lane, []).append((end - max(0.0, duration), end, was_borrowed))
+    for lane, intervals in by_lane.items():
+        slots = lanes.setdefault(lane, 1)
+        for start, end, own_rate, borrowed_rate in _busy_segments(intervals, slots):
+            _spread(own, since_ms, step_ms, start, end, own_rate)
+            _spread(borrowed, since_ms, step_ms, start, end, borrowed_rate)
     return own, borrowed
+
+
+def _busy_segments(
+    intervals: Iterable[tuple[float, float, bool]], slots: int
+) -> list[tuple[float, float, float, float]]:
+    """`(start, end, own rate, borrowed rate)` for each stretch between two request edges.
+
+    The rates are busy slots: the requests running then, at most `slots` of them, split
+    between own and borrowed in proportion. A row whose duration overstates its backend time
+    (a failure, which records the client's wait) can therefore never fill more than the lane.
+    """
+    edges: list[tuple[float, int, bool]] = []
+    for start, end, was_borrowed in intervals:
+        if end > start:
+            edges += [(start, 1, was_borrowed), (end, -1, was_borrowed)]
+    edges.sort(key=lambda e: (e[0], e[1]))
+    segments: list[tuple[float, float, float, float]] = []
+    running = {False: 0, True: 0}
+    last = 0.0
+    for at, change, was_borrowed in edges:
+        total = running[False] + running[True]
+        if total and at > last:
+            busy = min(total, slots)
+            segments.append((last, at, busy * running[False] / total, busy * running[True] / total))
+        running[was_borrowed] += change
+        last = at
+    return segments
 
 
 def _lending(

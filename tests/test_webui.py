@@ -477,6 +477,11 @@ def test_the_timeline_shows_lending_per_node_and_per_owner(cluster: Cluster, pag
     assert doc["buckets"] == 60 and doc["step_ms"] == 15_000
     assert {n["node_id"] for n in doc["nodes"]} == {"master", "h", "o"}
     assert all(len(n["own_ms"]) == 60 for n in doc["nodes"])
+    for n in doc["nodes"]:
+        # Backend slot time, never the overlapping request times: the parts are the whole.
+        slot_ms = n["slots"] * doc["step_ms"]
+        parts = zip(n["own_ms"], n["borrowed_ms"], n["idle_ms"], strict=True)
+        assert all(abs(sum(p) - slot_ms) <= 2 for p in parts), n
     big = next(o for o in doc["owners"] if o["owner_model_id"] == "big")
     assert max(big["held_max"]) >= 1
     tab = page  # playwright Page
@@ -492,6 +497,13 @@ def test_the_timeline_shows_lending_per_node_and_per_owner(cluster: Cluster, pag
         "typeof Chart === 'function' && Object.keys(Chart.instances).length >= 4"
     )
     assert drawn
+    # Every interval of every node's chart: own + borrowed + idle is 100 % (± 1 for rounding).
+    sums = tab.evaluate(  # type: ignore[attr-defined]
+        """() => Object.entries(charts).filter(([k]) => k.startsWith("node:")).flatMap(([, c]) =>
+            c.data.datasets[0].data.map((_, i) => [0, 1, 2].reduce((a, d) =>
+                a + c.data.datasets[d].data[i], 0)))"""
+    )
+    assert sums and all(abs(v - 100) <= 1 for v in sums), sums
     ARTIFACTS.mkdir(exist_ok=True)
     tab.locator("#timeline").screenshot(path=str(ARTIFACTS / "lending-timeline.png"))  # type: ignore[attr-defined]
     bad = httpx.get(cluster.master.base_url + "/router/v1/site/offload/timeline?minutes=0")

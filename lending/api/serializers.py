@@ -315,6 +315,16 @@ class TimelineNodeSerializer(serializers.Serializer):
     borrowed_ms = serializers.ListField(
         child=serializers.IntegerField(), help_text="Backend time on borrowed requests per bucket."
     )
+    idle_ms = serializers.ListField(
+        child=serializers.IntegerField(),
+        required=False,
+        help_text="Slot time left idle per bucket: own + borrowed + idle = slots times the bucket.",
+    )
+    slots = serializers.IntegerField(
+        required=False,
+        help_text="The node's backend slots (each lane's; the text lane's is its widest "
+        "`parallel`). Times above are slot-milliseconds.",
+    )
     lent = serializers.ListField(
         child=serializers.IntegerField(), help_text="Requests this node lent per bucket."
     )

@@ -37,7 +37,7 @@ from lending.keys import LendingSettingError
 from lending.ports import running_node
 from lending.propagate import links_publish
 from lending.settings_store import overrides_load
-from lending.timeline import merge_timelines, timeline_local, timeline_window
+from lending.timeline import lane_slots, merge_timelines, timeline_local, timeline_window
 from routerproject.api import SiteAPIView, error_response
 from routerproject.errors import RouterError
 
@@ -459,7 +459,11 @@ class TimelineView(SiteAPIView):
         await node.decisions.flush()
         answers: dict[str, dict[str, Any]] = {
             node.node_id: await database_sync_to_async(timeline_local)(
-                node_id=node.node_id, since_ms=since, until_ms=until, step_ms=step
+                node_id=node.node_id,
+                since_ms=since,
+                until_ms=until,
+                step_ms=step,
+                slots=lane_slots(node.catalog.configs.values()),
             )
         }
         params = {"since_ms": str(since), "until_ms": str(until), "step_ms": str(step)}

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import random
 from datetime import UTC, datetime
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -13,6 +15,7 @@ from lending.tests.factories import OffloadDecisionFactory
 from lending.timeline import (
     MAX_BUCKETS,
     MIN_STEP_MS,
+    lane_slots,
     merge_timelines,
     timeline_local,
     timeline_window,
@@ -64,13 +67,22 @@ def _at(ms: int) -> datetime:
     return datetime.fromtimestamp(ms / 1000, tz=UTC)
 
 
-def request(node: str, start_ms: int, end_ms: int, *, borrowed: bool = False) -> RequestRecord:
+def request(
+    node: str,
+    start_ms: int,
+    end_ms: int,
+    *,
+    borrowed: bool = False,
+    backend_ms: float | None = None,
+    lane: str = "text",
+) -> RequestRecord:
+    """A finished request; `backend_ms` is its backend's own time when it waited before that."""
     return RequestRecord(
         node_id=node,
         model_id="m",
-        lane="text",
+        lane=lane,
         borrowed=borrowed,
-        duration_ms=end_ms - start_ms,
+        duration_ms=end_ms - start_ms if backend_ms is None else backend_ms,
         started_at=_at(start_ms),
         finished_at=_at(end_ms),
     )
@@ -143,3 +155,99 @@ def test_the_merge_keeps_nodes_apart_and_merges_owners() -> None:
     assert merged["held_max"] == [5, 1] and merged["lent"] == [3, 1]
     # The inputs are left as they were.
     assert master["owners"][0]["lent"] == [0, 0]
+
+
+def _series(slots: dict[str, int] | None = None, buckets: int = 1) -> dict[str, Any]:
+    node: dict[str, Any] = timeline_local(
+        node_id="a", since_ms=T0, until_ms=T0 + buckets * 10_000, step_ms=10_000, slots=slots
+    )["node"]
+    return node
+
+
+@pytest.mark.django_db
+def test_requests_at_once_on_a_one_slot_lane_fill_the_bucket_once() -> None:
+    # Two rows over the same ten seconds on a one-at-a-time backend: the lane was busy ten
+    # seconds, not twenty (the old chart's 200 %).
+    RequestRecord.objects.bulk_create(
+        [request("a", T0, T0 + 10_000), request("a", T0, T0 + 10_000, borrowed=True)]
+    )
+    node = _series()
+    assert node["slots"] == 1
+    assert (node["own_ms"], node["borrowed_ms"], node["idle_ms"]) == ([5_000], [5_000], [0])
+
+
+@pytest.mark.django_db
+def test_time_waiting_before_the_backend_is_not_busy_time() -> None:
+    # Ten seconds from arrival to answer, of which the backend worked the last four.
+    RequestRecord.objects.bulk_create([request("a", T0, T0 + 10_000, backend_ms=4_000)])
+    node = _series()
+    assert (node["own_ms"], node["idle_ms"]) == ([4_000], [6_000])
+
+
+@pytest.mark.django_db
+def test_two_slots_hold_twice_the_bucket_split_in_proportion() -> None:
+    RequestRecord.objects.bulk_create(
+        [
+            request("a", T0, T0 + 10_000),
+            request("a", T0, T0 + 10_000, borrowed=True),
+            # A third at once from 5 s: two slots, three requests, two of them own.
+            request("a", T0 + 5_000, T0 + 10_000),
+        ]
+    )
+    node = _series({"text": 2})
+    assert node["slots"] == 2
+    assert node["own_ms"] == [5_000 + round(5_000 * 4 / 3)]
+    assert node["borrowed_ms"] == [5_000 + round(5_000 * 2 / 3)]
+    assert node["idle_ms"] == [0]
+
+
+@pytest.mark.django_db
+def test_a_lane_the_slots_do_not_name_counts_one_slot_more() -> None:
+    RequestRecord.objects.bulk_create([request("a", T0, T0 + 10_000, lane="image")])
+    node = _series({"text": 2})
+    assert node["slots"] == 3 and node["own_ms"] == [10_000] and node["idle_ms"] == [20_000]
+
+
+@pytest.mark.django_db
+def test_every_intervals_parts_add_up_to_its_slots_time() -> None:
+    rng = random.Random(7)
+    rows = []
+    for _ in range(200):
+        start = T0 + rng.randrange(-5_000, 60_000)
+        end = start + rng.randrange(1, 9_000)
+        waited = rng.random() < 0.3
+        rows.append(
+            request(
+                "a",
+                start,
+                end,
+                borrowed=rng.random() < 0.4,
+                backend_ms=(end - start) * rng.random() if waited else None,
+                lane=rng.choice(["text", "text", "image"]),
+            )
+        )
+    RequestRecord.objects.bulk_create(rows)
+    node = _series({"text": 3}, buckets=6)
+    capacity = node["slots"] * 10_000
+    for own, borrowed, idle in zip(
+        node["own_ms"], node["borrowed_ms"], node["idle_ms"], strict=True
+    ):
+        assert own + borrowed <= capacity + 1
+        assert abs(100 * (own + borrowed + idle) / capacity - 100) <= 1
+
+
+def test_lane_slots_come_from_the_widest_parallel_and_one_per_other_backend() -> None:
+    def cfg(parallel: int | None = None, **flags: bool) -> SimpleNamespace:
+        kinds = ("has_llm", "has_embeddings", "has_tts", "has_image", "has_voice")
+        return SimpleNamespace(parallel=parallel, **{k: flags.get(k, False) for k in kinds})
+
+    configs = [
+        cfg(2, has_llm=True),
+        cfg(4, has_embeddings=True),
+        cfg(None, has_tts=True),
+        cfg(None, has_image=True),
+        cfg(None, has_voice=True),
+    ]
+    assert lane_slots(configs) == {"text": 4, "image": 1, "whisper": 1}
+    assert lane_slots([cfg(None, has_tts=True)]) == {"text": 1}
+    assert lane_slots([]) == {}

@@ -243,13 +243,17 @@ async def handle_offload_timeline(ctx: Ctx, node: Node) -> None:
 
     from channels.db import database_sync_to_async
 
-    from lending.timeline import timeline_local, timeline_window
+    from lending.timeline import lane_slots, timeline_local, timeline_window
 
     query = dict(parse_qsl(ctx.scope.get("query_string", b"").decode("latin-1")))
     since, until, step = timeline_window(query, now_ms=int(time.time() * 1000))
     await node.decisions.flush()
     doc = await database_sync_to_async(timeline_local)(
-        node_id=node.node_id, since_ms=since, until_ms=until, step_ms=step
+        node_id=node.node_id,
+        since_ms=since,
+        until_ms=until,
+        step_ms=step,
+        slots=lane_slots(node.catalog.configs.values()),
     )
     await ctx.json(200, doc)
 
