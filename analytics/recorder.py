@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -84,6 +85,9 @@ class Recorder:
         # Set by every row added; the flush task waits on it instead of ticking.
         self._wake = asyncio.Event()
         self._failed = False
+        self.written: list[Callable[[list[RequestSample]], None]] = []
+        """Called with the request rows of each flush once they are in the database (lending
+        refits a model the moment its rows reach the fit threshold)."""
 
     def add_request(self, sample: RequestSample) -> None:
         if not self.enabled:
@@ -161,6 +165,11 @@ class Recorder:
             return 0
         self._failed = False
         DATABASE.succeeded()
+        for listener in self.written:
+            try:
+                listener(requests)
+            except Exception:
+                logger.exception("a listener of written analytics rows failed")
         return len(requests) + len(loads)
 
 

@@ -14,12 +14,14 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 
 from channels.db import database_sync_to_async
 
-from analytics.costs import node_costs_compute
+from analytics.costs import fit_key, fit_threshold, node_costs_compute
+from analytics.recorder import RequestSample
 from lending.ports import LendingNode
 from lending.propagate import links_publish, settings_publish
 from lending.services import decisions_prune
@@ -51,6 +53,12 @@ class LendingTicker:
         self._wake = asyncio.Event()
         self._interval = node.lending.settings.refresh_interval_secs
         self._pruned_at: float | None = None
+        # Rows written since the last refit, per fit a model lacks; and the fits a refit was
+        # already asked for since the last tick (one early refit each, so a model whose rows
+        # cannot be fitted is not refitted on every row).
+        self._fresh: Counter[tuple[str, str]] = Counter()
+        self._asked: set[tuple[str, str]] = set()
+        self._early: asyncio.Task[None] | None = None
         node.lending.listeners.append(self._settings_changed)
 
     def _settings_changed(self) -> None:
@@ -61,6 +69,7 @@ class LendingTicker:
 
     async def refit(self) -> None:
         settings = self.node.lending.settings
+        self._fresh.clear()
         costs = await database_sync_to_async(node_costs_compute)(
             now=datetime.now(UTC),
             window_secs=settings.sample_window_secs,
@@ -68,8 +77,41 @@ class LendingTicker:
         )
         self.node.lending.costs = costs
 
+    def rows_written(self, samples: Sequence[RequestSample]) -> None:
+        """Refit at once when a model without a fit has just reached the threshold.
+
+        A new pair of nodes has no fit until `scheduling_min_samples` requests have run; the
+        tick refits once a minute by default, so a burst would go unpriced (and unlent) for up
+        to a minute after the rows were there. The recorder calls this after each flush.
+        """
+        costs = self.node.lending.costs
+        if costs is None:
+            return  # the first tick has not fitted yet: it will see these rows
+        need = fit_threshold(self.node.lending.settings.min_samples)
+        due = False
+        for sample in samples:
+            key = fit_key(sample)
+            if key is None or key in costs.models or key in self._asked:
+                continue
+            self._fresh[key] += 1
+            if costs.samples.get(key, 0) + self._fresh[key] >= need:
+                self._asked.add(key)
+                due = True
+        if due and (self._early is None or self._early.done()):
+            self._early = asyncio.ensure_future(self._refit_early())
+
+    async def _refit_early(self) -> None:
+        try:
+            await self.refit()
+        except Exception as exc:
+            if not is_database_error(exc):
+                logger.exception("early refit failed")
+            else:
+                DATABASE.failed("early refit", exc)
+
     async def tick(self) -> None:
         started = time.monotonic()
+        self._asked.clear()
         try:
             if self.node.role != "slave":
                 await settings_publish(self.node)
@@ -124,6 +166,10 @@ class LendingTicker:
             await self.tick()
 
     async def stop(self) -> None:
+        if self._early is not None:
+            self._early.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._early
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -298,6 +298,7 @@ class NodeRunner:
             also_publish=[lambda: guardians_publish(node)],
             replan=lambda: get_master(node).plan("tick"),
         )
+        node.recorder.written.append(self.ticker.rows_written)
         await self.ticker.start()
         if not await self._load_startup_model():
             self.exit_code = 1
