@@ -11,9 +11,10 @@ Where we deliberately differ from the reference:
   helper past the context gate;
 * plan rows log ``restore_ms`` beside ``switch_ms``, since the restore is part of the price;
 * a helper granted to one owner may also serve another owner in the same plan (same helper
-  model, priced lease, fewer slots) when that owner's first lent job still pays off after
-  waiting behind the slots granted before it; the reference gives each helper node to one
-  owner per plan, and two owners then take the helper from each other on every event.
+  model, priced lease) when that owner's first lent job still pays off after waiting behind
+  the slots granted before it, with the spec's slots when the last of them still pays off
+  too and the fewer slots otherwise; the reference gives each helper node to one owner per
+  plan, and two owners then take the helper from each other on every event.
 """
 
 from __future__ import annotations
@@ -601,10 +602,9 @@ def _choose(
         index = min(paying, key=lambda i: (candidates[i].total_ms, *_node_order(candidates[i])))
         service, job = candidates[index].service_ms, demand.job_ms
         assert service is not None and job is not None
-        if candidates[index].ahead:
-            # A shared helper's queue is shared: this owner adds the fewer slots.
-            return _Choice(index, OUTCOME_GRANTED, settings.slower_slots)
         slots = settings.faster_slots if service <= job else settings.slower_slots
+        if candidates[index].ahead:
+            slots = _shared_slots(candidates[index], demand, slots, settings)
         return _Choice(index, OUTCOME_GRANTED, slots)
     idle_enough = [
         i
@@ -619,6 +619,21 @@ def _choose(
         key=lambda i: (-candidates[i].target.helper.idle_for_ms, *_node_order(candidates[i])),
     )
     return _Choice(index, OUTCOME_PROBE, settings.probe_slots)
+
+
+def _shared_slots(candidate: _Candidate, demand: _Demand, slots: int, settings: Settings) -> int:
+    """The slots an owner gets on a helper another owner was granted first in this plan.
+
+    The helper's queue is shared, so the spec's slots (more when the helper is no slower) hold
+    only while the last of them, queued behind every slot granted before, still finishes
+    before the owner would alone; otherwise the owner adds the fewer slots.
+    """
+    if slots <= settings.slower_slots:
+        return slots
+    total, service, keep = candidate.total_ms, candidate.service_ms, demand.keep_ms
+    assert total is not None and service is not None and keep is not None
+    last = total + service * (slots - 1)
+    return slots if last < keep else settings.slower_slots
 
 
 def _rows(
@@ -688,8 +703,9 @@ def plan_lane(
 
     A helper node granted to one owner is claimed for the rest of the plan: another owner
     may share it only on the same helper model, under a priced lease, when its first lent job
-    still pays off after waiting behind the slots granted before it (then with the fewer
-    slots); otherwise that owner sees it as ``helper_claimed``.
+    still pays off after waiting behind the slots granted before it (with the fewer slots
+    unless its last slot pays off too: ``_shared_slots``); otherwise that owner sees it as
+    ``helper_claimed``.
     """
     if costs is None:
         # No cost source yet: the reference plans nothing at all, not even probes.

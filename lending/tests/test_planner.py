@@ -451,11 +451,56 @@ def test_a_helper_is_shared_when_waiting_behind_the_first_owner_still_pays() -> 
         costs,
     )
     rows = [(r.owner_node_id, r.outcome, r.reason, r.slots) for r in result.rows]
-    # small's first lent job waits behind big's two: 3 x 250 = 750 ms < 5 x 1000 ms alone.
-    assert rows == [("big", "granted", "", 2), ("small", "granted", "", 1)]
+    # small's first lent job waits behind big's two: 3 x 250 = 750 ms < 5 x 1000 ms alone;
+    # its second, 4 x 250 = 1000 ms, pays off too: the helper is faster, so two slots.
+    assert rows == [("big", "granted", "", 2), ("small", "granted", "", 2)]
     big, small = result.leases
     assert (big.helper_slots, big.helper_switch_ms) == (2, 0)
-    assert (small.helper_slots, small.helper_switch_ms) == (1, 500)
+    assert (small.helper_slots, small.helper_switch_ms) == (2, 500)
+
+
+def test_a_shared_helpers_second_slot_is_given_only_when_it_pays_off() -> None:
+    costs = table(
+        {("big", "m"): flat(1000), ("small", "m"): flat(1100), ("h1", "h"): flat(300)},
+    )
+    shared = helper("h1")
+    result = plan(
+        [(owner(40, node="big"), [link(shared)]), (owner(1, node="small"), [link(shared)])],
+        costs,
+    )
+    # small alone: 1100 ms. Behind big's two: its first lent job ends at 3 x 300 = 900 ms,
+    # its second would end at 4 x 300 = 1200 ms, later than alone: one slot.
+    assert [(r.owner_node_id, r.outcome, r.slots) for r in result.rows] == [
+        ("big", "granted", 2),
+        ("small", "granted", 1),
+    ]
+    # With 1201 ms alone the second slot pays off (1200 < 1201); with 1200 exactly it does not.
+    for alone_ms, slots in ((1201, 2), (1200, 1)):
+        costs = table(
+            {("big", "m"): flat(1000), ("small", "m"): flat(alone_ms), ("h1", "h"): flat(300)},
+        )
+        rows = plan(
+            [(owner(40, node="big"), [link(shared)]), (owner(1, node="small"), [link(shared)])],
+            costs,
+        ).rows
+        assert rows[1].slots == slots, alone_ms
+
+
+def test_a_shared_helper_slower_than_the_owner_adds_the_fewer_slots() -> None:
+    costs = table(
+        {("big", "m"): flat(1000), ("small", "m"): flat(200), ("h1", "h"): flat(250)},
+    )
+    shared = helper("h1")
+    result = plan(
+        [(owner(40, node="big"), [link(shared)]), (owner(40, node="small"), [link(shared)])],
+        costs,
+    )
+    # 250 ms a job on the helper against small's 200: slower, so the slower slots (1), however
+    # much small has held.
+    assert [(r.owner_node_id, r.outcome, r.slots) for r in result.rows] == [
+        ("big", "granted", 2),
+        ("small", "granted", 1),
+    ]
 
 
 def test_a_shared_helper_that_no_longer_pays_is_claimed() -> None:
@@ -484,10 +529,11 @@ def test_sharing_prices_the_wait_behind_every_earlier_grant() -> None:
     shared = helper("h1")
     owners = [(owner(n, node=name), [link(shared)]) for name, n in (("a", 9), ("b", 8), ("c", 1))]
     result = plan(owners, costs)
-    # c alone: 1000 ms; behind 3 lent jobs: 4 x 250 = 1000 ms, not sooner.
+    # b behind a's two: its second job ends at 4 x 250 = 1000 ms < 8000 ms alone, so two.
+    # c alone: 1000 ms; behind 4 lent jobs: 5 x 250 = 1250 ms, not sooner.
     assert [(r.owner_node_id, r.outcome, r.reason, r.slots) for r in result.rows] == [
         ("a", "granted", "", 2),
-        ("b", "granted", "", 1),
+        ("b", "granted", "", 2),
         ("c", "skipped", "helper_claimed", 0),
     ]
 
