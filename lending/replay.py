@@ -83,6 +83,9 @@ class ReplaySettings:
     probe_slots: int
     grant_ttl_ms: int
     hold_for_faster_helper: bool = True
+    linked: bool = True
+    """False replays the same traffic with the link removed: the planner sees the owner with no
+    helper to lend to, so the owner runs everything (what lending's impact compares with)."""
 
     def planner(self) -> Settings:
         return Settings(
@@ -104,6 +107,8 @@ class BurstResult:
     returned: int
     helper_own_delay_ms: float
     leases: int
+    waited_ms: float = 0.0
+    """The burst's requests' time from arrival to answer, summed."""
     timeline: list[tuple[float, int, int]] = field(default_factory=list)
     """(time, held, lent out) after every event: what the plot draws."""
 
@@ -393,7 +398,7 @@ class _Sim:
         result = plan_lane(
             lane=self.pair.lane,
             trigger="replay",
-            owners=[(owner, [target])],
+            owners=[(owner, [target] if self.settings.linked else [])],
             costs=self.pair.known,
             settings=self.plan_settings,
         )
@@ -461,6 +466,10 @@ def replay(
                 returned=sum(1 for j in jobs if j.returned),
                 helper_own_delay_ms=sim.own_delay.get(burst, 0.0),
                 leases=sim.leases.get(burst, 0),
+                waited_ms=sum(
+                    (j.done_ms if j.done_ms is not None else NEVER_MS) - j.request.at_ms
+                    for j in jobs
+                ),
                 timeline=[t for t in sim.timeline if first <= t[0] <= end],
             )
         )

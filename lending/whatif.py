@@ -27,7 +27,7 @@ from analytics.fitting import (
     fit_durations,
 )
 from lending.pricing import CostTable
-from lending.replay import NEVER_MS, Pair, Request
+from lending.replay import NEVER_MS, Pair, ReplaySettings, Request
 from lending.settings_store import EffectiveSettings
 
 MS = 1000.0
@@ -57,6 +57,19 @@ class Burst:
     actual_helper_delay_ms: float
 
 
+def replay_settings(effective: EffectiveSettings) -> ReplaySettings:
+    """The settings a node runs with, as the replay takes them."""
+    return ReplaySettings(
+        backend_depth=effective.backend_depth,
+        probe_idle_ms=effective.probe_idle_secs * MS,
+        faster_slots=effective.faster_slots,
+        slower_slots=effective.slower_slots,
+        probe_slots=effective.probe_slots,
+        grant_ttl_ms=int(effective.grant_ttl_secs * MS),
+        hold_for_faster_helper=effective.hold_for_faster_helper,
+    )
+
+
 def _bools(column: pd.Series) -> pd.Series:
     return column.map(lambda v: v in (True, 1, "1", "true", "True"))
 
@@ -78,7 +91,13 @@ def work_of(rows: pd.DataFrame, lane: str) -> np.ndarray:
     if lane == "image":
         pixels = rows["image_width"] * rows["image_height"] * rows["image_steps"]
         return (pixels * rows["image_count"].clip(lower=1)).to_numpy(float).reshape(-1, 1)
-    return rows[["prompt_tokens", "output_tokens"]].to_numpy(float)
+    # The prefill a request paid for is its prompt less what the backend's prompt cache
+    # reused, as in the nodes' own fits (analytics/costs.py): a cached conversation is cheap.
+    prompt = rows["prompt_tokens"].to_numpy(float)
+    if "cached_tokens" in rows.columns:
+        cached = rows["cached_tokens"].fillna(0).to_numpy(float)
+        prompt = np.maximum(prompt - cached, 0.0)
+    return np.column_stack((prompt, rows["output_tokens"].to_numpy(float)))
 
 
 def _fit(rows: pd.DataFrame, lane: str, min_samples: int) -> CostFit | None:

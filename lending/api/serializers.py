@@ -350,6 +350,51 @@ class TimelineSerializer(serializers.Serializer):
     node_errors = _node_errors("Nodes that did not answer.")
 
 
+# -- the impact ----------------------------------------------------------------------------------
+
+
+class ImpactFiguresSerializer(serializers.Serializer):
+    requests = serializers.IntegerField(help_text="Requests of the owner models that lent.")
+    lent = serializers.IntegerField(help_text="Of them, answered by a helper.")
+    waited_ms = serializers.FloatField(help_text="Arrival to answer, summed, as measured.")
+    waited_without_links_ms = serializers.FloatField(
+        help_text="The same traffic replayed with the links removed (the owner alone)."
+    )
+    waiting_saved_ms = serializers.FloatField()
+    waiting_saved_pct = serializers.FloatField(allow_null=True)
+
+
+class ImpactOwnerSerializer(ImpactFiguresSerializer):
+    lane = serializers.CharField()
+    owner_node_id = serializers.CharField()
+    owner_model_id = serializers.CharField()
+    helpers = serializers.ListField(child=serializers.CharField())
+    bursts = serializers.IntegerField()
+    makespan_ms = serializers.FloatField(
+        help_text="First arrival to last answer, per burst, summed."
+    )
+    makespan_without_links_ms = serializers.FloatField()
+    notes = serializers.ListField(child=serializers.CharField())
+
+
+class ImpactSerializer(serializers.Serializer):
+    minutes = serializers.IntegerField()
+    since_ms = serializers.IntegerField()
+    until_ms = serializers.IntegerField()
+    summary = serializers.CharField(
+        help_text='In words: "lending saved 14 min of waiting (38 %) over the last hour".'
+    )
+    totals = ImpactFiguresSerializer()
+    owners = ImpactOwnerSerializer(many=True)
+    not_replayed = serializers.ListField(
+        child=serializers.CharField(), help_text="Owners the time budget left unreplayed."
+    )
+    truncated_nodes = serializers.ListField(
+        child=serializers.CharField(), help_text="Nodes that had more rows than they hand over."
+    )
+    node_errors = _node_errors("Nodes that did not answer: their rows are missing.")
+
+
 # -- the summary ---------------------------------------------------------------------------------
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from lending.api import audit, views
+from lending.api import audit, impact, views
 
 urlpatterns = [
     path("site/routing-groups", views.ImageLinksView.as_view(), name="site-routing-groups"),
@@ -20,5 +20,6 @@ urlpatterns = [
     ),
     path("site/offload/timeline", views.TimelineView.as_view(), name="site-offload-timeline"),
     path("site/offload/summary", views.SummaryView.as_view(), name="site-offload-summary"),
+    path("site/offload/impact", impact.ImpactView.as_view(), name="site-offload-impact"),
     path("site/audit", audit.AuditView.as_view(), name="site-audit"),
 ]

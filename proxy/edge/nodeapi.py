@@ -258,6 +258,26 @@ async def handle_offload_timeline(ctx: Ctx, node: Node) -> None:
     await ctx.json(200, doc)
 
 
+async def handle_offload_impact_rows(ctx: Ctx, node: Node) -> None:
+    """This node's rows for the master's lending impact (lending/impact.py)."""
+    from urllib.parse import parse_qsl
+
+    from channels.db import database_sync_to_async
+
+    from lending.impact import impact_rows, impact_window
+
+    query = dict(parse_qsl(ctx.scope.get("query_string", b"").decode("latin-1")))
+    since_s, until_s = impact_window(query)
+    raw_fit = query.get("fit_since_ms", "")
+    fit_since_s = int(raw_fit) / 1000 if raw_fit.isdigit() else None
+    await node.decisions.flush()
+    await node.recorder.flush()
+    doc = await database_sync_to_async(impact_rows)(
+        since_s=since_s, until_s=until_s, fit_since_s=fit_since_s
+    )
+    await ctx.json(200, doc)
+
+
 async def handle_usage(ctx: Ctx, node: Node) -> None:
     """This node's own usage rows for the master's `site/usage` (analytics/usage.py)."""
     import time
@@ -528,6 +548,7 @@ NODE_ROUTES: dict[str, Route] = {
     "/router/v1/node/offload/decisions": (GET, handle_offload_decisions, False),
     "/router/v1/node/offload/decisions/folded": (GET, handle_offload_decision_folds, False),
     "/router/v1/node/offload/timeline": (GET, handle_offload_timeline, False),
+    "/router/v1/node/offload/impact-rows": (GET, handle_offload_impact_rows, False),
     "/router/v1/node/audit": (GET, handle_audit, False),
     "/router/v1/node/usage": (GET, handle_usage, False),
     "/router/v1/node/offload/event": (POST, handle_offload_event, False),

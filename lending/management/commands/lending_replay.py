@@ -20,25 +20,13 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from analytics.frames import TABLES, frames, read_jsonl, since_datetime
 from lending.keys import LendingSettingError, canonical_value
-from lending.replay import BurstResult, ReplaySettings, replay
+from lending.replay import BurstResult, replay
 from lending.selectors import settings_effective_load
 from lending.settings_store import EffectiveSettings
-from lending.whatif import Burst, Selection, bursts, pick_pair
+from lending.whatif import Burst, Selection, bursts, pick_pair, replay_settings
 from routerproject.durations import parse_duration
 
 MS = 1000.0
-
-
-def replay_settings(effective: EffectiveSettings) -> ReplaySettings:
-    return ReplaySettings(
-        backend_depth=effective.backend_depth,
-        probe_idle_ms=effective.probe_idle_secs * MS,
-        faster_slots=effective.faster_slots,
-        slower_slots=effective.slower_slots,
-        probe_slots=effective.probe_slots,
-        grant_ttl_ms=int(effective.grant_ttl_secs * MS),
-        hold_for_faster_helper=effective.hold_for_faster_helper,
-    )
 
 
 def parse_sets(items: list[str], base: EffectiveSettings) -> EffectiveSettings:
