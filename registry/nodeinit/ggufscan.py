@@ -1,8 +1,8 @@
 """The models in a directory: one per GGUF file (and per simulated weights file), with what
 its header says and the vision projector beside it.
 
-Only the header is read (the reader maps the file; tensor data is never touched), so a scan
-of a directory of large models takes a moment, not a read of every byte.
+Only three header keys are decoded (registry/nodeinit/ggufheader.py); tensor data is never
+touched, so a directory of large models is scanned in a moment.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-import gguf
+from registry.nodeinit.ggufheader import HeaderError, read_values
 
 GGUF_SUFFIX = ".gguf"
 SIM_SUFFIX = ".sim.json"
@@ -58,28 +58,29 @@ class Scan:
     """Vision projectors no model was paired with: the operator adds them by hand."""
 
 
-class HeaderError(Exception):
-    """A file that is not a readable GGUF."""
+_ARCH_KEY = "general.architecture"
+_TEMPLATE_KEY = "tokenizer.chat_template"
+_CONTEXT_SUFFIX = ".context_length"
 
 
-def _field(reader: gguf.GGUFReader, key: str) -> object:
-    field = reader.fields.get(key)
-    return None if field is None or not field.types else field.contents()
+def _wanted(key: str) -> bool:
+    # The architecture may come after its context length: keep every context length.
+    return key in (_ARCH_KEY, _TEMPLATE_KEY) or key.endswith(_CONTEXT_SUFFIX)
 
 
 def read_header(path: Path) -> Header:
     try:
-        reader = gguf.GGUFReader(path)
-    except (OSError, ValueError, IndexError) as exc:
-        raise HeaderError(f"not a readable GGUF file ({exc})") from None
-    arch = _field(reader, "general.architecture")
+        values = read_values(path, _wanted)
+    except HeaderError as exc:
+        raise HeaderError(f"not a readable GGUF file: {exc}") from None
+    arch = values.get(_ARCH_KEY)
     if not isinstance(arch, str) or not arch:
-        raise HeaderError("its header has no general.architecture")
-    context = _field(reader, f"{arch}.context_length")
-    template = _field(reader, "tokenizer.chat_template")
+        raise HeaderError(f"its header has no {_ARCH_KEY}")
+    context = values.get(arch + _CONTEXT_SUFFIX)
+    template = values.get(_TEMPLATE_KEY)
     return Header(
         architecture=arch,
-        context_length=int(context) if isinstance(context, int) and context > 0 else None,
+        context_length=context if isinstance(context, int) and context > 0 else None,
         has_chat_template=isinstance(template, str) and bool(template.strip()),
     )
 

@@ -11,6 +11,7 @@ import re
 import stat
 from io import StringIO
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
@@ -21,6 +22,7 @@ from django.core.management.base import CommandError
 
 from registry.hashing import FileHasher
 from registry.kcpps import load_model_config
+from registry.nodeinit.ggufheader import HeaderError, read_values
 from registry.nodeinit.ggufscan import read_header, scan_models
 from registry.nodeinit.joining import Join, JoinError, join_decode, join_encode
 from registry.nodeinit.plan import default_node_id, default_public_url
@@ -96,6 +98,71 @@ def test_a_join_string_whose_ca_is_not_a_certificate_is_refused() -> None:
 
 
 # --- reading headers and pairing projectors -------------------------------------------------
+
+
+def write_every_kind(path: Path, endian: gguf.GGUFEndian = gguf.GGUFEndian.LITTLE) -> Path:
+    """A header with a value of every kind, arrays (of strings, of arrays) among them."""
+    writer = gguf.GGUFWriter(str(path), "llama", endianess=endian)
+    writer.add_array("tokenizer.ggml.tokens", ["<s>", "</s>", "héllo", ""])
+    writer.add_array("tokenizer.ggml.scores", [0.5, -1.0, 2.0, 0.0])
+    writer.add_array("nested", [[1, 2], ["a", "b"]])
+    writer.add_int8("k.int8", -5)
+    writer.add_uint16("k.uint16", 65000)
+    writer.add_int32("k.int32", -70000)
+    writer.add_uint64("k.uint64", 2**40)
+    writer.add_float64("k.float64", 0.25)
+    writer.add_bool("k.bool", True)
+    writer.add_context_length(131072)
+    writer.add_chat_template("{% for m in messages %}{{ m.content }}{% endfor %}")
+    writer.add_tensor("weight", np.zeros((8,), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize("endian", [gguf.GGUFEndian.LITTLE, gguf.GGUFEndian.BIG])
+def test_the_header_walk_agrees_with_the_gguf_packages_reader(
+    tmp_path: Path, endian: gguf.GGUFEndian
+) -> None:
+    path = write_every_kind(tmp_path / "every.gguf", endian)
+    ours = read_values(path, lambda key: True)
+    theirs = gguf.GGUFReader(path).fields
+    keys = [k for k in theirs if not k.startswith("GGUF.")]
+    assert list(ours) == keys
+    for key in keys:
+        field = theirs[key]
+        if field.types[0] == gguf.GGUFValueType.ARRAY:
+            assert ours[key] is None  # skipped, not decoded
+        else:
+            assert ours[key] == pytest.approx(field.contents()), key
+    assert ours["general.architecture"] == "llama"
+    assert ours["llama.context_length"] == 131072
+
+
+def test_a_header_walk_reads_only_the_keys_asked_for(tmp_path: Path) -> None:
+    path = write_every_kind(tmp_path / "every.gguf")
+    assert read_values(path, lambda key: key.endswith(".context_length")) == {
+        "llama.context_length": 131072
+    }
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        (lambda raw: b"", "cannot be read"),
+        (lambda raw: b"GGML" + raw[4:], "no GGUF magic"),
+        (lambda raw: raw[:4] + (1).to_bytes(4, "little") + raw[8:], "GGUF version 1 is not"),
+        (lambda raw: raw[:200], "the file ends inside its header"),
+    ],
+)
+def test_a_damaged_header_is_refused_with_why(tmp_path: Path, damage: Any, reason: str) -> None:
+    whole = write_every_kind(tmp_path / "every.gguf").read_bytes()
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(damage(whole))
+    with pytest.raises(HeaderError, match=re.escape(reason)):
+        read_values(broken, lambda key: True)
 
 
 def test_the_header_gives_the_context_length_and_whether_a_chat_template_is_there(
