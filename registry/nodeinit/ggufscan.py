@@ -13,6 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+import gguf
+
 from registry.nodeinit.ggufheader import HeaderError, read_values
 
 GGUF_SUFFIX = ".gguf"
@@ -35,6 +37,9 @@ class Header:
     architecture: str
     context_length: int | None
     has_chat_template: bool
+    embeds: bool = False
+    """Pools its output into one vector (`<arch>.pooling_type` set, not none): an embedding
+    model, which llama-server serves only with --embeddings, and which cannot chat."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,7 @@ class Found:
     sim: bool = False
     context_length: int | None = None
     has_chat_template: bool = False
+    embeds: bool = False
     mmproj: Path | None = None
 
 
@@ -61,11 +67,12 @@ class Scan:
 _ARCH_KEY = "general.architecture"
 _TEMPLATE_KEY = "tokenizer.chat_template"
 _CONTEXT_SUFFIX = ".context_length"
+_POOLING_SUFFIX = ".pooling_type"
 
 
 def _wanted(key: str) -> bool:
-    # The architecture may come after its context length: keep every context length.
-    return key in (_ARCH_KEY, _TEMPLATE_KEY) or key.endswith(_CONTEXT_SUFFIX)
+    # The architecture may come after the keys named for it: keep every one of them.
+    return key in (_ARCH_KEY, _TEMPLATE_KEY) or key.endswith((_CONTEXT_SUFFIX, _POOLING_SUFFIX))
 
 
 def read_header(path: Path) -> Header:
@@ -78,10 +85,12 @@ def read_header(path: Path) -> Header:
         raise HeaderError(f"its header has no {_ARCH_KEY}")
     context = values.get(arch + _CONTEXT_SUFFIX)
     template = values.get(_TEMPLATE_KEY)
+    pooling = values.get(arch + _POOLING_SUFFIX)
     return Header(
         architecture=arch,
         context_length=context if isinstance(context, int) and context > 0 else None,
         has_chat_template=isinstance(template, str) and bool(template.strip()),
+        embeds=isinstance(pooling, int) and pooling != gguf.PoolingType.NONE,
     )
 
 
@@ -190,6 +199,7 @@ def scan_models(models_dir: Path) -> Scan:
                 path=path,
                 context_length=header.context_length,
                 has_chat_template=header.has_chat_template,
+                embeds=header.embeds,
                 mmproj=paired.get(path),
             )
         )

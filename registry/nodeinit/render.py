@@ -134,14 +134,19 @@ def model_config(found: Found, max_context: int) -> dict[str, Any]:
             "parallel": 1,
         }
     context = found.context_length or SIM_CONTEXT
+    # An embedding model is named as one, so that the node offers it for embeddings only
+    # (a chat sent to it would fail), and started with --embeddings.
+    weights = "embeddingsmodel" if found.embeds else "model_param"
     raw: dict[str, Any] = {
-        "model_param": str(found.path),
+        weights: str(found.path),
         "contextsize": min(context, max_context) if max_context else context,
         "parallel": 1,
     }
+    if found.embeds:
+        raw["embeddings"] = True
     if found.mmproj is not None:
         raw["mmproj"] = str(found.mmproj)
-    if found.has_chat_template:
+    if found.has_chat_template and not found.embeds:
         # Render the model's own template from its header as written (Jinja), rather than
         # llama-server's guess among the templates it knows by heart.
         raw["extra_args"] = ["--jinja"]

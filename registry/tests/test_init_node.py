@@ -31,7 +31,12 @@ from routerproject.config import ConfigError, RouterConfig, load_config
 
 
 def write_gguf(
-    path: Path, arch: str, *, context: int | None = None, template: str | None = None
+    path: Path,
+    arch: str,
+    *,
+    context: int | None = None,
+    template: str | None = None,
+    pooling: gguf.PoolingType | None = None,
 ) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     writer = gguf.GGUFWriter(str(path), arch)
@@ -39,6 +44,8 @@ def write_gguf(
         writer.add_context_length(context)
     if template is not None:
         writer.add_chat_template(template)
+    if pooling is not None:
+        writer.add_pooling_type(pooling)
     writer.add_tensor("weight", np.zeros((8,), dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -176,6 +183,11 @@ def test_the_header_gives_the_context_length_and_whether_a_chat_template_is_ther
         True,
     )
     assert (base.context_length, base.has_chat_template) == (2048, False)
+    assert not chat.embeds and not base.embeds
+    unpooled = write_gguf(tmp_path / "c.gguf", "qwen3", context=4096, pooling=gguf.PoolingType.NONE)
+    assert not read_header(unpooled).embeds
+    pooled = write_gguf(tmp_path / "d.gguf", "qwen3", context=4096, pooling=gguf.PoolingType.LAST)
+    assert read_header(pooled).embeds
 
 
 def test_files_that_are_not_text_models_are_skipped_with_the_reason(tmp_path: Path) -> None:
@@ -323,6 +335,20 @@ def test_each_gguf_gets_a_model_config_the_node_loads(tmp_path: Path, models_dir
     assert qwen.has_multimodal and qwen.extra_args == ("--jinja",)
     assert (base.context_size, base.mmproj, base.extra_args) == (2048, None, ())
     assert base.missing_files == () and qwen.missing_files == ()
+
+
+def test_an_embedding_gguf_is_written_as_an_embeddings_only_config(tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    bge = models / "bge-small-f16.gguf"
+    write_gguf(bge, "bert", context=512, template="{{x}}", pooling=gguf.PoolingType.CLS)
+    text = init_node(
+        "--role", "standalone", "--out", str(tmp_path / "c.yaml"), "--models-dir", str(models)
+    )
+    assert "bge-small-f16: context 512, embeddings only" in text
+    path = tmp_path / "kcpps" / "bge-small-f16.kcpps"
+    config = load_model_config(path, default_backend_mode="llama_sdcpp", hasher=FileHasher(None))
+    assert config.has_embeddings and not config.has_llm
+    assert config.raw["embeddings"] is True and config.extra_args == ()
 
 
 def test_max_context_zero_keeps_the_trained_context(tmp_path: Path, models_dir: Path) -> None:

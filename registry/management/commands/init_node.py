@@ -234,7 +234,12 @@ def _describe(found: Found, max_context: int) -> str:
     trained = found.context_length or 0
     context = min(trained, max_context) if max_context else trained
     parts = [f"context {context}" + (f" (trained {trained})" if context < trained else "")]
-    parts.append("chat template" if found.has_chat_template else "no chat template (base model?)")
+    if found.embeds:
+        parts.append("embeddings only (its header pools its output)")
+    elif found.has_chat_template:
+        parts.append("chat template")
+    else:
+        parts.append("no chat template (base model?)")
     if found.mmproj is not None:
         parts.append(f"vision ({found.mmproj.name})")
     return ", ".join(parts)
