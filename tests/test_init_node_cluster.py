@@ -23,6 +23,7 @@ import httpx
 import pytest
 import yaml
 
+from tests.gguf_files import write_gguf
 from tests.harness import (
     REPO,
     TEMPLATES,
@@ -83,6 +84,10 @@ def nodes(tmp_path: Path) -> Iterator[dict[str, Any]]:
     models = tmp_path / "slave-models"
     models.mkdir()
     (models / "chat.sim.json").write_text(json.dumps(sim_weights()))
+    # A real GGUF too: the slave offers it as its header describes it (no backend starts
+    # until a request asks for it, and none does here).
+    write_gguf(models / "gemma" / "gemma-3-4b-it-Q4_K_M.gguf", "gemma3", context=131072)
+    write_gguf(models / "gemma" / "mmproj-gemma-3-4b-it-f16.gguf", "clip")
     master_cfg = tmp_path / "master" / "config.yaml"
     slave_cfg = tmp_path / "slave" / "config.yaml"
     master_out = init_node(
@@ -144,7 +149,14 @@ def test_init_node_output_starts_a_master_and_a_slave_that_serve_through_the_mas
 
         wait_for(registered, timeout=60, interval=0.2)
         records = client.get("/router/v1/models", headers=admin).json()["models"]
-        assert [(r["node_id"], r["local_id"]) for r in records] == [("worker", "chat")]
+        by_id = {r["local_id"]: r for r in records}
+        assert {(r["node_id"], r["local_id"]) for r in records} == {
+            ("worker", "chat"),
+            ("worker", "gemma-3-4b-it-Q4_K_M"),
+        }
+        gemma = by_id["gemma-3-4b-it-Q4_K_M"]
+        assert gemma["backend_mode"] == "llama_sdcpp" and gemma["context_size"] == 8192
+        assert gemma["has_multimodal"] is True and gemma["has_llm"] is True
         request_id = uuid.uuid4().hex
         answer = client.post(
             "/v1/chat/completions",

@@ -28,30 +28,7 @@ from registry.nodeinit.joining import Join, JoinError, join_decode, join_encode
 from registry.nodeinit.plan import default_node_id, default_public_url
 from registry.nodeinit.render import DEFAULT_MAX_CONTEXT
 from routerproject.config import ConfigError, RouterConfig, load_config
-
-
-def write_gguf(
-    path: Path,
-    arch: str,
-    *,
-    context: int | None = None,
-    template: str | None = None,
-    pooling: gguf.PoolingType | None = None,
-) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    writer = gguf.GGUFWriter(str(path), arch)
-    if context is not None:
-        writer.add_context_length(context)
-    if template is not None:
-        writer.add_chat_template(template)
-    if pooling is not None:
-        writer.add_pooling_type(pooling)
-    writer.add_tensor("weight", np.zeros((8,), dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+from tests.gguf_files import write_gguf
 
 
 def init_node(*args: str) -> str:
