@@ -76,10 +76,7 @@ def _wanted(key: str) -> bool:
 
 
 def read_header(path: Path) -> Header:
-    try:
-        values = read_values(path, _wanted)
-    except HeaderError as exc:
-        raise HeaderError(f"not a readable GGUF file: {exc}") from None
+    values = read_values(path, _wanted)
     arch = values.get(_ARCH_KEY)
     if not isinstance(arch, str) or not arch:
         raise HeaderError(f"its header has no {_ARCH_KEY}")

@@ -173,7 +173,7 @@ def test_files_that_are_not_text_models_are_skipped_with_the_reason(tmp_path: Pa
     scan = scan_models(tmp_path)
     assert scan.models == []
     reasons = {path.name: reason for path, reason in scan.skipped}
-    assert "not a readable GGUF" in reasons["broken.gguf"]
+    assert reasons["broken.gguf"] == "not a GGUF file (no GGUF magic)"
     assert reasons["unet.gguf"] == "no sd.context_length in its header (not a text model)"
 
 

@@ -28,6 +28,7 @@ from registry.nodeinit.plan import (
     new_secret,
 )
 from registry.nodeinit.render import (
+    BINARIES,
     CA_FILE_NAME,
     DEFAULT_MAX_CONTEXT,
     MODELS_SUBDIR,
@@ -109,7 +110,13 @@ class Command(BaseCommand):
 
     def _report_next(self, plan: NodePlan, out: Path, join: Join | None) -> None:
         for family, found in plan.binaries.items():
-            self.stdout.write(f"{family}: {found or 'not found on PATH (commented out)'}")
+            shown = found or "not found on PATH (left commented out)"
+            self.stdout.write(f"{BINARIES[family]}: {shown}")
+        if plan.role != "standalone":
+            self.stdout.write(
+                f"The other nodes reach this one at {plan.public_url} "
+                "(--public-url if they reach it by another address)."
+            )
         start = shlex.join([sys.executable, str(MANAGE_PY), "runrouter", "--config", str(out)])
         if plan.role == "master":
             code = join_encode(Join(plan.public_url, plan.token, _read_ca(plan.ca_file)))
