@@ -12,7 +12,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from registry.nodeinit.render import MODELS_SUBDIR
-from routerproject.config import ConfigError, load_config
+from routerproject.config import load_config
 from routerproject.config.values import split_bind
 
 # Where a wildcard bind guesses the machine's address from: a documentation address
@@ -69,6 +69,3 @@ def check_config(text: str, files: Mapping[str, str] | None = None) -> None:
         path.write_text(text, encoding="utf-8")
         # No environment: the file must stand on its own (no token from $ROUTER_CLUSTER_TOKEN).
         load_config(path, environ={})
-
-
-__all__ = ["ConfigError", "check_config", "default_node_id", "default_public_url", "new_secret"]

@@ -21,7 +21,6 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from registry.nodeinit.ggufscan import Found, Scan, scan_models
 from registry.nodeinit.joining import Join, JoinError, join_decode, join_encode, url_problem
 from registry.nodeinit.plan import (
-    ConfigError,
     check_config,
     default_node_id,
     default_public_url,
@@ -37,6 +36,7 @@ from registry.nodeinit.render import (
     find_binaries,
     write_model_configs,
 )
+from routerproject.config import ConfigError
 from routerproject.config.values import split_bind
 
 ROLES = ("master", "slave", "standalone")
