@@ -347,6 +347,25 @@ def start_node(
     if not ("database" in sections or "DATABASE_URL" in (extra_env or {})):
         # A copy of a migrated template, or a restart on one: nothing is left to apply.
         argv.append("--no-migrate")
+    node = spawn_node(argv, env, port, store, config_path, db=db, keep_db=keep_db)
+    if config["server"].get("tls_cert_file"):
+        node.scheme, node.tls = "https", _client_tls(config["cluster"])
+    if wait:
+        node.wait_ready()
+    return node
+
+
+def spawn_node(
+    argv: list[str],
+    env: dict[str, str],
+    port: int,
+    store: Path,
+    config_path: Path,
+    *,
+    db: _PgDatabase | None = None,
+    keep_db: bool = False,
+) -> RouterNode:
+    """Run a node's command line (from the repository) and follow its output for the ready line."""
     proc = subprocess.Popen(
         argv,
         cwd=str(REPO),
@@ -357,8 +376,6 @@ def start_node(
         start_new_session=True,
     )
     node = RouterNode(proc, port, store, config_path, [], db, keep_db)
-    if config["server"].get("tls_cert_file"):
-        node.scheme, node.tls = "https", _client_tls(config["cluster"])
 
     def pump() -> None:
         assert proc.stdout is not None
@@ -369,8 +386,6 @@ def start_node(
         node.ready.put(False)
 
     threading.Thread(target=pump, daemon=True).start()
-    if wait:
-        node.wait_ready()
     return node
 
 
