@@ -152,6 +152,7 @@ REASON_TEXT: dict[str, str] = {
     "helper_unreachable": "The master could not reach the helper.",
     "forward_failed": "Passing the request to the helper failed.",
     "helper_stalled": "The helper stopped answering; its lent work went back to the owner.",
+    "helper_cut_off": "The helper's answer broke off before it was whole; the owner ran it.",
     "own_work_arrived": "The helper's own request arrived before the borrowed one started.",
     "helper_busy_on_arrival": "The helper was busy with its own work when the request came.",
 }

@@ -400,6 +400,14 @@ class MasterLending:
         )
         return RelayRefused(reason, f"lent request refused: {reason}")
 
+    def refuse_cut(
+        self, lane: str, owner_node: str, owner_model: str, request_id: str, exc: BaseException
+    ) -> RelayRefused:
+        """The helper's answer broke off after its headers: the owner runs the request."""
+        logger.warning("lent request %s: the helper's answer broke off: %s", request_id, exc)
+        lease = self.lease_for(lane, owner_node, owner_model)
+        return self._refuse(lane, owner_node, owner_model, "helper_cut_off", lease, request_id)
+
     def _relay_target(
         self, lane: str, owner_node: str, owner_model: str, request_id: str
     ) -> tuple[Lease, RemoteNode, NodeClient]:

@@ -75,15 +75,25 @@ class FakeMaster:
     chunk_delay: float = 0.0
     chunks: int = 1
     release: asyncio.Event = field(default_factory=asyncio.Event)
+    dies_after: int | None = None
+    """Send this many bytes of a body announced whole (Content-Length), then close."""
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         await request.read()
         if self.header_delay:
             # Held until the test ends, well past the cutoff.
             await self.release.wait()
-        resp = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
-        await resp.prepare(request)
         body = orjson.dumps(ANSWER)
+        headers = {"Content-Type": "application/json"}
+        if self.dies_after is not None:
+            headers["Content-Length"] = str(len(body))
+        resp = web.StreamResponse(status=200, headers=headers)
+        await resp.prepare(request)
+        if self.dies_after is not None:
+            await resp.write(body[: self.dies_after])
+            assert request.transport is not None
+            request.transport.close()
+            return resp
         step = -(-len(body) // self.chunks)
         for i in range(0, len(body), step):
             await asyncio.sleep(self.chunk_delay)
@@ -199,3 +209,17 @@ async def test_a_helper_that_has_not_started_answering_is_still_cut_off(
 
     assert not answered
     assert client.messages == []  # the owner serves it itself, so the client is still unanswered
+
+
+async def test_an_answer_that_breaks_off_is_run_by_the_owner_and_never_reaches_the_client(
+    owner: Node, fake_master: tuple[FakeMaster, str]
+) -> None:
+    fake, _ = fake_master
+    fake.dies_after = 20  # of a longer body, announced by its length
+    client = Client()
+    ctx, job = lent_request(client)
+
+    answered = await asyncio.wait_for(relay(ctx, owner, job, lease(), shape_openai), WAIT_SECS)
+
+    assert not answered
+    assert client.messages == []

@@ -366,12 +366,41 @@ async def handle_offload_request(ctx: Ctx, node: Node) -> None:
             key_share=relayed_key_share(ctx),
         ) as resp:
             ctype = resp.headers.get("Content-Type", "application/json").encode("latin-1")
-            await ctx.start(resp.status, [(b"content-type", ctype)])
-            async for chunk in resp.content.iter_any():
-                await ctx.chunk(chunk)
-            await ctx.end()
+            if _streamed(ctype):
+                await ctx.start(resp.status, [(b"content-type", ctype)])
+                async for chunk in resp.content.iter_any():
+                    await ctx.chunk(chunk)
+                await ctx.end()
+                return
+            body = await _whole_answer(resp, master, lane, owner, model, ctx.request_id)
+            await ctx.respond(resp.status, body, ctype)
     except RelayRefused as exc:
         raise offload_returned(str(exc)) from exc
+
+
+def _streamed(content_type: bytes) -> bool:
+    return content_type.startswith((b"text/event-stream", b"application/x-ndjson"))
+
+
+async def _whole_answer(
+    resp: Any, master: Any, lane: str, owner: str, model: str, request_id: str
+) -> bytes:
+    """The helper's whole answer, read before the owner is sent a byte.
+
+    A helper that dies after its headers leaves a body its own framing (length or chunks)
+    shows to be cut short. Read here whole, that is an error before anything went on: the
+    owner gets its 409 and runs the request itself, instead of passing a truncated answer
+    (or an error the client could not retry) to its client. Streams go on as they come: their
+    first bytes are already the client's.
+    """
+
+    import aiohttp
+
+    try:
+        data: bytes = await resp.read()
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        raise master.refuse_cut(lane, owner, model, request_id, exc) from exc
+    return data
 
 
 async def handle_offload_borrowed(ctx: Ctx, node: Node) -> None:
