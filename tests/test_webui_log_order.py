@@ -72,7 +72,8 @@ def refreshed_with(tab: Any, text: str) -> None:
     """Run the page's own periodic refresh now (rather than wait out its 5 s timer) until the
     log shows `text`."""
     tab.wait_for_function(
-        "text => { refresh(); return document.querySelector('#decisions').innerText.includes(text); }",
+        "text => { refresh();"
+        " return document.querySelector('#decisions').innerText.includes(text); }",
         arg=text,
         polling=300,
     )
