@@ -164,6 +164,8 @@ def test_edit_clears_the_last_saved_message(linked: Cluster, new_page: Callable[
     tab.wait_for_function("document.getElementById('link-model').value === 'big'")
     tab.wait_for_selector('#link-candidates tr[data-candidate="h/fast"]')
     assert tab.locator("#link-msg").count() == 0
+    ARTIFACTS.mkdir(exist_ok=True)
+    tab.locator("#links").screenshot(path=str(ARTIFACTS / "links-edit-no-old-message.png"))
 
 
 def test_a_flag_of_a_direction_not_picked_is_drawn_unticked(
