@@ -63,6 +63,8 @@ class Lending:
         self.borrowed_waiting: dict[str, set[asyncio.Future[None]]] = {}
         """Per lane: admitted borrowed requests still waiting for the runtime or a load."""
         self.costs: NodeCosts | None = None
+        # The last successful load time per config file, measured in this process.
+        self.measured_loads_ms: dict[str, float] = {}
         self.own_idle_since = clock()
         self.own_active = 0
         self.last_completion_ms: dict[tuple[str, str], float] = {}
@@ -213,9 +215,19 @@ class Lending:
             for (lane, model, key), n in sorted(counts.items())
         ]
 
+    def load_measured(self, config_filename: str, duration_ms: float, *, success: bool) -> None:
+        """A load of this node just finished: its time stands in until the costs know it."""
+        if success and duration_ms > 0 and config_filename:
+            self.measured_loads_ms[config_filename] = duration_ms
+
     def expected_load_ms(self, config_filename: str) -> float | None:
+        """The mean load time of the refitted costs; before they include a config's first
+        load (up to a refresh interval, and the analytics flush, later), that load's time.
+        Used to be the costs only: a load started soon after the first measured one showed
+        no expected time."""
         costs = self.costs
-        return None if costs is None else costs.loads.get(config_filename)
+        fitted = None if costs is None else costs.loads.get(config_filename)
+        return fitted if fitted is not None else self.measured_loads_ms.get(config_filename)
 
     def queue_stats(self, lane: str) -> list[dict[str, Any]]:
         """Per enrolled model of this node: pending and backlog counts and work, context."""

@@ -10,7 +10,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -251,9 +251,13 @@ def _scan(config: RouterConfig) -> LocalCatalog:
     )
 
 
-def _load_finished(recorder: Recorder, event: LoadEvent) -> None:
+def _load_finished(
+    recorder: Recorder, also: list[Callable[[LoadEvent], None]], event: LoadEvent
+) -> None:
     recorder.add_load(event)
     metrics.load_finished(event)
+    for listener in also:
+        listener(event)
 
 
 def _wire_lending(node: Node, config: RouterConfig) -> None:
@@ -287,10 +291,12 @@ def build_node(
     disabled: Iterable[str] = (),
 ) -> Node:
     recorder = Recorder(node_id=config.cluster.node_id, enabled=config.analytics.enabled)
+    # Filled once lending exists (below): the runtimes are built before it.
+    load_listeners: list[Callable[[LoadEvent], None]] = []
     runtimes = RuntimeManager(
         config=config,
         log_dir=Path(config.cluster.store_dir) / "logs",
-        on_load=partial(_load_finished, recorder),
+        on_load=partial(_load_finished, recorder, load_listeners),
     )
     node = Node(
         config=config,
@@ -324,6 +330,10 @@ def build_node(
     if c.role == "master":
         node.recipes = load_recipes(Path(c.store_dir))
     _wire_lending(node, config)
+    lending = node.lending
+    load_listeners.append(
+        lambda e: lending.load_measured(e.config_filename, e.duration_ms, success=e.success)
+    )
     if c.role != "standalone":
         urls = [u for u in (c.public_url, c.master_url, *c.slave_urls) if u]
         node.client = NodeClient(

@@ -20,6 +20,7 @@ urlpatterns = [
     path("ui/", include("analytics.ui")),
     path("ui/", include("access.webui")),
     path("ui/nodes", views.nodes_page, name="ui-nodes"),
+    path("favicon.ico", views.favicon, name="favicon"),
     path("", views.index, name="index"),
 ]
 

@@ -42,7 +42,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 @pytest.mark.parametrize(
     ("path", "ready"),
-    [("/ui/nodes", '.card[data-node="s"]'), ("/ui/lending", "#links-all tr[data-link]")],
+    [
+        ("/ui/nodes", '.card[data-node="s"]'),
+        ("/ui/lending", "#links-all tr[data-link]"),
+        ("/ui/recipes", '#kinds select[data-kind="text"]'),
+    ],
 )
 def test_each_page_fits_a_390_px_phone_without_horizontal_scroll(
     cluster: Cluster, new_page: Callable[..., Any], path: str, ready: str

@@ -136,7 +136,8 @@ def test_a_link_made_in_the_tab_asks_for_the_acknowledgement_lends_and_is_remove
     )
     tab.screenshot(path=str(ARTIFACTS / "links-made.png"), full_page=True)
 
-    # Removed from the table of every link: gone from the API and from the page.
+    # Removed from the table of every link (once agreed to): gone from the API and the page.
+    tab.once("dialog", lambda dialog: dialog.accept())
     tab.click('#links-all tr[data-link="text:o/big>h/fast"] button.remove')
     tab.wait_for_selector('#links-all tr[data-link="text:o/big>h/fast"]', state="detached")
     assert text_links(cluster) == []

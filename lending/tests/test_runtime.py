@@ -6,6 +6,7 @@ from pathlib import Path
 
 import yaml
 
+from analytics.costs import NodeCosts
 from lending.owner import LiveLease
 from lending.planner import Lease
 from lending.queue import Entry, LaneQueue
@@ -125,3 +126,30 @@ def test_waiting_requests_are_counted_per_lane_model_and_key() -> None:
         {"lane": "text", "model_id": "m", "key": "b", "waiting": 1},
     ]
     assert not Lending(node_id="n", file_values={}).is_queued("text", "unlinked")
+
+
+def fitted(loads: dict[str, float]) -> NodeCosts:
+    return NodeCosts(models={}, loads=loads, tokens={}, computed_at=0.0)
+
+
+def test_a_load_just_measured_is_the_expected_time_until_the_costs_know_the_config() -> None:
+    lend = Lending(node_id="n", file_values={})
+    assert lend.expected_load_ms("a.kcpps") is None
+    lend.load_measured("a.kcpps", 1200.0, success=True)
+    assert lend.expected_load_ms("a.kcpps") == 1200.0
+    # Refitted costs without the config yet (the rows were not flushed): still the measurement.
+    lend.costs = fitted({"b.kcpps": 300.0})
+    assert lend.expected_load_ms("a.kcpps") == 1200.0
+    assert lend.expected_load_ms("b.kcpps") == 300.0
+    # Once the costs have the config, their mean over the window wins over the last load.
+    lend.costs = fitted({"a.kcpps": 1000.0})
+    lend.load_measured("a.kcpps", 5000.0, success=True)
+    assert lend.expected_load_ms("a.kcpps") == 1000.0
+
+
+def test_a_failed_or_empty_load_is_no_expected_time() -> None:
+    lend = Lending(node_id="n", file_values={})
+    lend.load_measured("a.kcpps", 900.0, success=False)
+    lend.load_measured("b.kcpps", 0.0, success=True)
+    lend.load_measured("", 900.0, success=True)
+    assert lend.measured_loads_ms == {}

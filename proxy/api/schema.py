@@ -29,6 +29,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from proxy.api.client_paths import client_paths
+from proxy.api.examples import add_request_examples
 from proxy.families.openapi import INFERENCE_KEY, TAGS, client_components
 from routerproject.api import RouterSchemaGenerator
 
@@ -61,6 +62,7 @@ def _merged() -> dict[str, Any]:
     schemas.update(client)
     components["securitySchemes"]["inferenceKey"] = INFERENCE_KEY
     doc["paths"] = {**client_paths(), **doc["paths"]}
+    add_request_examples(doc["paths"])
     doc["tags"] = [*TAGS, *doc.get("tags", [])]
     return doc
 
