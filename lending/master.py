@@ -169,6 +169,7 @@ class MasterLending:
                 )
             now = time.monotonic()
             book: dict[tuple[str, str, str], tuple[Lease, float]] = {}
+            held = self.book
             due: list[float] = []
             for planned_lane, result in results.items():
                 for lease in result.leases:
@@ -183,6 +184,12 @@ class MasterLending:
             self.last_statuses = statuses
             self._arm_probe(min(due) if due else None)
         self._deliver(results, asking)
+        # A live lease this plan dropped: its owner would keep refilling under it (and each
+        # refill be refused, `no_live_lease`, and run late) until its TTL; it is told now. The
+        # asking owner learns it from the answer to its event.
+        for key, (_, expires) in held.items():
+            if key not in book and key != asking and expires > now:
+                self._spawn(self._clear(key))
 
     def _settings(self) -> Settings:
         s = self.node.lending.settings
@@ -406,9 +413,36 @@ class MasterLending:
                 key = (lease.lane, lease.owner_node_id, lease.owner_model_id)
                 if key == asking:
                     continue  # it gets the lease as the answer to its event
-                task = asyncio.ensure_future(self._grant(lease))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                self._spawn(self._grant(lease))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _clear(self, key: tuple[str, str, str]) -> None:
+        """Tell an owner the master cleared its lease (through the grant route)."""
+        lane, owner_node, model_id = key
+        node = self.node
+        if key in self.book:
+            return  # a later plan granted it again: that grant is what the owner must keep
+        if owner_node == node.node_id:
+            node.owner.apply(lane, model_id, None)
+            return
+        remote = node.cluster.nodes.get(owner_node)
+        if remote is None or node.client is None:
+            return
+        doc = {"lane": lane, "owner_node_id": owner_node, "owner_model_id": model_id}
+        try:
+            await node.client.call_ok(
+                "POST",
+                remote.node_url,
+                "/router/v1/node/offload/grant",
+                json={**doc, "cleared": True},
+            )
+        except NodeCallError as exc:
+            # Its lease lapses at its TTL on the owner's clock; refills till then are refused.
+            logger.warning("lease clear to %s failed: %s", owner_node, exc)
 
     async def _grant(self, lease: Lease) -> None:
         node = self.node
