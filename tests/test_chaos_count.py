@@ -11,7 +11,15 @@ from pathlib import Path
 
 import httpx
 
-from bench.chaos import FAILURES, Record, Tally, percentile, summarize
+from bench.chaos import (
+    FAILURES,
+    LOSS_GRACE_SECS,
+    Record,
+    Tally,
+    percentile,
+    reruns_after_loss,
+    summarize,
+)
 from bench.chaos_logs import LINE_RE, CompletionLog
 from proxy.runtimes.logfiles import rotate_if_large
 from tests.harness import REPO, free_port, sim_weights, wait_for
@@ -141,3 +149,36 @@ def test_a_request_taken_back_from_a_stalled_helper_that_ran_twice_is_named_so()
     row = summarize(tally, {"u1": 2, "u2": 2}, [], set(), {"u1"})
     # Still duplicated (a failure): the name only says where it came from.
     assert (row["duplicated"], row["dup_stalled"]) == (2, 1)
+
+
+# s2 was lost (killed until restarted, or frozen past health_timeout) from 10 s to 14 s.
+LOSSES = [("s2", 10.0, 14.0)]
+
+
+def _runs(*runs: tuple[str, float]) -> list[tuple[str, int]]:
+    return [(node, int(secs * 1000)) for node, secs in runs]
+
+
+def test_work_a_lost_node_finished_and_another_ran_again_is_a_rerun_not_a_duplicate() -> None:
+    where = {
+        "frozen": _runs(("s2", 12.0), ("s1", 13.0)),  # finished as the frozen node resumed
+        "killed": _runs(("s2", 10.0 - LOSS_GRACE_SECS + 0.1), ("s1", 11.0)),  # as it died
+        "before": _runs(("s2", 10.0 - LOSS_GRACE_SECS - 0.1), ("s1", 11.0)),
+        "twice_on_s1": _runs(("s1", 12.0), ("s1", 13.0)),
+        "answered_before_the_loss": _runs(("s2", 12.0), ("s1", 8.0)),
+        "three_runs": _runs(("s2", 12.0), ("s1", 13.0), ("s1", 13.5)),
+        "once": _runs(("s2", 12.0)),
+    }
+    assert reruns_after_loss(where, LOSSES) == {"frozen", "killed"}
+    assert reruns_after_loss(where, []) == set()
+
+
+def test_a_rerun_after_a_loss_is_its_own_column_and_fails_nothing() -> None:
+    tally = _tally(("frozen", "200", 9.0, 13.0), ("twice", "200", 9.0, 13.0))
+    row = summarize(tally, {"frozen": 2, "twice": 2}, [], set(), reruns={"frozen"})
+    assert (row["duplicated"], row["rerun_loss"]) == (1, 1)
+    assert [e.split()[0] for e in row["examples"]["duplicated"]] == ["twice"]
+    row = summarize(
+        _tally(("frozen", "200", 9.0, 13.0)), {"frozen": 2}, [], set(), reruns={"frozen"}
+    )
+    assert not any(row[k] for k in FAILURES)
