@@ -30,7 +30,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -415,7 +415,7 @@ class MasterLending:
                     continue  # it gets the lease as the answer to its event
                 self._spawn(self._grant(lease))
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import textwrap
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +27,18 @@ TOKEN = "cluster-secret-for-lease-clear-tests"
 GRANT = "/router/v1/node/offload/grant"
 
 
+@dataclass
+class Owner:
+    node: Node
+    rows: list[dict[str, Any]]
+    """The node's decision-log rows."""
+
+    def outcomes(self) -> list[str]:
+        return [row["outcome"] for row in self.rows]
+
+
 @pytest.fixture
-async def owner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Node]:
+async def owner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Owner]:
     (tmp_path / "kcpps").mkdir()
     path = tmp_path / "config.yaml"
     path.write_text(
@@ -55,21 +66,13 @@ async def owner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterato
         "restore_after_borrow": False,
     }
     node.lending.set_links({"text": [link], "image": []})
-    monkeypatch.setattr(node.decisions, "record", _Rows.record)
-    _Rows.rows.clear()
+    rows: list[dict[str, Any]] = []
+    monkeypatch.setattr(node.decisions, "record", lambda **fields: rows.append(fields))
     try:
-        yield node
+        yield Owner(node, rows)
     finally:
         await node.runtimes.close()
         await close_session()
-
-
-class _Rows:
-    rows: list[dict[str, Any]] = []
-
-    @classmethod
-    def record(cls, **fields: Any) -> None:
-        cls.rows.append(fields)
 
 
 async def post(node: Node, doc: Any) -> tuple[int, dict[str, Any]]:
@@ -125,19 +128,20 @@ def granted() -> dict[str, Any]:
 CLEAR = {"lane": "text", "owner_node_id": "o", "owner_model_id": "big", "cleared": True}
 
 
-async def test_a_cleared_lease_ends_on_the_owner_at_once(owner: Node) -> None:
-    assert (await post(owner, granted()))[0] == 200
-    assert owner.owner.live("text", "big") is not None
+async def test_a_cleared_lease_ends_on_the_owner_at_once(owner: Owner) -> None:
+    node = owner.node
+    assert (await post(node, granted()))[0] == 200
+    assert node.owner.live("text", "big") is not None
 
-    status, body = await post(owner, CLEAR)
+    status, body = await post(node, CLEAR)
 
     assert (status, body) == (200, {"lane": "text", "owner_model_id": "big", "cleared": True})
     # Long before its 30 s TTL: nothing more is lent or refilled under it.
-    assert owner.owner.live("text", "big") is None
-    assert [r["outcome"] for r in _Rows.rows] == ["lease_updated", "lease_cleared"]
-    owner.owner.refill("text", "big")
-    owner.owner.lend("text", "big")
-    assert [r["outcome"] for r in _Rows.rows] == ["lease_updated", "lease_cleared"]
+    assert node.owner.live("text", "big") is None
+    assert owner.outcomes() == ["lease_updated", "lease_cleared"]
+    node.owner.refill("text", "big")
+    node.owner.lend("text", "big")
+    assert owner.outcomes() == ["lease_updated", "lease_cleared"]
 
 
 @pytest.mark.parametrize(
@@ -150,12 +154,14 @@ async def test_a_cleared_lease_ends_on_the_owner_at_once(owner: Node) -> None:
     ],
 )
 async def test_a_bad_clear_is_refused_naming_its_field_and_changes_nothing(
-    owner: Node, change: dict[str, Any], param: str
+    owner: Owner, change: dict[str, Any], param: str
 ) -> None:
-    assert (await post(owner, granted()))[0] == 200
+    node = owner.node
+    assert (await post(node, granted()))[0] == 200
 
-    status, body = await post(owner, {**CLEAR, **change})
+    status, body = await post(node, {**CLEAR, **change})
 
     assert status == 400
     assert body["error"]["param"] == param
-    assert owner.owner.live("text", "big") is not None
+    assert node.owner.live("text", "big") is not None
+    assert owner.outcomes() == ["lease_updated"]
