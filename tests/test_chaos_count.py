@@ -3,13 +3,18 @@ numbered completion lines from the simulated backend, and what fails a run."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
+import pytest
 
 from bench.chaos import (
     FAILURES,
@@ -109,9 +114,11 @@ def test_latency_percentiles_are_of_200s_nearest_rank() -> None:
     assert percentile([], 50) is None
 
 
-def test_the_simulated_backend_numbers_its_completion_lines(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def running_sim(tmp_path: Path, **costs: Any) -> Iterator[tuple[str, Path, int]]:
+    """A simulated backend process: its URL, its output file and its pid."""
     weights = tmp_path / "m.sim.json"
-    weights.write_text(json.dumps(sim_weights(load_ms=0)))
+    weights.write_text(json.dumps(sim_weights(load_ms=0, **costs)))
     port = free_port()
     out = tmp_path / "out.log"
     argv = [sys.executable, "-m", "proxy.sim", "-m", str(weights), "--port", str(port)]
@@ -127,16 +134,48 @@ def test_the_simulated_backend_numbers_its_completion_lines(tmp_path: Path) -> N
                 return False
 
         wait_for(up, timeout=20, interval=0.05)
+        yield url, out, proc.pid
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_the_simulated_backend_numbers_its_completion_lines(tmp_path: Path) -> None:
+    with running_sim(tmp_path) as (url, out, pid):
         for user in ("first", "second"):
             body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1, "user": user}
             assert httpx.post(url + "/v1/chat/completions", json=body).status_code == 200
         wait_for(lambda: out.read_text().count("sim: completed") == 2, timeout=10)
-    finally:
-        proc.terminate()
-        proc.wait(10)
     found = [m.group(1, 2, 4) for m in LINE_RE.finditer(out.read_bytes())]
-    pid = str(proc.pid).encode()
-    assert found == [(pid, b"1", b"first"), (pid, b"2", b"second")]
+    assert found == [(str(pid).encode(), b"1", b"first"), (str(pid).encode(), b"2", b"second")]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_simulated_backend_stops_a_request_whose_client_hangs_up(
+    tmp_path: Path, stream: bool
+) -> None:
+    # 200 tokens at 50 ms: 10 s of work, cut after it has started.
+    with running_sim(tmp_path, output_ms_per_token=50) as (url, out, _pid):
+        body = {
+            "messages": [{"role": "user", "content": "x"}],
+            "max_tokens": 200,
+            "user": "gone",
+            "stream": stream,
+        }
+        raw = json.dumps(body).encode()
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port))) as sock:
+            head = (
+                f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(raw)}\r\n\r\n"
+            )
+            sock.sendall(head.encode() + raw)
+            wait_for(lambda: httpx.get(url + "/sim/stats").json()["active"] == 1, timeout=10)
+        wait_for(lambda: "sim: cancelled" in out.read_text(), timeout=10)
+        stats = httpx.get(url + "/sim/stats").json()
+    assert (stats["active"], stats["completed"], stats["cancelled"]) == (0, 0, 1)
+    assert "sim: completed" not in out.read_text()
+    assert out.read_text().rstrip().endswith("user=gone")
 
 
 def test_a_connection_opened_just_after_the_kill_signal_is_cut() -> None:
