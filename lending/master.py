@@ -6,7 +6,8 @@ contributes nothing, and later plans skip it until it answers again), merges the
 nodes publish, builds the planner's view of each lane from the registry and the link set, runs
 the pure planner (lending/planner.py), replaces its lease book with the result, logs one `plan`
 row per evaluated pair, re-arms the probe timer, and delivers every lease: to the asking owner
-as the answer to its event, to the others through `offload/grant`.
+as the answer to its event, to the others through `offload/grant`. A live lease the plan
+dropped is cleared at its owner through the same route (`cleared: true`).
 
 Lent requests come back through the master (`offload/request`): it checks its own live lease,
 rewrites the model to the helper's own ID and forwards to the helper, or serves in-process
