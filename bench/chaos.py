@@ -18,8 +18,9 @@ followed across rotations (bench/chaos_logs.py; the soak sets a small
 "duplicated", a 200 whose request never ran as "unran", and an error answer for a request
 that did run as "wasted" (reported, not a failure: the client may send it again). A request
 that ran on a slave that was then lost while it held it (SIGKILLed, or frozen past
-health_timeout) and ran again elsewhere is "rerun_loss": wasted work the loss made, not a
-failure, and not counted as duplicated.
+health_timeout), or on a backend killed as it finished it, and ran again elsewhere is
+"rerun_loss": wasted work the loss made, not a failure, and not counted as duplicated (each
+is listed with where it ran).
 
 Outcomes, per request:
   200        a complete answer (a stream ends with [DONE])
@@ -269,7 +270,7 @@ def summarize(
     row: dict[str, Any] = dict.fromkeys(("sent", *OUTCOMES, "refused"), 0)
     row.update(duplicated=0, rerun_loss=0, unran=0, wasted=0, lent=0, dup_stalled=0)
     latencies: list[float] = []
-    examples: dict[str, list[str]] = {k: [] for k in FAILURES}
+    examples: dict[str, list[str]] = {k: [] for k in (*FAILURES, "rerun_loss")}
     for rec in tally.records:
         outcome = rec.outcome
         # A connection opened an instant after the kill signal can still reach the dying
@@ -294,6 +295,7 @@ def summarize(
             "hung": outcome == "hung",
             "lost": outcome == "lost",
             "duplicated": duplicated,
+            "rerun_loss": rerun,
             "unran": outcome == "200" and ran == 0,
         }
         for key in (k for k, hit in flags.items() if hit):

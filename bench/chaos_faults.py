@@ -44,8 +44,8 @@ class Faults:
         self.lending = lending
         self.health_timeout = health_timeout
         self.losses: list[tuple[str, float, float]] = []
-        """(slave, from, to) in epoch seconds: killed until restarted, or frozen past the
-        master's health_timeout."""
+        """(node, from, to) in epoch seconds: a slave killed until restarted, or frozen past
+        the master's health_timeout; a node's backend killed (from = to)."""
         self.done: collections.Counter[str] = collections.Counter()
         self.log: list[str] = []
         self.master_kills: list[float] = []
@@ -118,6 +118,15 @@ class Faults:
         pids = [b["pid"] for b in state["backends"] if b.get("pid")]
         if pids:
             os.kill(self.rng.choice(pids), signal.SIGKILL)
+            # A backend that finished a request the instant it was killed logged the completion,
+            # but its answer died with it: the request runs again elsewhere.
+            killed_at = time.time()
+            self.losses.append((self._name(node), killed_at, killed_at))
+
+    def _name(self, node: RouterNode) -> str:
+        """The node's folder name, as the completion logs name it."""
+        c = self.cluster
+        return next((name for name, n in c.slaves.items() if n is node), "master")
 
     def restart_master(self) -> None:
         """SIGTERM: the master drains what it holds before it exits."""

@@ -212,11 +212,21 @@ def test_work_a_lost_node_finished_and_another_ran_again_is_a_rerun_not_a_duplic
     assert reruns_after_loss(where, []) == set()
 
 
+def test_work_a_backend_finished_as_it_was_killed_and_another_ran_again_is_a_rerun() -> None:
+    # s1's backend was SIGKILLed at 214.3 s: a loss of no length.
+    where = {
+        "as_killed": _runs(("s1", 214.3), ("s2", 215.0)),
+        "long_before": _runs(("s1", 214.3 - LOSS_GRACE_SECS - 0.1), ("s2", 215.0)),
+    }
+    assert reruns_after_loss(where, [("s1", 214.3, 214.3)]) == {"as_killed"}
+
+
 def test_a_rerun_after_a_loss_is_its_own_column_and_fails_nothing() -> None:
     tally = _tally(("frozen", "200", 9.0, 13.0), ("twice", "200", 9.0, 13.0))
     row = summarize(tally, {"frozen": 2, "twice": 2}, [], set(), reruns={"frozen"})
     assert (row["duplicated"], row["rerun_loss"]) == (1, 1)
     assert [e.split()[0] for e in row["examples"]["duplicated"]] == ["twice"]
+    assert [e.split()[0] for e in row["examples"]["rerun_loss"]] == ["frozen"]
     row = summarize(
         _tally(("frozen", "200", 9.0, 13.0)), {"frozen": 2}, [], set(), reruns={"frozen"}
     )
