@@ -3,18 +3,24 @@
 A master and two slaves (`runrouter` processes on 127.0.0.1, simulated backends) serve a
 replicated model and one model of each slave's own. Clients send OpenAI requests (a quarter
 of them streamed) through the master without pause, and a few send straight to the slaves.
-Meanwhile, at random: a slave is SIGKILLed and restarted, a slave is SIGSTOPped and later
-SIGCONTed, a backend is SIGKILLed, or the master is restarted, after a SIGTERM (it drains) or
-a SIGKILL. With `--lending`, the slaves' models are linked to each other (bench/chaos_lending.py)
-and most traffic goes to one slave's own model, so backlogs build and work is lent; every
-slave is then a helper, and a slave fault picks one that holds lent work when there is one.
+Meanwhile, at random: a slave is SIGKILLed and restarted, a slave's machine freezes (router
+and backends SIGSTOPped for 2-6 s, past the master's health_timeout, then SIGCONTed), a slave's
+router alone hiccups (SIGSTOPped for less than health_timeout), a backend is SIGKILLed, or the
+master is restarted, after a SIGTERM (it drains) or a SIGKILL. With `--lending`, the slaves'
+models are linked to each other (bench/chaos_lending.py) and most traffic goes to one slave's
+own model, so backlogs build and work is lent; every slave is then a helper, and a slave fault
+picks one that holds lent work when there is one.
 
 Every request names a unique OpenAI `user` (and the same X-Request-Id); the simulated backend
 logs each request that completes with its `user`, and those logs outlive the processes and are
 followed across rotations (bench/chaos_logs.py; the soak sets a small
 `logging.backend_log_max_bytes` to exercise that). So a request that ran twice shows up as
 "duplicated", a 200 whose request never ran as "unran", and an error answer for a request
-that did run as "wasted" (reported, not a failure: the client may send it again).
+that did run as "wasted" (reported, not a failure: the client may send it again). A request
+that ran on a slave that was then lost while it held it (SIGKILLed, or frozen past
+health_timeout), or on a backend killed as it finished it, and ran again elsewhere is
+"rerun_loss": wasted work the loss made, not a failure, and not counted as duplicated (each
+is listed with where it ran).
 
 Outcomes, per request:
   200        a complete answer (a stream ends with [DONE])
@@ -58,6 +64,12 @@ from bench.chaos_logs import CompletionLog
 from tests.harness import Cluster, ModelSpec, sim_weights, start_cluster
 
 HUNG_SECS = 120.0
+# The master's per-poll deadline in the soak: a freeze longer than this is a lost node.
+HEALTH_TIMEOUT_SECS = 1.0
+# A backend's completion line and the fault around it: the line is written the moment the work
+# ends, a kill's signal lands a moment later, and a frozen backend resumed finishes or is
+# cancelled within one of its (short) jobs.
+LOSS_GRACE_SECS = 1.0
 OUTCOMES = ("200", "error", "hung", "lost", "cut")
 FAILURES = ("hung", "lost", "duplicated", "unran")
 # A connection the master's SIGKILL broke fails within moments of the kill.
@@ -193,6 +205,49 @@ def _when(rec: Record, events: list[tuple[float, float, str]], t0: float) -> str
     return f"[{rec.started - t0:.1f}-{rec.ended - t0:.1f} s; {', '.join(near) or 'no fault'}]"
 
 
+def reruns_after_loss(
+    where: dict[str, list[tuple[str, int]]], losses: list[tuple[str, float, float]]
+) -> set[str]:
+    """The requests that ran more than once only because a node that held them was lost.
+
+    A run is on a lost node when that node's backend completed it while the node was lost
+    (`losses`: node, from, to in epoch seconds, with `LOSS_GRACE_SECS` either side). A request
+    is rerun after a loss when at least one of its runs is such, and of the others at most one
+    is not: the run elsewhere that answered it, completed after the loss began.
+    """
+    out = set()
+    for user, runs in where.items():
+        if len(runs) < 2:
+            continue
+        lost = [(node, at) for node, at in runs if _in_loss(node, at / 1000.0, losses)]
+        kept = [(node, at) for node, at in runs if (node, at) not in lost]
+        if not lost or len(kept) > 1:
+            continue
+        if all(
+            node != lost_node and at / 1000.0 >= _loss_start(lost_node, lost_at, losses)
+            for node, at in kept
+            for lost_node, lost_at in lost
+        ):
+            out.add(user)
+    return out
+
+
+def _in_loss(node: str, at: float, losses: list[tuple[str, float, float]]) -> bool:
+    return any(
+        n == node and began - LOSS_GRACE_SECS <= at <= ended + LOSS_GRACE_SECS
+        for n, began, ended in losses
+    )
+
+
+def _loss_start(node: str, at_ms: int, losses: list[tuple[str, float, float]]) -> float:
+    at = at_ms / 1000.0
+    return min(
+        began - LOSS_GRACE_SECS
+        for n, began, ended in losses
+        if n == node and began - LOSS_GRACE_SECS <= at <= ended + LOSS_GRACE_SECS
+    )
+
+
 def summarize(
     tally: Tally,
     runs: dict[str, int],
@@ -200,8 +255,12 @@ def summarize(
     lent_ids: set[str],
     stalled_ids: set[str] | None = None,
     events: tuple[list[tuple[float, float, str]], float] = ([], 0.0),
+    reruns: set[str] | None = None,
 ) -> dict[str, Any]:
     """One table row: outcomes, duplicated/unran/wasted against the completion logs, latency.
+
+    `reruns` (see `reruns_after_loss`) ran more than once because a node was lost: they
+    count as `rerun_loss`, not as duplicated.
 
     A connection that broke within `CUT_GRACE_SECS` after a master SIGKILL that happened while
     it was open (or `CUT_OPEN_SECS` before it opened) is "cut", not lost; `kills` is empty for
@@ -209,9 +268,9 @@ def summarize(
     `events` (the faults made and when the soak began) place each example among the faults.
     """
     row: dict[str, Any] = dict.fromkeys(("sent", *OUTCOMES, "refused"), 0)
-    row.update(duplicated=0, unran=0, wasted=0, lent=0, dup_stalled=0)
+    row.update(duplicated=0, rerun_loss=0, unran=0, wasted=0, lent=0, dup_stalled=0)
     latencies: list[float] = []
-    examples: dict[str, list[str]] = {k: [] for k in FAILURES}
+    examples: dict[str, list[str]] = {k: [] for k in (*FAILURES, "rerun_loss")}
     for rec in tally.records:
         outcome = rec.outcome
         # A connection opened an instant after the kill signal can still reach the dying
@@ -225,14 +284,18 @@ def summarize(
             continue  # never sent: the node was not listening
         row["sent"] += 1
         ran = runs.get(rec.user, 0)
-        row["duplicated"] += ran > 1
+        rerun = ran > 1 and rec.user in (reruns or set())
+        duplicated = ran > 1 and not rerun
+        row["duplicated"] += duplicated
+        row["rerun_loss"] += rerun
         # Of those, the ones the master took back from a helper that stopped answering.
-        row["dup_stalled"] += ran > 1 and rec.user in (stalled_ids or set())
+        row["dup_stalled"] += duplicated and rec.user in (stalled_ids or set())
         row["unran"] += outcome == "200" and ran == 0
         flags = {
             "hung": outcome == "hung",
             "lost": outcome == "lost",
-            "duplicated": ran > 1,
+            "duplicated": duplicated,
+            "rerun_loss": rerun,
             "unran": outcome == "200" and ran == 0,
         }
         for key in (k for k, hit in flags.items() if hit):
@@ -249,7 +312,7 @@ def summarize(
 
 
 def _start(root: Path, lending: bool) -> Cluster:
-    cluster_fast: dict[str, Any] = {"health_timeout": "1s"}
+    cluster_fast: dict[str, Any] = {"health_timeout": f"{HEALTH_TIMEOUT_SECS:g}s"}
     if lending:
         cluster_fast.update(chaos_lending.MASTER_LENDING)
     logs = {"backend_log_max_bytes": LOG_MAX_BYTES, "backend_log_backups": LOG_BACKUPS}
@@ -325,7 +388,8 @@ def _soak(
 
 
 def _print_table(rows: list[dict[str, Any]]) -> None:
-    keys = ["sent", *OUTCOMES, "duplicated", "dup_stalled", "unran", "wasted", "refused", "lent"]
+    keys = ["sent", *OUTCOMES, "duplicated", "dup_stalled", "rerun_loss", "unran", "wasted"]
+    keys += ["refused", "lent"]
     keys += ["p50_ms", "p95_ms", "p99_ms"]
     print()
     print(" | ".join([f"{'':>20}", *(f"{k:>8}" for k in keys)]))
@@ -368,7 +432,9 @@ def main(argv: list[str] | None = None) -> int:
     began = time.monotonic()
     tallies = (Tally(), Tally())
     stop = threading.Event()
-    faults = Faults(cluster, random.Random(seed), stop, lending=args.lending)
+    faults = Faults(
+        cluster, random.Random(seed), stop, lending=args.lending, health_timeout=HEALTH_TIMEOUT_SECS
+    )
     log = CompletionLog(root)
     # Followed until every node is gone: the router rotates logs until it exits.
     log_stop = threading.Event()
@@ -389,13 +455,15 @@ def main(argv: list[str] | None = None) -> int:
     log.poll()  # what the backends wrote after the follower's last look
     lent_ids = lending.pop("lent_ids", set())
     stalled_ids = lending.pop("stalled_ids", set())
+    reruns = reruns_after_loss(log.where, faults.losses)
+    placed = (faults.events, began)
     rows = [
         {"name": "through the master"}
         | summarize(
-            tallies[0], log.runs, faults.master_kills, lent_ids, stalled_ids, (faults.events, began)
+            tallies[0], log.runs, faults.master_kills, lent_ids, stalled_ids, placed, reruns
         ),
         {"name": "straight to a slave"}
-        | summarize(tallies[1], log.runs, [], lent_ids, stalled_ids, (faults.events, began)),
+        | summarize(tallies[1], log.runs, [], lent_ids, stalled_ids, placed, reruns),
     ]
     _print_table(rows)
     labelled = {"through the master": tallies[0], "straight to a slave": tallies[1]}

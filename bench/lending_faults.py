@@ -1,16 +1,20 @@
-"""Scenarios on clusters of their own: a helper killed or hung mid-burst, and a fresh cluster at
-default lending settings. Each starts a master, an owner o (A, 400 ms) and a loaded helper h
-(B, 100 ms), and always cleans up, a stopped helper included.
+"""Scenarios on clusters of their own: a helper killed, hung or hiccuping mid-burst, and a fresh
+cluster at default lending settings. Each starts a master, an owner o (A, 400 ms) and a loaded
+helper h (B, 100 ms), and always cleans up, a stopped helper included.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import os
 import signal
 import time
 from pathlib import Path
 from typing import Any
 
+from bench.chaos_logs import CompletionLog
 from bench.lending_cluster import (
     FAST_MS,
     OWNER_MS,
@@ -25,6 +29,7 @@ from bench.lending_report import Result, Row, ratio_row
 from bench.lending_scenarios import check, plain_jobs, run_detail
 from bench.lending_support import (
     TEXT,
+    Job,
     Run,
     Target,
     compact_decisions,
@@ -44,6 +49,11 @@ LENT_WAIT_SECS = 10.0
 # at the helper: mid-burst, with lent work both finished and in flight.
 FAULT_AT_SHARE = 0.4
 DEFAULTS_N = 30
+HICCUP_N = 72
+# The router of the helper pauses for each of these, well under the master's health_timeout
+# (3 s): slow, not gone. The issue measured 2 and 3 of 72 completed twice at these.
+HICCUP_PAUSES_SECS = (0.7, 1.2)
+HICCUP_GAP_SECS = 0.5
 
 
 def _prepared(root: Path, *, tuned: bool = True, warm: bool = True) -> Ctx:
@@ -229,3 +239,88 @@ def s14_defaults(root: Path) -> Result:
     detail = run_detail(run, alone_run, optimum, summary)
     detail.update({"first_lent_after_ms": first_lent_ms, "settings": settings})
     return Result([ratio, first], detail)
+
+
+# -- 17. helper router hiccups mid-burst ------------------------------------------------------
+
+
+def _users_jobs(tag: str, n: int) -> tuple[list[str], list[Job]]:
+    """`n` plain requests to A, each naming its own OpenAI `user`: the simulated backend logs
+    every one it completes under that name, so a request that ran on both nodes shows."""
+    users = [f"hiccup-{tag}-{i:03d}" for i in range(n)]
+    jobs = []
+    for user in users:
+        doc = json.loads(plain("A"))
+        doc["user"] = user
+        jobs.append(Job(json.dumps(doc).encode()))
+    return users, jobs
+
+
+def _hiccups(owner: Any, helper: Any, pause_secs: float) -> Any:
+    async def side(t0: float, done: asyncio.Event) -> dict[str, Any]:
+        pauses = 0
+        while not done.is_set():
+            lent = await until_lent(owner, done, t0=t0, after_ms=0, timeout_secs=LENT_WAIT_SECS)
+            if not lent:
+                break
+            # The router alone (its process group): the backends run in sessions of their own.
+            os.killpg(helper.proc.pid, signal.SIGSTOP)
+            try:
+                await asyncio.sleep(pause_secs)  # the fault itself: a pause this long
+            finally:
+                os.killpg(helper.proc.pid, signal.SIGCONT)
+            pauses += 1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(done.wait(), HICCUP_GAP_SECS)
+        return {"pauses": pauses}
+
+    return side
+
+
+def s17_hiccup(root: Path) -> Result:
+    ctx = _prepared(root)
+    ops = ctx.ops
+    rows: list[Row] = []
+    detail: dict[str, Any] = {}
+    try:
+        ops.link(TEXT, "o", "A", [Target("h", "B")])
+        owner, helper = ops.node("o"), ops.node("h")
+        for pause in HICCUP_PAUSES_SECS:
+            users, jobs = _users_jobs(f"{pause:g}", HICCUP_N)
+            try:
+                run = asyncio.run(run_jobs(owner, jobs, during=_hiccups(owner, helper, pause)))
+            finally:
+                os.killpg(helper.proc.pid, signal.SIGCONT)
+            log = CompletionLog(root)
+            log.poll()
+            twice = [u for u in users if log.runs[u] > 1]
+            unran = [u for u in users if log.runs[u] == 0]
+            on_helper = sum(1 for u in users for node, _ in log.where.get(u, []) if node == "h")
+            ok, problems = _all_answered(run, HICCUP_N)
+            label = f"17 helper router pauses {pause:g} s"
+            rows.append(
+                Row(
+                    label=label,
+                    with_link=f"{run.makespan_ms:.0f} ms",
+                    lent=str(on_helper),
+                    target=f"0 of {HICCUP_N} completed twice",
+                    passed=ok and not twice and not unran,
+                    decisions=(
+                        f"twice={len(twice)} unran={len(unran)} pauses={run.side['pauses']}"
+                        f" ran_on_helper={on_helper}"
+                    ),
+                )
+            )
+            detail[f"{pause:g}s"] = {
+                "completed_twice": twice,
+                "unran": unran,
+                "ran_on_helper": on_helper,
+                "pauses": run.side["pauses"],
+                "makespan_ms": round(run.makespan_ms),
+                "problems": problems,
+            }
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(ops.node("h").proc.pid, signal.SIGCONT)
+        ops.cluster.cleanup()
+    return Result(rows, detail)

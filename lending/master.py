@@ -6,17 +6,22 @@ contributes nothing, and later plans skip it until it answers again), merges the
 nodes publish, builds the planner's view of each lane from the registry and the link set, runs
 the pure planner (lending/planner.py), replaces its lease book with the result, logs one `plan`
 row per evaluated pair, re-arms the probe timer, and delivers every lease: to the asking owner
-as the answer to its event, to the others through `offload/grant`.
+as the answer to its event, to the others through `offload/grant`. A live lease the plan
+dropped is cleared at its owner through the same route (`cleared: true`).
 
 Lent requests come back through the master (`offload/request`): it checks its own live lease,
 rewrites the model to the helper's own ID and forwards to the helper, or serves in-process
 when the helper is itself. It logs `relay_refused` for every request it cannot pass on and
 answers 409, so the owner runs the request itself.
 
-A node that does not answer (a failed runtime-status poll, or a failed health poll reported by
-the registry) is treated as the stall check's "no": every request lent to it that it has not
-started answering goes back to its owner at once, and the node is *silent*: plans skip it and
-relays to it are refused until a background re-probe or a health poll finds it answering.
+A node that misses the short runtime-status poll of a plan is *silent*: plans skip it and relays
+to it are refused until a background re-probe or a health poll finds it answering. A slow answer
+is not a "no", though: the work lent to it stays where it is, and one longer question
+(`cluster.health_timeout`) follows. Only when that goes unanswered too, or the registry's health
+poll fails (its own `health_timeout`), or the stall check gets no answer in that time, is the
+node gone: every request lent to it that it has not started answering goes back to its owner at
+once. Taking work back closes its relay connection; the helper's router sees its client go and
+cancels the backend request, so the work does not also finish there.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -87,6 +92,8 @@ class MasterLending:
         self.silent: set[str] = set()
         """Nodes that did not answer: plans skip them and relays to them are refused."""
         self._reprobes: dict[str, asyncio.Task[None]] = {}
+        self._confirms: dict[str, asyncio.Task[None]] = {}
+        """Nodes that missed a status poll, asked once more with the longer health timeout."""
         # The registry reports health poll outcomes here (it must not import lending).
         node.cluster.health_listeners.append(self._on_health)
 
@@ -163,6 +170,7 @@ class MasterLending:
                 )
             now = time.monotonic()
             book: dict[tuple[str, str, str], tuple[Lease, float]] = {}
+            held = self.book
             due: list[float] = []
             for planned_lane, result in results.items():
                 for lease in result.leases:
@@ -177,6 +185,12 @@ class MasterLending:
             self.last_statuses = statuses
             self._arm_probe(min(due) if due else None)
         self._deliver(results, asking)
+        # A live lease this plan dropped: its owner would keep refilling under it (and each
+        # refill be refused, `no_live_lease`, and run late) until its TTL; it is told now. The
+        # asking owner learns it from the answer to its event.
+        for key, (_, expires) in held.items():
+            if key not in book and key != asking and expires > now:
+                self._spawn(self._clear(key))
 
     def _settings(self) -> Settings:
         s = self.node.lending.settings
@@ -214,21 +228,68 @@ class MasterLending:
         ]
         for node_id, doc in await asyncio.gather(*(one(nid, url) for nid, url in targets)):
             if isinstance(doc, NodeCallError):
-                self.node_silent(node_id, f"runtime status: {doc}")
+                self.node_slow(node_id, f"runtime status: {doc}")
             elif isinstance(doc, dict):
                 statuses[node_id] = doc
         return statuses
 
     # -- nodes that do not answer -----------------------------------------------------------
 
-    def node_silent(self, node_id: str, why: str) -> None:
-        """`node_id` did not answer: the stall check's "no", and plans skip it from now on."""
+    def node_slow(self, node_id: str, why: str) -> None:
+        """`node_id` missed a short question (a plan's status poll): plans skip it from now on,
+        but its lent work stays unless a question of `cluster.health_timeout` goes unanswered
+        too. A router that hiccups (a GC pause, a stopped process resumed) still runs what it
+        was lent; taking that back would run it twice."""
         if node_id not in self.silent:
             logger.warning(
-                "node %s does not answer (%s): plans skip it until it does", node_id, why
+                "node %s does not answer its status poll in time (%s): plans skip it until it"
+                " does; its lent work stays unless it misses a longer question too",
+                node_id,
+                why,
             )
-            self.silent.add(node_id)
+        self._go_silent(node_id)
+        if node_id not in self._confirms:
+            task = asyncio.ensure_future(self._confirm(node_id))
+            self._confirms[node_id] = task
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            task.add_done_callback(functools.partial(_forget, self._confirms, node_id))
+
+    async def _confirm(self, node_id: str) -> None:
+        """The longer question after a missed status poll: no answer in `health_timeout`
+        either (or no connection at all), and the node is gone."""
+        node = self.node
+        remote = node.cluster.nodes.get(node_id)
+        if remote is None or node.client is None:
+            return
+        wait = node.config.cluster.health_timeout
+        try:
+            await node.client.call_ok(
+                "GET", remote.node_url, "/router/v1/node/runtime-status", timeout=wait
+            )
+        except NodeCallError as exc:
+            if exc.kind in ("timeout", "transport"):
+                self.node_silent(node_id, f"no answer within health_timeout {wait:g}s: {exc}")
+            # Otherwise it answered, with an error: alive, so it keeps its lent work, and
+            # plans keep skipping it until the re-probe gets a good answer.
+            return
+        self.node_answers(node_id)
+
+    def node_silent(self, node_id: str, why: str) -> None:
+        """`node_id` is gone (a failed health verdict, or no answer to a question of
+        `health_timeout`): the stall check's "no", and plans skip it from now on."""
+        if node_id not in self.silent or self.relays.get(node_id):
+            logger.warning(
+                "node %s does not answer (%s): plans skip it until it does, and its lent work"
+                " goes back",
+                node_id,
+                why,
+            )
+        self._go_silent(node_id)
         self._return_lent(node_id)
+
+    def _go_silent(self, node_id: str) -> None:
+        self.silent.add(node_id)
         if node_id not in self._reprobes:
             try:
                 asyncio.get_running_loop()
@@ -238,7 +299,7 @@ class MasterLending:
             self._reprobes[node_id] = task
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-            task.add_done_callback(functools.partial(self._reprobe_done, node_id))
+            task.add_done_callback(functools.partial(_forget, self._reprobes, node_id))
 
     def node_answers(self, node_id: str) -> None:
         if node_id in self.silent:
@@ -247,10 +308,6 @@ class MasterLending:
         task = self._reprobes.pop(node_id, None)
         if task is not None and task is not asyncio.current_task():
             task.cancel()
-
-    def _reprobe_done(self, node_id: str, task: asyncio.Task[None]) -> None:
-        if self._reprobes.get(node_id) is task:
-            del self._reprobes[node_id]
 
     def _on_health(self, node_id: str, healthy: bool) -> None:
         if healthy:
@@ -357,9 +414,36 @@ class MasterLending:
                 key = (lease.lane, lease.owner_node_id, lease.owner_model_id)
                 if key == asking:
                     continue  # it gets the lease as the answer to its event
-                task = asyncio.ensure_future(self._grant(lease))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                self._spawn(self._grant(lease))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _clear(self, key: tuple[str, str, str]) -> None:
+        """Tell an owner the master cleared its lease (through the grant route)."""
+        lane, owner_node, model_id = key
+        node = self.node
+        if key in self.book:
+            return  # a later plan granted it again: that grant is what the owner must keep
+        if owner_node == node.node_id:
+            node.owner.apply(lane, model_id, None)
+            return
+        remote = node.cluster.nodes.get(owner_node)
+        if remote is None or node.client is None:
+            return
+        doc = {"lane": lane, "owner_node_id": owner_node, "owner_model_id": model_id}
+        try:
+            await node.client.call_ok(
+                "POST",
+                remote.node_url,
+                "/router/v1/node/offload/grant",
+                json={**doc, "cleared": True},
+            )
+        except NodeCallError as exc:
+            # Its lease lapses at its TTL on the owner's clock; refills till then are refused.
+            logger.warning("lease clear to %s failed: %s", owner_node, exc)
 
     async def _grant(self, lease: Lease) -> None:
         node = self.node
@@ -519,9 +603,9 @@ class MasterLending:
     # -- stall check --------------------------------------------------------------------------
     # If the requests lent to a helper show no change for `offload_lent_stall_timeout`, ask
     # the helper whether it still runs borrowed work. Yes (or an older build without the
-    # query, which answers with an error status): it keeps them. No, or no answer at all (the
-    # same signal as a failed status poll): every request lent to it that it has not started
-    # answering comes back at once and the owners serve them.
+    # query, which answers with an error status): it keeps them. No, or no answer within
+    # `health_timeout` (the same verdict as a failed health poll): every request lent to it
+    # that it has not started answering comes back at once and the owners serve them.
 
     def _relay_begin(self, helper: str, task: asyncio.Task[Any]) -> None:
         self.relays.setdefault(helper, set()).add(task)
@@ -553,7 +637,8 @@ class MasterLending:
                 "GET",
                 remote.node_url,
                 "/router/v1/node/offload/borrowed",
-                timeout=node.config.cluster.lending_status_timeout,
+                # As long as a health poll may take: a slow answer is not a "no".
+                timeout=node.config.cluster.health_timeout,
             )
         except NodeCallError as exc:
             if exc.kind in ("timeout", "transport"):
@@ -588,6 +673,11 @@ class MasterLending:
                 pass  # what the cancel above asked for
             except Exception:
                 logger.exception("a lending task of the master failed as it closed")
+
+
+def _forget(tasks: dict[str, asyncio.Task[None]], node_id: str, task: asyncio.Task[None]) -> None:
+    if tasks.get(node_id) is task:
+        del tasks[node_id]
 
 
 def _settle(waiter: asyncio.Future[Lease | None], task: asyncio.Task[Lease | None]) -> None:

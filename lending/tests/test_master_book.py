@@ -53,9 +53,15 @@ class FakeClient:
     borrowed: dict[str, Any] = field(default_factory=dict)
     asked: list[str] = field(default_factory=list)
     stall_asked: asyncio.Event = field(default_factory=asyncio.Event)
+    grants: list[tuple[str, Any]] = field(default_factory=list)
+    """(node, body) of every grant route call: the master's lease clears (its grants of
+    leases are caught before they get here)."""
 
     async def call_ok(self, method: str, base_url: str, path: str, **kwargs: Any) -> Any:
         helper = next(node for node, url in HELPER_URLS.items() if url == base_url)
+        if path == "/router/v1/node/offload/grant":
+            self.grants.append((helper, kwargs.get("json")))
+            return kwargs.get("json")
         if path == "/router/v1/node/offload/borrowed":
             self.asked.append(helper)
             self.stall_asked.set()
@@ -236,6 +242,49 @@ async def test_the_asking_owner_gets_its_lease_as_the_answer_and_the_others_a_gr
 
     assert answer is asking
     assert site.grants == [other]
+
+
+async def settled(site: Site) -> None:
+    """Every grant or clear the last plan sent has been delivered."""
+    pending = [t for t in site.master._tasks if not t.done()]
+    if pending:
+        await asyncio.wait_for(asyncio.gather(*pending), WAIT_SECS)
+
+
+async def test_a_live_lease_a_plan_drops_is_cleared_at_its_owner_at_once(
+    site: Site, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dropped, kept = lease(owner="h2"), lease(owner="h", model="other")
+    planner_grants(monkeypatch, {"text": [dropped, kept]})
+    await site.master.plan("enqueued")
+    await settled(site)
+    assert site.client.grants == []
+
+    planner_grants(monkeypatch, {"text": [kept]})
+    await site.master.plan("completed")
+    await settled(site)
+
+    clear = {"lane": "text", "owner_node_id": "h2", "owner_model_id": "big", "cleared": True}
+    assert site.client.grants == [("h2", clear)]
+
+
+async def test_no_clear_for_the_asking_owner_a_lapsed_lease_or_one_granted_again(
+    site: Site, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asking, lapsed, again = lease(owner="h2"), lease(owner="h", ttl_ms=1_000), lease(model="b2")
+    planner_grants(monkeypatch, {"text": [asking, lapsed, again]})
+    await site.master.plan("enqueued")
+    site.clock.now += 1.0  # the 1 s lease has lapsed on the master's clock
+
+    planner_grants(monkeypatch, {"text": [again]})
+    answer = await site.master.on_event(
+        {"lane": "text", "owner_node_id": "h2", "model_id": "big", "trigger": "completed"}
+    )
+    await settled(site)
+
+    # The asker learns it from its answer; the lapsed one lapsed on the owner's clock too.
+    assert answer is None
+    assert site.client.grants == []
 
 
 # -- event coalescing ---------------------------------------------------------------------------

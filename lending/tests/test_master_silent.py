@@ -27,6 +27,8 @@ from routerproject.config import load_config
 TOKEN = "cluster-secret-for-master-tests"
 WAIT_SECS = 10.0
 STATUS_TIMEOUT = "300ms"
+# Long: a test that resumes a stopped helper does so well within it, on any machine.
+HEALTH_TIMEOUT = "30s"
 NO_COSTS: dict[str, list[Any]] = {"models": [], "loads": [], "tokens": []}
 
 
@@ -43,6 +45,9 @@ class FakeSlave:
     """Inference answers send their headers at once, then wait for `finish_answers`."""
     borrowed_status: int = 200
     status_polls: int = 0
+    borrowed_polls: int = 0
+    asked: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set at every status or stall-check question that arrives."""
     inference_arrived: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
@@ -67,10 +72,13 @@ class FakeSlave:
 
     async def runtime_status(self, request: web.Request) -> web.Response:
         self.status_polls += 1
+        self.asked.set()
         await self.running.wait()
         return web.json_response({"node_id": self.node_id, **self.status})
 
     async def borrowed(self, request: web.Request) -> web.Response:
+        self.borrowed_polls += 1
+        self.asked.set()
         await self.running.wait()
         if self.borrowed_status != 200:
             return web.json_response({"error": "not found"}, status=self.borrowed_status)
@@ -157,6 +165,7 @@ async def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator
                     "slave_urls": [owner.url, helper.url],
                     "store_dir": str(tmp_path / "store"),
                     "lending_status_timeout": STATUS_TIMEOUT,
+                    "health_timeout": HEALTH_TIMEOUT,
                     # Plans must be the only askers unless a test says otherwise.
                     "lending_reprobe_interval": "1h",
                 },
@@ -243,9 +252,68 @@ def plan_rows_naming(site: Site, helper: str) -> list[dict[str, Any]]:
     return [r for r in site.rows if r["kind"] == "plan" and r.get("helper_node_id") == helper]
 
 
-async def test_a_helper_that_misses_its_status_poll_loses_its_lent_requests_at_once(
-    site: Site,
+def short_health_timeout(site: Site, monkeypatch: pytest.MonkeyPatch, secs: float) -> None:
+    config = site.node.config
+    cluster = config.cluster.model_copy(update={"health_timeout": secs})
+    monkeypatch.setattr(site.node, "config", config.model_copy(update={"cluster": cluster}))
+
+
+def spy_calls(site: Site, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, float | None]]:
+    """Every node call the master makes from now on: (base URL, path, timeout)."""
+    client = site.node.client
+    assert client is not None
+    calls: list[tuple[str, str, float | None]] = []
+    call_ok = client.call_ok
+
+    async def spy(method: str, base_url: str, path: str, **kwargs: Any) -> Any:
+        calls.append((base_url, path, kwargs.get("timeout")))
+        return await call_ok(method, base_url, path, **kwargs)
+
+    monkeypatch.setattr(client, "call_ok", spy)
+    return calls
+
+
+async def until_asked(slave: FakeSlave, predicate: Any) -> None:
+    """Until `predicate()` holds, re-checked at each question `slave` gets."""
+    async with asyncio.timeout(WAIT_SECS):
+        while not predicate():
+            slave.asked.clear()
+            await slave.asked.wait()
+
+
+async def test_a_helper_slow_to_answer_its_status_poll_keeps_its_lent_work(
+    site: Site, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    calls = spy_calls(site, monkeypatch)
+    lent = await lent_request(site)
+    site.helper.running.clear()
+
+    await site.master.plan("completed")
+
+    # Skipped for planning at once; the work it was lent stays while a longer question waits.
+    assert site.master.silent == {"h"}
+    await until_asked(site.helper, lambda: site.helper.status_polls == 2)
+    confirm = site.master._confirms["h"]
+    asked = [(path, timeout) for url, path, timeout in calls if url == site.helper.url]
+    assert asked == [
+        ("/router/v1/node/runtime-status", 0.3),
+        ("/router/v1/node/runtime-status", 30.0),
+    ]
+    assert not lent.done()
+    site.helper.running.set()  # the stopped router resumes and answers what waited
+
+    await asyncio.wait_for(confirm, WAIT_SECS)
+    assert site.master.silent == set()
+    site.helper.finish_answers.set()
+    assert await asyncio.wait_for(lent, WAIT_SECS) == (200, b'{"model": "fast"}')
+    assert refusals(site) == []
+
+
+async def test_a_helper_that_misses_the_longer_question_too_loses_its_lent_requests(
+    site: Site, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    short_health_timeout(site, monkeypatch, 0.5)
+    calls = spy_calls(site, monkeypatch)
     lent = await lent_request(site)
     site.helper.running.clear()
 
@@ -257,6 +325,8 @@ async def test_a_helper_that_misses_its_status_poll_loses_its_lent_requests_at_o
     assert refusals(site) == ["helper_stalled"]
     assert site.master.silent == {"h"}
     assert site.master.relays["h"] == set()
+    timeouts = [t for url, path, t in calls if url == site.helper.url and "status" in path]
+    assert timeouts[:2] == [0.3, 0.5]
 
 
 async def test_a_silent_helper_gets_no_more_lent_requests(site: Site) -> None:
@@ -274,26 +344,20 @@ async def test_a_silent_helper_gets_no_more_lent_requests(site: Site) -> None:
 async def test_plans_poll_with_the_short_timeout_and_skip_a_silent_node_until_it_answers(
     site: Site, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    client = site.node.client
-    assert client is not None
-    polls: list[tuple[str, float | None]] = []
-    call_ok = client.call_ok
-
-    async def spy(method: str, base_url: str, path: str, **kwargs: Any) -> Any:
-        if path == "/router/v1/node/runtime-status":
-            polls.append((base_url, kwargs.get("timeout")))
-        return await call_ok(method, base_url, path, **kwargs)
-
-    monkeypatch.setattr(client, "call_ok", spy)
+    calls = spy_calls(site, monkeypatch)
     site.helper.running.clear()
 
     await site.master.plan("enqueued")
     await site.master.plan("completed")
     await site.master.plan("tick")
+    await until_asked(site.helper, lambda: site.helper.status_polls == 2)
 
-    helper_polls = [timeout for url, timeout in polls if url == site.helper.url]
-    assert helper_polls == [0.3] == [site.node.config.cluster.lending_status_timeout]
-    assert [url for url, _ in polls].count(site.owner.url) == 3
+    # One plan poll with the short timeout, then the one longer question; later plans skip it.
+    helper_polls = [timeout for url, _, timeout in calls if url == site.helper.url]
+    assert helper_polls == [0.3, 30.0]
+    assert helper_polls[0] == site.node.config.cluster.lending_status_timeout
+    assert helper_polls[1] == site.node.config.cluster.health_timeout
+    assert [url for url, _, _ in calls].count(site.owner.url) == 3
     assert plan_rows_naming(site, "h") == []
 
     # A successful health poll says it answers again: the next plan polls it and plans it.
@@ -302,7 +366,7 @@ async def test_plans_poll_with_the_short_timeout_and_skip_a_silent_node_until_it
     assert site.master.silent == set()
     await site.master.plan("completed")
 
-    assert [url for url, _ in polls].count(site.helper.url) == 2
+    assert [url for url, _, _ in calls].count(site.helper.url) == 3
     assert [r["outcome"] for r in plan_rows_naming(site, "h")] == ["probe"]
 
 
@@ -364,11 +428,17 @@ async def test_a_request_the_helper_has_started_answering_is_not_taken_back(site
     assert refusals(site) == []
 
 
-async def test_a_stall_check_nobody_answers_returns_the_lent_work(site: Site) -> None:
+async def test_a_stall_check_nobody_answers_returns_the_lent_work(
+    site: Site, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    short_health_timeout(site, monkeypatch, 0.4)
+    calls = spy_calls(site, monkeypatch)
     lent = await lent_request(site)
     site.helper.running.clear()
 
     await site.master._check_stalled("h")
+
+    assert calls == [(site.helper.url, "/router/v1/node/offload/borrowed", 0.4)]
 
     with pytest.raises(RelayRefused) as refused:
         await asyncio.wait_for(lent, WAIT_SECS)
@@ -383,6 +453,24 @@ async def test_a_helper_on_a_build_without_the_stall_check_keeps_its_lent_work(
     site.helper.borrowed_status = 404
 
     await site.master._check_stalled("h")
+
+    assert not lent.done()
+    assert site.master.silent == set()
+    site.helper.finish_answers.set()
+    assert await asyncio.wait_for(lent, WAIT_SECS) == (200, b'{"model": "fast"}')
+
+
+async def test_a_stall_check_answered_late_but_within_the_health_timeout_keeps_the_work(
+    site: Site,
+) -> None:
+    lent = await lent_request(site)
+    site.helper.running.clear()
+
+    check = asyncio.ensure_future(site.master._check_stalled("h"))
+    await until_asked(site.helper, lambda: site.helper.borrowed_polls == 1)
+    await asyncio.sleep(0.4)  # longer than the status poll's 300 ms: a slow answer, not a no
+    site.helper.running.set()
+    await asyncio.wait_for(check, WAIT_SECS)
 
     assert not lent.done()
     assert site.master.silent == set()

@@ -311,6 +311,9 @@ async def handle_offload_grant(ctx: Ctx, node: Node) -> None:
     from lending.planner import Lease
 
     doc = parse_json_body(ctx)
+    if isinstance(doc, dict) and doc.get("cleared") is True:
+        await _clear_lease(ctx, node, doc)
+        return
     try:
         lease = Lease.from_wire(doc)
     except ValueError as exc:
@@ -319,6 +322,20 @@ async def handle_offload_grant(ctx: Ctx, node: Node) -> None:
         raise RouterError(400, "the lease names another owner node", param="owner_node_id")
     node.owner.apply(lease.lane, lease.owner_model_id, lease)
     await ctx.json(200, lease.to_wire())
+
+
+async def _clear_lease(ctx: Ctx, node: Node, doc: dict[str, Any]) -> None:
+    """The master dropped this owner's lease: no more lending (or refilling) under it."""
+    lane, model = doc.get("lane"), doc.get("owner_model_id")
+    if lane not in ("text", "image"):
+        raise RouterError(400, "lane must be text or image", param="lane")
+    if not isinstance(model, str) or not model:
+        raise RouterError(400, "owner_model_id must be a model ID", param="owner_model_id")
+    owner = doc.get("owner_node_id")
+    if owner and owner != node.node_id:
+        raise RouterError(400, "the lease names another owner node", param="owner_node_id")
+    node.owner.apply(lane, model, None)
+    await ctx.json(200, {"lane": lane, "owner_model_id": model, "cleared": True})
 
 
 async def handle_offload_request(ctx: Ctx, node: Node) -> None:

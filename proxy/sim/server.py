@@ -39,6 +39,9 @@ from proxy.work import (
 
 STATS_HISTORY_LEN = 100
 COMPLETED_MARK = "sim: completed"
+# As llama-server, a request whose client hangs up stops there: it leaves this line instead
+# of a completion (a soak tells work that was stopped from work that ran).
+CANCELLED_MARK = "sim: cancelled"
 # SIGTERM should end the process promptly; in-flight simulated work is worthless.
 SHUTDOWN_TIMEOUT_SECS = 0.25
 # Client uploads (audio, base64 images) can be large; llama-server has no small limit either.
@@ -228,6 +231,10 @@ class SimState:
             yield
         except (asyncio.CancelledError, ConnectionResetError):
             self.cancelled += 1
+            if isinstance(user, str) and user:
+                at = int(time.time() * 1000)
+                line = f"{CANCELLED_MARK} {path} pid={os.getpid()} at={at} user={user[:200]}"
+                print(line, flush=True)
             raise
         else:
             self.completed += 1

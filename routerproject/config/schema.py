@@ -247,8 +247,9 @@ class ClusterConfig(_Section):
     routing_affinity_ttl: PositiveDuration = _yaml_default("10m")
     # The lending timers of this node (not lending settings: the master pushes none of them).
     lending_status_timeout: PositiveDuration = _yaml_default("500ms")
-    """How long a plan waits for a node's runtime status, and the stall check for its answer:
-    a plan sits on an owner's request path, so a slower node is treated as not answering."""
+    """How long a plan waits for a node's runtime status: a plan sits on an owner's request
+    path, so a slower node is left out of plans. Its lent work stays unless a question of
+    `health_timeout` goes unanswered too (a slow answer is not a "no")."""
     lending_reprobe_interval: PositiveDuration = _yaml_default("1s")
     """How often the master asks a silent node again in the background."""
     lending_reprobe_timeout: PositiveDuration = _yaml_default("10s")
