@@ -23,6 +23,7 @@ import orjson
 
 from proxy.families.text.kobold import kobold_translated, loaded_text_model
 from proxy.families.text.openai import default_embeddings
+from proxy.families.text.replies import openai_error_to_anthropic
 from proxy.forwarding.local import Job, Shaper, forward
 from proxy.forwarding.remote import Relay, RelayFactory, forward_remote
 from proxy.forwarding.rewrite import (
@@ -41,7 +42,7 @@ from proxy.serving.sticky import Holder
 from registry.bodies import set_body_model
 from registry.cluster import Replica
 from registry.routing import Kind, lane_of, resolve
-from routerproject.errors import RouterError, echo
+from routerproject.errors import RouterError, echo, is_anthropic_path
 
 RESPONSES = "responses"
 """The sticky family of stored responses (vLLM's Responses API)."""
@@ -165,8 +166,28 @@ class _Verbatim:
         return b""
 
 
-def _answer_relay(public_id: str, on_id: Callable[[str], None] | None) -> RelayFactory:
+class _AnthropicError:
+    """A backend's error on an Anthropic path, in Anthropic's envelope: its SDKs read the
+    message and type from there (llama-server answers these paths' errors in OpenAI's)."""
+
+    def __init__(self, status: int) -> None:
+        self._status = status
+        self._parts: list[bytes] = []
+
+    def feed(self, chunk: bytes) -> bytes:
+        self._parts.append(chunk)
+        return b""
+
+    def close(self) -> bytes:
+        return openai_error_to_anthropic(self._status, b"".join(self._parts))
+
+
+def _answer_relay(
+    public_id: str, on_id: Callable[[str], None] | None, *, anthropic: bool = False
+) -> RelayFactory:
     def make(status: int, ctype: bytes) -> Relay:
+        if anthropic and status >= 400 and ctype.startswith(JSON):
+            return _AnthropicError(status)
         if ctype.startswith(SSE):
             return _EventRewriter(public_id, on_id)
         if ctype.startswith(JSON):
@@ -298,7 +319,7 @@ async def handle_text(ctx: Ctx, node: Node) -> None:
             kind="llm",
             public_id=model,
             body=_with_model(ctx, target.local_id),
-            relay=_answer_relay(model, on_id),
+            relay=_answer_relay(model, on_id, anthropic=is_anthropic_path(ctx.path)),
             stream=doc.get("stream") is True,
         )
 
