@@ -117,6 +117,16 @@ async def test_rpm_answers_429_rate_limited_in_each_familys_envelope(
             assert answer.json() == {
                 "error": "key 'rpm-key' is over its limit of 2 requests per minute (rate_limited)"
             }
+        elif path == "/v1/messages":
+            assert answer.json() == {
+                "type": "error",
+                "error": {
+                    "type": "rate_limit_error",
+                    "message": "key 'rpm-key' is over its limit of 2 requests per minute "
+                    "(rate_limited)",
+                    "details": {"error_code": "rate_limited"},
+                },
+            }
         else:
             assert answer.json()["error"] == {
                 "message": "key 'rpm-key' is over its limit of 2 requests per minute "
