@@ -43,6 +43,8 @@ from routerproject.errors import RouterError, echo
 SDCPP = "sdcpp"
 """`node.sticky` family of sd.cpp job IDs."""
 COMFY = "comfy"
+COMFY_WS_PATH = "/ws"
+"""ComfyUI's progress socket, relayed by the edge's WebSocket app (proxy/edge/realtime.py)."""
 """`node.sticky` family of ComfyUI prompt IDs."""
 COMFY_FILE = "comfy-file"
 """`node.sticky` family of ComfyUI output file names, learnt from `/history` answers."""
