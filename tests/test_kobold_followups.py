@@ -5,6 +5,7 @@ the backend's slot is freed), on the node that runs it and through a master to a
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -112,3 +113,48 @@ def test_a_generate_with_a_genkey_that_runs_out_answers_by_length(cluster: Clust
         assert result["finish_reason"] == "length" and len(result["text"].split()) == 3
         bad = client.post("/api/v1/generate", json={**body, "genkey": 5})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "genkey"
+
+
+class Stream(threading.Thread):
+    """A Kobold token stream read in the background, event by event."""
+
+    def __init__(self, node: RouterNode, body: dict[str, Any]) -> None:
+        super().__init__(daemon=True)
+        self.node = node
+        self.body = body
+        self.tokens: list[dict[str, Any]] = []
+
+    def run(self) -> None:
+        with (
+            self.node.client() as client,
+            client.stream(
+                "POST", "/api/extra/generate/stream", json=self.body, timeout=120
+            ) as resp,
+        ):
+            for line in resp.iter_lines():
+                if line.startswith("data:"):
+                    self.tokens.append(json.loads(line[len("data:") :]))
+
+
+@pytest.mark.parametrize(("model", "runs_on"), [("near", "master"), ("far", "s1")])
+def test_a_token_stream_is_checked_and_aborted_by_its_genkey(
+    cluster: Cluster, model: str, runs_on: str
+) -> None:
+    genkey = f"KCPP-stream-{model}"
+    serving = cluster.master if runs_on == "master" else cluster.slaves["s1"]
+    with cluster.master.client() as client:
+        client.post("/api/v1/generate", json={"model": model, "prompt": "x", "max_length": 1})
+        before = backend_stats(serving)["cancelled"]
+        body = {"model": model, "prompt": "Once", "max_length": TOKENS, "genkey": genkey}
+        stream = Stream(cluster.master, body)
+        stream.start()
+        # The check says what the stream has sent so far (or a little more: it may be ahead).
+        seen = wait_for(lambda: check(client, genkey), timeout=30)
+        aborted = client.post("/api/extra/abort", json={"genkey": genkey})
+        assert aborted.json() == {"success": "true", "done": "true"}
+        stream.join(timeout=60)
+        assert not stream.is_alive()
+        text = "".join(t["token"] for t in stream.tokens)
+        assert text.startswith(seen) and len(text.split()) < TOKENS
+        assert stream.tokens[-1] == {"token": "", "finish_reason": "stop"}
+        wait_for(lambda: backend_stats(serving)["cancelled"] == before + 1, timeout=30)

@@ -5,14 +5,14 @@ A generate with a genkey runs on this node's backend as a streamed completion wh
 kept while it runs (`node.generations`), and is answered whole as Kobold answers, ended early
 when the client aborts it. Run on another node, the genkey is remembered (`node.sticky`) so a
 check or abort goes to the node that runs it. Such a generation is never lent: its follow-ups
-must find it where it runs.
+must find it where it runs. `/api/extra/generate/stream` keeps its text the same way.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -48,7 +48,7 @@ def remember_remote(node: Node, genkey: str, target: Replica, public_id: str) ->
     node.sticky.remember(GENERATIONS, genkey, Holder(target.node_id, public_id, target.local_id))
 
 
-class _CompletionText:
+class CompletionText:
     """The text and finish reason of an OpenAI completion stream, read as it arrives."""
 
     def __init__(self, generation: Generation) -> None:
@@ -78,11 +78,17 @@ class _CompletionText:
             self.finish = choices[0]["finish_reason"]
 
 
-async def _read_until_stopped(
-    resp: aiohttp.ClientResponse, stop: asyncio.Event, feed: Callable[[bytes], None]
-) -> None:
+async def read_until_stopped(
+    resp: aiohttp.ClientResponse,
+    stop: asyncio.Event | None,
+    feed: Callable[[bytes], Awaitable[None]],
+) -> bool:
     """Feed the answer's chunks until it ends or `stop` is set (leaving the rest unread: the
-    connection closes and the backend frees its slot)."""
+    connection closes and the backend frees its slot); whether `stop` ended it."""
+    if stop is None:
+        async for data in resp.content.iter_any():
+            await feed(data)
+        return False
     stopped = asyncio.ensure_future(stop.wait())
     read: asyncio.Future[bytes] | None = None
     try:
@@ -90,11 +96,11 @@ async def _read_until_stopped(
             read = asyncio.ensure_future(resp.content.readany())
             await asyncio.wait({read, stopped}, return_when=asyncio.FIRST_COMPLETED)
             if not read.done():
-                return
+                return True
             data = read.result()
             if not data:
-                return
-            feed(data)
+                return False
+            await feed(data)
     finally:
         for pending in (stopped, read):
             if pending is not None and not pending.done():
@@ -112,14 +118,14 @@ def tracked_shape(generation: Generation) -> Shaper:
         if resp.status >= 300 or not ctype.startswith(SSE):
             await ctx.respond(resp.status, await resp.read(), ctype)
             return
-        text = _CompletionText(generation)
+        text = CompletionText(generation)
         tracker = UsageTracker()
 
-        def feed(data: bytes) -> None:
+        async def feed(data: bytes) -> None:
             tracker.feed(data)
             text.feed(data)
 
-        await _read_until_stopped(resp, generation.stop, feed)
+        await read_until_stopped(resp, generation.stop, feed)
         job.usage = tracker.usage()
         # KoboldCpp says "stop" for a generation that ended early, aborted ones included.
         finish = "length" if text.finish == "length" else "stop"

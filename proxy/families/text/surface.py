@@ -21,9 +21,11 @@ from urllib.parse import parse_qs, parse_qsl, urlencode
 import aiohttp
 import orjson
 
+from proxy.families.text import koboldgen
 from proxy.families.text.kobold import kobold_translated, loaded_text_model
 from proxy.families.text.openai import default_embeddings
 from proxy.families.text.replies import openai_error_to_anthropic
+from proxy.forwarding.generations import Generation
 from proxy.forwarding.local import Job, Shaper, forward
 from proxy.forwarding.remote import Relay, RelayFactory, forward_remote
 from proxy.forwarding.rewrite import (
@@ -497,19 +499,36 @@ class _KoboldEvents:
         return b"event: message\ndata: " + orjson.dumps(token) + b"\n\n"
 
 
-async def _shape_kobold_stream(ctx: Ctx, job: Job, resp: aiohttp.ClientResponse) -> None:
-    ctype = _content_type(resp)
-    if resp.status >= 300 or not ctype.startswith(SSE):
-        await ctx.respond(resp.status, await resp.read(), ctype)
-        return
-    await ctx.start(200, [(b"content-type", SSE), *_STREAM_HEADERS])
-    events = _KoboldEvents()
-    tracker = UsageTracker()
-    async for data in resp.content.iter_any():
-        tracker.feed(data)
-        await ctx.chunk(events.feed(data))
-    await ctx.end(events.close())
-    job.usage = tracker.usage()
+# The closing token event of a stream a client aborted (KoboldCpp ends such a one by "stop").
+_ABORTED_EVENT = b'event: message\ndata: {"token":"","finish_reason":"stop"}\n\n'
+
+
+def _kobold_stream_shape(generation: Generation | None) -> Shaper:
+    """Kobold's token events from a completion stream; with a genkey's `generation`, its text
+    is kept as it comes and an abort ends the stream."""
+
+    async def shape(ctx: Ctx, job: Job, resp: aiohttp.ClientResponse) -> None:
+        ctype = _content_type(resp)
+        if resp.status >= 300 or not ctype.startswith(SSE):
+            await ctx.respond(resp.status, await resp.read(), ctype)
+            return
+        await ctx.start(200, [(b"content-type", SSE), *_STREAM_HEADERS])
+        events = _KoboldEvents()
+        tracker = UsageTracker()
+        text = koboldgen.CompletionText(generation) if generation is not None else None
+
+        async def feed(data: bytes) -> None:
+            tracker.feed(data)
+            if text is not None:
+                text.feed(data)
+            await ctx.chunk(events.feed(data))
+
+        stop = generation.stop if generation is not None else None
+        aborted = await koboldgen.read_until_stopped(resp, stop, feed)
+        await ctx.end(events.close() + (_ABORTED_EVENT if aborted else b""))
+        job.usage = tracker.usage()
+
+    return shape
 
 
 async def _serve_kobold(
@@ -518,13 +537,16 @@ async def _serve_kobold(
     model: str,
     replica: Replica,
     translated: Callable[[Replica], Awaitable[None]],
+    genkey: str | None = None,
 ) -> None:
     """Serve a Kobold extra on `model`, first on `replica`: a replica on another node gets the
     client's own body (its node translates Kobold itself), a local one what `translated`
-    sends it."""
+    sends it. A `genkey` run on another node is remembered there for its follow-ups."""
 
     def serve(target: Replica) -> Awaitable[None]:
         if target.cfg is None:
+            if genkey is not None:
+                koboldgen.remember_remote(node, genkey, target, model)
             body = _with_model(ctx, target.local_id)
             return _send(ctx, node, target, kind="llm", public_id=model, body=body, relay=_verbatim)
         return translated(target)
@@ -539,24 +561,30 @@ async def handle_kobold_stream(ctx: Ctx, node: Node) -> None:
     replica = resolve(node, model, "llm", borrowed=ctx.borrowed)
     if replica.cfg is not None:
         kobold_translated(doc)  # refused before anything runs, as generate is
+    genkey = koboldgen.genkey_of(doc)
 
-    def translated(target: Replica) -> Awaitable[None]:
+    async def translated(target: Replica) -> None:
         path, body_doc = kobold_translated(doc)
         body_doc.update(model=target.local_id, stream=True)
-        return _send(
-            ctx,
-            node,
-            target,
-            kind="llm",
-            public_id=model,
-            body=orjson.dumps(body_doc),
-            relay=_verbatim,
-            shape=_shape_kobold_stream,
-            backend_path=path,
-            stream=True,
-        )
+        generation = node.generations.start(genkey, ctx.key_name) if genkey else None
+        try:
+            await _send(
+                ctx,
+                node,
+                target,
+                kind="llm",
+                public_id=model,
+                body=orjson.dumps(body_doc),
+                relay=_verbatim,
+                shape=_kobold_stream_shape(generation),
+                backend_path=path,
+                stream=True,
+            )
+        finally:
+            if genkey is not None and generation is not None:
+                node.generations.end(genkey, generation)
 
-    await _serve_kobold(ctx, node, model, replica, translated)
+    await _serve_kobold(ctx, node, model, replica, translated, genkey)
 
 
 TOKENIZE_PATH = "/tokenize"
