@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
 from tests.harness import Cluster, ModelSpec, RouterNode, sim_weights, start_cluster, text_model
@@ -18,6 +18,8 @@ pytestmark = pytest.mark.integration
 
 RECV_SECS = 30.0
 STEPS = 3
+KEY = "comfy-test-key"
+KEYED = {"Authorization": f"Bearer {KEY}"}
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +27,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     root = tmp_path_factory.mktemp("comfy-ws")
     art = ModelSpec("art", {}, {"sdmodel": sim_weights(base_ms=5, image_ms_per_megapixel_step=1)})
     # The image model lives on the slave only: the master relays its socket there.
-    c = start_cluster(root, [text_model("chat")], {"s1": [art]})
+    c = start_cluster(
+        root,
+        [text_model("chat")],
+        {"s1": [art]},
+        master_sections={"auth": {"inference_keys": [KEY]}},
+    )
     try:
         yield c
     finally:
@@ -34,7 +41,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 def progress_socket(node: RouterNode, query: str) -> ClientConnection:
     url = node.base_url.replace("http://", "ws://") + "/ws?" + query
-    return connect(url, open_timeout=30)
+    return connect(url, additional_headers=KEYED, open_timeout=30)
 
 
 def messages_until_done(ws: ClientConnection, prompt_id: str) -> list[dict[str, Any]]:
@@ -67,7 +74,7 @@ def test_the_progress_socket_tells_a_prompts_progress(cluster: Cluster, through:
         hello = json.loads(ws.recv(timeout=RECV_SECS))
         assert hello["type"] == "status" and hello["data"]["sid"] == client_id
         with node.client() as client:
-            posted = client.post("/prompt", json=workflow(client_id))
+            posted = client.post("/prompt", json=workflow(client_id), headers=KEYED)
             assert posted.status_code == 200, posted.text
             prompt_id = posted.json()["prompt_id"]
             seen = messages_until_done(ws, prompt_id)
@@ -77,7 +84,7 @@ def test_the_progress_socket_tells_a_prompts_progress(cluster: Cluster, through:
             assert steps == list(range(1, STEPS + 1))
             assert all(m["data"]["prompt_id"] == prompt_id for m in seen)
             # Done when the socket says so: its history has the output.
-            history = client.get(f"/history/{prompt_id}").json()
+            history = client.get(f"/history/{prompt_id}", headers=KEYED).json()
             assert history[prompt_id]["status"]["completed"] is True
 
 
@@ -89,11 +96,13 @@ def test_another_clients_prompt_is_not_told_on_this_socket(cluster: Cluster) -> 
         watcher.recv(timeout=RECV_SECS)
         worker.recv(timeout=RECV_SECS)
         with cluster.master.client() as client:
-            theirs = client.post("/prompt", json=workflow("worker")).json()["prompt_id"]
+            posted = client.post("/prompt", json=workflow("worker"), headers=KEYED)
+            theirs = posted.json()["prompt_id"]
             messages_until_done(worker, theirs)
             # One socket's messages keep their order: had the worker's prompt been told here,
             # it would come before anything of the watcher's own, posted after it ended.
-            own = client.post("/prompt", json=workflow("watcher")).json()["prompt_id"]
+            posted = client.post("/prompt", json=workflow("watcher"), headers=KEYED)
+            own = posted.json()["prompt_id"]
             seen = messages_until_done(watcher, own)
         assert {m["data"]["prompt_id"] for m in seen} == {own}
 
@@ -105,3 +114,16 @@ def test_a_socket_naming_an_unknown_model_is_closed_with_the_404(cluster: Cluste
         with pytest.raises(ConnectionClosed):
             ws.recv(timeout=RECV_SECS)
     assert ws.close_code == 4404
+
+
+def test_the_progress_socket_needs_the_inference_key_like_every_client_path(
+    cluster: Cluster,
+) -> None:
+    url = cluster.master.base_url.replace("http://", "ws://") + "/ws?clientId=x"
+    with pytest.raises(InvalidStatus) as refused:
+        connect(url, open_timeout=30)
+    assert refused.value.response.status_code == 401
+    # A plain GET says what the path is for.
+    with cluster.master.client() as client:
+        plain = client.get("/ws", headers=KEYED)
+    assert plain.status_code == 426 and plain.json()["error"]["code"] == "upgrade_required"
