@@ -17,6 +17,7 @@ from proxy.families.openapi import (
     _ref,
     _str,
     _streaming,
+    anthropic_errors,
 )
 
 Schema = dict[str, Any]
@@ -147,9 +148,13 @@ def paths() -> dict[str, Schema]:
         "/v1/responses/{response_id}/cancel": {
             "post": _followup("responsesCancel", "Cancel a background response"),
         },
-        "/v1/messages": {"post": _text_op("anthropicMessages", "Anthropic-style messages")},
+        "/v1/messages": {
+            "post": anthropic_errors(_text_op("anthropicMessages", "Anthropic-style messages"))
+        },
         "/v1/messages/count_tokens": {
-            "post": _text_op("anthropicCountTokens", "Count a message's tokens", stream=False)
+            "post": anthropic_errors(
+                _text_op("anthropicCountTokens", "Count a message's tokens", stream=False)
+            )
         },
         "/v1/rerank": {
             "post": _embeddings_op(
