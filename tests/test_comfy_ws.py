@@ -111,6 +111,8 @@ def test_a_socket_naming_an_unknown_model_is_closed_with_the_404(cluster: Cluste
     with progress_socket(cluster.master, "clientId=x&model=nope") as ws:
         event = json.loads(ws.recv(timeout=RECV_SECS))
         assert event["type"] == "error" and event["error"]["code"] == "model_not_found"
+        # The image models that exist are named, as in an HTTP 404.
+        assert event["error"]["message"].endswith("; the models here are: art")
         with pytest.raises(ConnectionClosed):
             ws.recv(timeout=RECV_SECS)
     assert ws.close_code == 4404

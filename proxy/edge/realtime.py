@@ -264,6 +264,10 @@ class Relay:
             )
 
     async def _refuse(self, err: RouterError) -> None:
+        if err.models:
+            # As an HTTP answer lists them: the models the session's key may use.
+            caller = caller_of(self.scope)
+            err = err.with_models(m for m in err.models if caller.may_use(m))
         await self.send({"type": "websocket.accept"})
         self.accepted = True
         event = {"type": "error", "error": err.envelope()["error"]}
