@@ -14,6 +14,7 @@ from tests.harness import Cluster, start_cluster, text_model
 
 pytestmark = pytest.mark.integration
 
+KEY = "sk-anthropic-clients"
 HELLO: Any = [{"role": "user", "content": "hi"}]
 TOOL: Any = {
     "name": "lookup",
@@ -24,7 +25,12 @@ TOOL: Any = {
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     root = tmp_path_factory.mktemp("clients-cluster")
-    c = start_cluster(root, [text_model("near")], {"s1": [text_model("far")]})
+    c = start_cluster(
+        root,
+        [text_model("near")],
+        {"s1": [text_model("far")]},
+        master_sections={"auth": {"inference_keys": [KEY]}},
+    )
     try:
         yield c
     finally:
@@ -34,7 +40,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 @pytest.fixture
 def claude(cluster: Cluster) -> Iterator[anthropic.Anthropic]:
     base = cluster.master.base_url
-    with anthropic.Anthropic(base_url=base, api_key="unused", max_retries=0) as c:
+    # The SDK sends its key as `x-api-key`, which the router takes as the inference key.
+    with anthropic.Anthropic(base_url=base, api_key=KEY, max_retries=0) as c:
         yield c
 
 
@@ -65,3 +72,14 @@ def test_errors_through_the_master_are_in_anthropics_envelope(
         'model "nope" was not found; the models here are: far, near'
     )
     assert missing.value.error_code == "model_not_found"
+
+
+def test_a_wrong_key_is_refused_in_anthropics_envelope(cluster: Cluster) -> None:
+    base = cluster.master.base_url
+    with (
+        anthropic.Anthropic(base_url=base, api_key="sk-wrong", max_retries=0) as wrong,
+        pytest.raises(anthropic.AuthenticationError) as refused,
+    ):
+        wrong.messages.create(model="far", max_tokens=8, messages=HELLO)
+    assert refused.value.type == "authentication_error"
+    assert refused.value.api_message == "a valid inference key is required"
