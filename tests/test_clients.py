@@ -377,6 +377,16 @@ def test_vision_an_upstream_reports_is_learnt_and_a_text_only_one_keeps_refusing
 
 # -- the Anthropic SDK -----------------------------------------------------------------------
 
+
+def request_row(node: RouterNode, request_id: str) -> dict[str, Any] | None:
+    """The node's analytics row of a request, once it is flushed."""
+    with node.client() as client:
+        params: dict[str, str | int] = {"kind": "requests", "limit": 500}
+        records = client.get("/router/v1/site/analytics", params=params).json()["records"]
+    found = [r for r in records if r.get("request_id") == request_id]
+    return found[0] if found else None
+
+
 ANTHROPIC_WEATHER_TOOL: Any = {
     "name": "get_weather",
     "description": "The weather in a city",
@@ -397,15 +407,23 @@ def test_the_anthropic_sdk_creates_a_message(claude: anthropic.Anthropic) -> Non
     assert message.usage.output_tokens == 2
 
 
-def test_the_anthropic_sdk_streams_a_message_event_by_event(claude: anthropic.Anthropic) -> None:
+def test_the_anthropic_sdk_streams_a_message_event_by_event(
+    claude: anthropic.Anthropic, node: RouterNode
+) -> None:
     with claude.messages.stream(
-        model="chat", max_tokens=16, messages=[{"role": "user", "content": "hi"}]
+        model="chat",
+        max_tokens=16,
+        messages=[{"role": "user", "content": "hi"}],
+        extra_headers={"X-Request-Id": "anthropic-stream-1"},
     ) as stream:
         pieces = list(stream.text_stream)
         final = stream.get_final_message()
     assert pieces == ["sim", " reply"]
     assert final.model == "chat" and final.stop_reason == "end_turn"
     assert final.usage.output_tokens == 2
+    # The stream's usage reaches the node's analytics (and a key's tpm) whole.
+    row = wait_for(lambda: request_row(node, "anthropic-stream-1"), timeout=30)
+    assert (row["prompt_tokens"], row["output_tokens"]) == (1, 2)
     # A budget shorter than the reply ends it by max_tokens, which the closing delta says.
     with claude.messages.stream(
         model="chat", max_tokens=1, messages=[{"role": "user", "content": "hi"}]
