@@ -277,9 +277,13 @@ def _message_events(message: dict[str, Any]) -> list[tuple[str | None, dict[str,
     for index, block in enumerate(message["content"]):
         events += _block_events(index, block)
     delta = {"stop_reason": message["stop_reason"], "stop_sequence": None}
-    # The closing usage is cumulative, input included, as Anthropic's is: what a reader of
-    # the stream's last usage (the router's analytics and tpm) needs whole.
-    ending = {"type": "message_delta", "delta": delta, "usage": dict(usage)}
+    # As llama-server: the closing usage has the output tokens only (the input tokens were in
+    # message_start), so whoever counts the stream's tokens must read both events.
+    ending = {
+        "type": "message_delta",
+        "delta": delta,
+        "usage": {"output_tokens": usage["output_tokens"]},
+    }
     events.append(("message_delta", ending))
     events.append(("message_stop", {"type": "message_stop"}))
     return events

@@ -203,7 +203,41 @@ def _verbatim(status: int, ctype: bytes) -> Relay:
     return _Verbatim()
 
 
-def _relay_shaper(make: RelayFactory) -> Shaper:
+class _AnthropicUsage:
+    """The usage of an Anthropic event stream: the input tokens `message_start` reports inside
+    its message, the output tokens the closing `message_delta` reports (llama-server's says
+    only those), merged, so analytics and a key's tpm see both."""
+
+    def __init__(self) -> None:
+        self._lines = LineBuffer()
+        self._usage: dict[str, Any] = {}
+
+    def feed(self, chunk: bytes) -> None:
+        region = self._lines.take(chunk)
+        if b'"usage"' not in region:
+            return
+        for line in split_lines(region):
+            self._line(line)
+
+    def _line(self, line: bytes) -> None:
+        if not line.startswith(_DATA) or b'"usage"' not in line:
+            return
+        try:
+            doc = orjson.loads(line[len(_DATA) :])
+        except orjson.JSONDecodeError:
+            return
+        if not isinstance(doc, dict):
+            return
+        holder = doc.get("message") if doc.get("type") == "message_start" else doc
+        usage = holder.get("usage") if isinstance(holder, dict) else None
+        if isinstance(usage, dict):
+            self._usage.update(usage)
+
+    def usage(self) -> dict[str, Any] | None:
+        return dict(self._usage) if self._usage else None
+
+
+def _relay_shaper(make: RelayFactory, *, anthropic: bool = False) -> Shaper:
     """A local backend's answer through `make`'s filter, streamed when it is a stream."""
 
     async def shape(ctx: Ctx, job: Job, resp: aiohttp.ClientResponse) -> None:
@@ -212,7 +246,9 @@ def _relay_shaper(make: RelayFactory) -> Shaper:
         try:
             if ctype.startswith(SSE):
                 await ctx.start(resp.status, [(b"content-type", ctype), *_STREAM_HEADERS])
-                tracker = UsageTracker()
+                tracker: UsageTracker | _AnthropicUsage = (
+                    _AnthropicUsage() if anthropic else UsageTracker()
+                )
                 async for data in resp.content.iter_any():
                     tracker.feed(data)
                     await ctx.chunk(relay.feed(data))
@@ -282,7 +318,9 @@ async def _send(
         model_header=model_header,
         lendable=False,
     )
-    await forward(ctx, node, job, shape or _relay_shaper(relay))
+    await forward(
+        ctx, node, job, shape or _relay_shaper(relay, anthropic=is_anthropic_path(ctx.path))
+    )
 
 
 def _with_model(ctx: Ctx, model: str) -> bytes:
