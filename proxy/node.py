@@ -29,6 +29,7 @@ from lending.master import MasterLending
 from lending.owner import OwnerLending
 from lending.restore import Restorer
 from lending.runtime import Lending
+from proxy.forwarding.generations import Generations
 from proxy.forwarding.inflight import Forwards, Requests
 from proxy.observe import metrics
 from proxy.runtimes.runtime import RuntimeManager
@@ -101,6 +102,8 @@ class Node:
     """Which replica last served each prompt prefix (`cluster.routing_cache_affinity`)."""
     sticky: StickyIds = field(default_factory=StickyIds)
     """Response, job and prompt IDs, and the replica that created each (proxy/serving/sticky.py)."""
+    generations: Generations = field(default_factory=Generations)
+    """Kobold generations running here that a client may check or abort by `genkey`."""
 
     @property
     def node_id(self) -> str:

@@ -148,6 +148,9 @@ class Ctx:
         await self.respond(status, orjson.dumps(doc))
 
     async def error(self, err: RouterError) -> None:
+        if err.models:
+            # Only the models this request's key may use: a list must not show the others.
+            err = err.with_models(m for m in err.models if self.may_use(m))
         extra = []
         if err.retry_after is not None:
             extra.append((b"retry-after", str(err.retry_after).encode()))

@@ -67,7 +67,9 @@ ROUTER_OWNED_OPTIONS = frozenset(
     }
 )
 # At least one of these must be set, otherwise the config runs nothing.
-PRIMARY_MODEL_FIELDS = ("model_param", "sdmodel", "whispermodel", "embeddingsmodel")
+# A config needs one of these; a TTS model alone is enough, as KoboldCpp speaks without a text
+# model (README, "Voice").
+PRIMARY_MODEL_FIELDS = ("model_param", "sdmodel", "whispermodel", "embeddingsmodel", "ttsmodel")
 PORTABLE_FILENAME_SUFFIX = "_filename"
 PORTABLE_HF_SUFFIX = "_hf"
 PORTABLE_FILENAME_MAX_CHARS = 255
@@ -132,6 +134,8 @@ class ModelConfig:
     upstream_api_key: str | None = field(default=None, repr=False)
     # The CA an `https://` upstream is verified against (None: the system's store).
     upstream_tls_ca_file: Path | None = None
+    # KoboldCpp's TTS model (`"ttsmodel"`); a config with nothing else runs it on the text lane.
+    tts_model: Path | None = None
 
     @property
     def served_model(self) -> str:
@@ -682,7 +686,7 @@ def build_model_config(
         raise ModelConfigError(
             path,
             "model_param",
-            "no model weights: set model_param, sdmodel, whispermodel or embeddingsmodel",
+            "no model weights: set model_param, sdmodel, whispermodel, embeddingsmodel or ttsmodel",
         )
     base_dir = path.parent
     size, missing, unresolved = _files_on_disk(raw, base_dir)
@@ -710,6 +714,7 @@ def build_model_config(
         upstream_model=upstream_model,
         upstream_api_key=upstream_api_key,
         upstream_tls_ca_file=upstream_ca,
+        tts_model=_optional_path(raw, "ttsmodel", base_dir),
     )
 
 

@@ -19,7 +19,7 @@ registry/affinity.py); otherwise the rotation's pick stands.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Literal
 
 from registry.affinity import Fingerprint, PrefixMatch, ReplicaKey, prefers_cached
@@ -39,9 +39,23 @@ CAPABILITY = {
 }
 
 
-def not_found(model: str) -> RouterError:
-    return RouterError(
+def not_found(model: str, models: Iterable[str] = ()) -> RouterError:
+    """The 404 for an unknown model; `models` (those that exist) are listed in the answer."""
+    err = RouterError(
         404, f'model "{echo(model)}" was not found', code="model_not_found", param="model"
+    )
+    err.models = tuple(models)
+    return err
+
+
+def models_for(node: RoutingNode, kind: Kind) -> list[str]:
+    """The public IDs of the enabled models that can serve `kind`, sorted (an image model by
+    its config's name, which requests may use as well as its image ID)."""
+    flag = CAPABILITY[kind]
+    return sorted(
+        public_id
+        for public_id, replicas in node.cluster.by_public_id.items()
+        if any(r.record.get(flag) and not r.record.get("disabled") for r in replicas)
     )
 
 
@@ -312,7 +326,7 @@ def _not_found_for(node: RoutingNode, public_id: str, kind: Kind) -> RouterError
         if not r.record.get("disabled")
     ]
     if not exists:
-        return not_found(public_id)
+        return not_found(public_id, models_for(node, kind))
     return RouterError(
         404,
         f'model "{echo(public_id)}" was not found for this request: it exists but '

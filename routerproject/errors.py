@@ -1,7 +1,9 @@
-"""One shape for every error the router answers: the OpenAI envelope, or Ollama's on its paths."""
+"""One shape for every error the router answers: the OpenAI envelope, or Ollama's and
+Anthropic's on their paths."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
@@ -9,6 +11,9 @@ import orjson
 # A name echoed in an error is there to be recognised: two hundred characters do that, and a
 # client that sent a megabyte of name does not get it back (nor does the log).
 ECHO_MAX_CHARS = 200
+# An unknown model's answer lists the models that exist, as Ollama's does; past this many the
+# rest are counted, so a large cluster's answer stays readable.
+LISTED_MODELS_MAX = 50
 
 
 class RouterError(Exception):
@@ -32,6 +37,26 @@ class RouterError(Exception):
         self.param = param
         self.retry_after = retry_after
         """Seconds for a `Retry-After` header: the condition is expected to clear by then."""
+        self.models: tuple[str, ...] = ()
+        """For an unknown model: the models that exist, which the answer lists (those the
+        request's key may use; see `with_models`)."""
+
+    def with_models(self, models: Iterable[str]) -> RouterError:
+        """This error with `models` named in its message (the first `LISTED_MODELS_MAX`)."""
+        shown = list(models)
+        if not shown:
+            return self
+        names = ", ".join(echo(m) for m in shown[:LISTED_MODELS_MAX])
+        if len(shown) > LISTED_MODELS_MAX:
+            names += f" and {len(shown) - LISTED_MODELS_MAX} more"
+        return RouterError(
+            self.status,
+            f"{self.message}; the models here are: {names}",
+            type=self.type,
+            code=self.code,
+            param=self.param,
+            retry_after=self.retry_after,
+        )
 
     def envelope(self) -> dict[str, Any]:
         return error_envelope(self.message, type=self.type, code=self.code, param=self.param)
@@ -61,9 +86,50 @@ def is_ollama_path(path: str) -> bool:
     return path.startswith("/api/") and not path.startswith(("/api/v1/", "/api/extra/"))
 
 
+ANTHROPIC_PATH = "/v1/messages"
+
+# Anthropic's error types by status (its SDKs read `error.type` and `error.message`); a status
+# missing here is a client error when below 500 and an API error from 500 on.
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    402: "billing_error",
+    403: "permission_error",
+    404: "not_found_error",
+    408: "timeout_error",
+    409: "conflict_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+
+
+def is_anthropic_path(path: str) -> bool:
+    # Messages and its token count: what the Anthropic SDKs call.
+    return path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/")
+
+
+def anthropic_envelope(
+    status: int, message: str, *, code: str | None = None, param: str | None = None
+) -> dict[str, Any]:
+    """Anthropic's error shape; the router's stable code and the field go in `details`, where
+    the Anthropic SDK reads `error_code`."""
+    fallback = "invalid_request_error" if status < 500 else "api_error"
+    err: dict[str, Any] = {"type": _ANTHROPIC_TYPES.get(status, fallback), "message": message}
+    details = {key: value for key, value in (("error_code", code), ("param", param)) if value}
+    if details:
+        err["details"] = details
+    return {"type": "error", "error": err}
+
+
 def error_body(path: str, err: RouterError) -> bytes:
     if is_ollama_path(path):
         return orjson.dumps({"error": err.message})
+    if is_anthropic_path(path):
+        return orjson.dumps(
+            anthropic_envelope(err.status, err.message, code=err.code, param=err.param)
+        )
     return orjson.dumps(err.envelope())
 
 

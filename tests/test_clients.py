@@ -1,9 +1,10 @@
 """The client libraries users already have, unchanged, against a real node.
 
-The OpenAI SDK, the ollama client and plain HTTP for Kobold talk to a standalone node whose
-models are simulated backends the router starts, and upstream servers it does not start: one
-that serves a model only under its own name (`Qwen/Qwen2.5-7B-Instruct`) and wants a key, one
-that answers under a name of its own whatever it is asked, and one that reads images.
+The OpenAI SDK, the Anthropic SDK, the ollama client and plain HTTP for Kobold talk to a
+standalone node whose models are simulated backends the router starts, and upstream servers it
+does not start: one that serves a model only under its own name (`Qwen/Qwen2.5-7B-Instruct`)
+and wants a key, one that answers under a name of its own whatever it is asked, and one that
+reads images.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import ollama
 import openai
 import pytest
@@ -108,6 +110,12 @@ def oai(node: RouterNode) -> Iterator[openai.OpenAI]:
 
 
 @pytest.fixture
+def claude(node: RouterNode) -> Iterator[anthropic.Anthropic]:
+    with anthropic.Anthropic(base_url=node.base_url, api_key="unused", max_retries=0) as c:
+        yield c
+
+
+@pytest.fixture
 def olla(node: RouterNode) -> ollama.Client:
     return ollama.Client(host=node.base_url, timeout=60)
 
@@ -127,7 +135,10 @@ def test_the_openai_sdk_retrieves_a_model_and_gets_a_404_for_an_unknown_one(
     assert missing.value.status_code == 404
     error = missing.value.body
     assert isinstance(error, dict) and error["code"] == "model_not_found"
-    assert error["message"] == 'model "nope" was not found'
+    # The answer lists the models that exist, as Ollama's does.
+    assert error["message"] == (
+        'model "nope" was not found; the models here are: chat, eye, eye-said, own, qwen, qwen-file'
+    )
 
 
 def test_kobold_clients_discover_the_server_and_its_model(node: RouterNode) -> None:
@@ -324,7 +335,9 @@ def test_asking_a_chat_model_for_an_image_says_it_makes_none(oai: openai.OpenAI)
     assert message.startswith('model "chat" was not found') and "makes no images" in message
     with pytest.raises(openai.NotFoundError) as unknown:
         oai.images.generate(model="nope", prompt="a cat")
-    assert unknown.value.body["message"] == 'model "nope" was not found'  # type: ignore[index]
+    # The image models are listed, by the names requests use.
+    expected = 'model "nope" was not found; the models here are: painter'
+    assert unknown.value.body["message"] == expected  # type: ignore[index]
 
 
 def test_kobold_discovery_needs_the_inference_key_like_every_client_path(
@@ -360,3 +373,122 @@ def test_vision_an_upstream_reports_is_learnt_and_a_text_only_one_keeps_refusing
     with node.client() as client:
         refused = client.post("/api/chat", json={"model": "own", "messages": [image]})
     assert refused.status_code == 400 and "image" in refused.json()["error"]
+
+
+# -- the Anthropic SDK -----------------------------------------------------------------------
+
+
+def request_row(node: RouterNode, request_id: str) -> dict[str, Any] | None:
+    """The node's analytics row of a request, once it is flushed."""
+    with node.client() as client:
+        params: dict[str, str | int] = {"kind": "requests", "limit": 500}
+        records = client.get("/router/v1/site/analytics", params=params).json()["records"]
+    found = [r for r in records if r.get("request_id") == request_id]
+    return found[0] if found else None
+
+
+ANTHROPIC_WEATHER_TOOL: Any = {
+    "name": "get_weather",
+    "description": "The weather in a city",
+    "input_schema": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+        "required": ["city", "days"],
+    },
+}
+
+
+def test_the_anthropic_sdk_creates_a_message(claude: anthropic.Anthropic) -> None:
+    message = claude.messages.create(
+        model="chat", max_tokens=16, messages=[{"role": "user", "content": "hi"}]
+    )
+    assert (message.model, message.role, message.stop_reason) == ("chat", "assistant", "end_turn")
+    assert [(b.type, getattr(b, "text", None)) for b in message.content] == [("text", "sim reply")]
+    assert message.usage.output_tokens == 2
+
+
+def test_the_anthropic_sdk_streams_a_message_event_by_event(
+    claude: anthropic.Anthropic, node: RouterNode
+) -> None:
+    with claude.messages.stream(
+        model="chat",
+        max_tokens=16,
+        messages=[{"role": "user", "content": "hi"}],
+        extra_headers={"X-Request-Id": "anthropic-stream-1"},
+    ) as stream:
+        pieces = list(stream.text_stream)
+        final = stream.get_final_message()
+    assert pieces == ["sim", " reply"]
+    assert final.model == "chat" and final.stop_reason == "end_turn"
+    assert final.usage.output_tokens == 2
+    # The stream's usage reaches the node's analytics (and a key's tpm) whole.
+    row = wait_for(lambda: request_row(node, "anthropic-stream-1"), timeout=30)
+    assert (row["prompt_tokens"], row["output_tokens"]) == (1, 2)
+    # A budget shorter than the reply ends it by max_tokens, which the closing delta says.
+    with claude.messages.stream(
+        model="chat", max_tokens=1, messages=[{"role": "user", "content": "hi"}]
+    ) as short:
+        assert "".join(short.text_stream) == "sim"
+        assert short.get_final_message().stop_reason == "max_tokens"
+
+
+def test_the_anthropic_sdk_round_trips_a_tool_call(claude: anthropic.Anthropic) -> None:
+    question: Any = {"role": "user", "content": "What is the weather in Paris?"}
+    first = claude.messages.create(
+        model="chat", max_tokens=64, messages=[question], tools=[ANTHROPIC_WEATHER_TOOL]
+    )
+    assert first.stop_reason == "tool_use"
+    (call,) = [b for b in first.content if b.type == "tool_use"]
+    assert (call.name, call.input) == ("get_weather", {"city": "sim", "days": 1})
+    result: Any = {
+        "role": "user",
+        "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "sunny"}],
+    }
+    history: Any = [question, {"role": "assistant", "content": first.content}, result]
+    second = claude.messages.create(
+        model="chat", max_tokens=64, messages=history, tools=[ANTHROPIC_WEATHER_TOOL]
+    )
+    assert second.stop_reason == "end_turn" and second.content[0].type == "text"
+    # Streamed, the call's input arrives as JSON pieces the SDK joins.
+    with claude.messages.stream(
+        model="chat", max_tokens=64, messages=[question], tools=[ANTHROPIC_WEATHER_TOOL]
+    ) as stream:
+        streamed = stream.get_final_message()
+    (streamed_call,) = [b for b in streamed.content if b.type == "tool_use"]
+    assert streamed_call.input == {"city": "sim", "days": 1}
+    assert streamed.stop_reason == "tool_use"
+
+
+def test_the_anthropic_sdk_reads_errors_from_anthropics_envelope(
+    claude: anthropic.Anthropic,
+) -> None:
+    hello: Any = [{"role": "user", "content": "hi"}]
+    # The router's own 404, with the stable code where the SDK reads it.
+    with pytest.raises(anthropic.NotFoundError) as missing:
+        claude.messages.create(model="nope", max_tokens=8, messages=hello)
+    assert missing.value.type == "not_found_error"
+    assert missing.value.error_code == "model_not_found"
+    assert missing.value.api_message is not None
+    assert missing.value.api_message.startswith('model "nope" was not found; the models here are:')
+    assert "chat" in missing.value.api_message
+    # The router's own 400, naming the field.
+    with pytest.raises(anthropic.BadRequestError) as no_model:
+        claude.messages.create(model="", max_tokens=8, messages=hello)
+    assert (no_model.value.type, no_model.value.api_message) == (
+        "invalid_request_error",
+        "model is required",
+    )
+    body = no_model.value.body
+    assert isinstance(body, dict) and body["error"]["details"]["param"] == "model"
+    # The backend's own refusal, which it answers in OpenAI's envelope, arrives in Anthropic's.
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        claude.messages.create(model="chat", max_tokens=0, messages=hello)
+    assert refused.value.type == "invalid_request_error"
+    assert refused.value.api_message == "max_tokens: must be a positive integer"
+    # Streams are refused the same way before any event.
+    with (
+        pytest.raises(anthropic.NotFoundError) as streamed,
+        claude.messages.stream(model="nope", max_tokens=8, messages=hello) as stream,
+    ):
+        stream.get_final_message()
+    assert streamed.value.type == "not_found_error"

@@ -230,6 +230,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                 speaker("speaker", base_ms=7),
                 ears("ears"),
                 speaker("slow-speaker", base_ms=STREAM_GAP_MS),
+                # Only a TTS model, which the README says is enough for a model that speaks.
+                ModelSpec("voice-only", {}, {"ttsmodel": sim_weights(base_ms=5)}),
             ]
         },
     )
@@ -271,6 +273,45 @@ def test_streamed_speech_reaches_the_client_as_the_backend_makes_it(cluster: Clu
         assert time.monotonic() - started < STREAM_GAP_MS / 1000.0 / 2
         audio = first + b"".join(chunks)
     assert audio_seconds(audio) > 0
+
+
+def test_a_config_with_only_a_tts_model_speaks(cluster: Cluster) -> None:
+    with cluster.master.client() as client:
+        resp = client.post("/v1/audio/speech", json={"model": "voice-only", "input": "hi"})
+        assert resp.status_code == 200, resp.text
+        assert audio_seconds(resp.content) > 0
+        seen = last_seen(cluster.slaves["s1"])
+        assert (seen["path"], seen["model"]) == ("/v1/audio/speech", "voice-only")
+        # It speaks and does nothing else: no chat, and no entry in the text model list.
+        chat = client.post(
+            "/v1/chat/completions",
+            json={"model": "voice-only", "messages": [{"role": "user", "content": "hi"}]},
+        )
+        assert chat.status_code == 404 and "does not generate text" in chat.text
+        assert "voice-only" not in {m["id"] for m in client.get("/v1/models").json()["data"]}
+
+
+def test_streamed_speech_through_the_master_reaches_the_client_as_the_backend_makes_it(
+    cluster: Cluster,
+) -> None:
+    # As above, asked of the master: the slave's audio is relayed as it comes, not buffered.
+    body = {"model": "slow-speaker", "input": "hello", "stream_format": "audio"}
+    with cluster.master.client() as client:
+        warm = client.post("/v1/audio/speech", json={"model": "slow-speaker", "input": "warm"})
+        assert warm.status_code == 200, warm.text
+    started = time.monotonic()
+    with (
+        cluster.master.client() as client,
+        client.stream("POST", "/v1/audio/speech", json=body) as resp,
+    ):
+        assert resp.status_code == 200
+        assert resp.headers["content-type"].startswith("audio/wav")
+        chunks = resp.iter_raw()
+        first = next(chunks)
+        assert time.monotonic() - started < STREAM_GAP_MS / 1000.0 / 2
+        audio = first + b"".join(chunks)
+    assert audio_seconds(audio) > 0
+    assert last_seen(cluster.slaves["s1"])["model"] == "slow-speaker"
 
 
 def test_speech_without_a_model_among_two_speakers_is_refused(cluster: Cluster) -> None:

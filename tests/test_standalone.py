@@ -167,7 +167,10 @@ def test_bad_requests_get_an_openai_error(
 
 def test_an_unknown_model_message_names_it(client: httpx.Client) -> None:
     resp = client.post("/v1/chat/completions", json=chat("nope"))
-    assert resp.json()["error"]["message"] == 'model "nope" was not found'
+    # And lists the models that exist, as Ollama's answer does.
+    assert resp.json()["error"]["message"] == (
+        'model "nope" was not found; the models here are: alpha, beta, broken, seer, slow'
+    )
 
 
 def test_a_body_over_the_limit_is_refused_with_413(client: httpx.Client) -> None:
@@ -179,7 +182,8 @@ def test_a_body_over_the_limit_is_refused_with_413(client: httpx.Client) -> None
 def test_ollama_paths_answer_errors_in_ollama_shape(client: httpx.Client) -> None:
     resp = client.post("/api/chat", json={"model": "nope", "messages": []})
     assert resp.status_code == 404
-    assert resp.json() == {"error": 'model "nope" was not found'}
+    listed = "alpha, beta, broken, seer, slow"
+    assert resp.json() == {"error": f'model "nope" was not found; the models here are: {listed}'}
     resp = client.get("/api/chat")
     assert resp.status_code == 405 and "POST" in resp.headers["allow"]
 
@@ -332,7 +336,9 @@ def test_ollama_show_answers_from_the_records(client: httpx.Client) -> None:
         "completion"
     )
     resp = client.post("/api/show", json={"model": "nobody"})
-    assert resp.status_code == 404 and resp.json() == {"error": "model 'nobody' not found"}
+    listed = "alpha, beta, broken, seer, slow"
+    assert resp.status_code == 404
+    assert resp.json() == {"error": f"model 'nobody' not found; the models here are: {listed}"}
 
 
 def test_explicit_load_and_unload(client: httpx.Client) -> None:

@@ -36,7 +36,7 @@ from proxy.request import JSON, ASGIApp, Ctx, Receive, Scope, Send
 from proxy.serving.core import Handler, Route
 from routerproject import request_ids
 from routerproject.api import admin_key_required
-from routerproject.errors import RouterError, error_body, is_ollama_path
+from routerproject.errors import RouterError, error_body, is_anthropic_path, is_ollama_path
 
 logger = logging.getLogger(__name__)
 
@@ -229,6 +229,9 @@ class ProxyApp:
             return
         if is_ollama_path(ctx.path):
             await ctx.end(orjson.dumps({"error": err.message}) + b"\n")
+        elif is_anthropic_path(ctx.path):
+            # Anthropic's stream error event, which its SDKs raise as the error it carries.
+            await ctx.end(b"event: error\ndata: " + error_body(ctx.path, err) + b"\n\n")
         else:
             await ctx.end(b"data: " + orjson.dumps(err.envelope()) + b"\n\n")
 

@@ -23,8 +23,16 @@ from proxy.request import Ctx, Send
 from routerproject.errors import RouterError, echo
 
 METERED_METHOD = "POST"
-# POSTs that ask a model for nothing: Ollama clients call /api/show before every chat.
-UNMETERED_PATHS = frozenset({"/api/show", "/v1/messages/count_tokens"})
+# POSTs that ask a model for nothing: Ollama clients call /api/show before every chat, and
+# Kobold clients poll a generation's text while it runs and stop it with an abort.
+UNMETERED_PATHS = frozenset(
+    {
+        "/api/show",
+        "/v1/messages/count_tokens",
+        "/api/extra/generate/check",
+        "/api/extra/abort",
+    }
+)
 
 
 def estimated_tokens(body: bytes) -> int:

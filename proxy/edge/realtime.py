@@ -10,6 +10,11 @@ served ID rewritten to the public one. Close codes pass both ways: the client's 
 the backend socket with the client's code, and the backend's close reaches the client with the
 backend's code and reason.
 
+ComfyUI's progress socket `/ws?clientId=…` is relayed the same way, to the image backend of
+`?model=` or, without one, of the model a ComfyUI request naming none goes to (the selected
+checkpoint, the only image model, else the first by ID); that backend then tells it the
+progress of the prompts posted there with the same `client_id`.
+
 Auth: the inference key as `Authorization: Bearer`, or the `openai-insecure-api-key.<key>`
 subprotocol the browser SDK sends (proxy/edge/gate.py, which the front door applies before the
 upgrade too). A session that cannot start is accepted, told why in one OpenAI-style `error`
@@ -36,6 +41,7 @@ from daphne.ws_protocol import WebSocketProtocol
 from access.identity import CALLER_SCOPE_KEY, caller_of
 from proxy.edge.gate import KEY_SUBPROTOCOL_PREFIX, MASTER_CALLER, Gate, parse_address
 from proxy.edge.nodeapi import INFERENCE_PREFIX
+from proxy.families.media.handlers import COMFY_WS_PATH, default_image_model
 from proxy.families.voice.handlers import REALTIME_PATH
 from proxy.node import Node, get_node
 from proxy.request import Receive, Scope, Send, model_not_allowed
@@ -51,6 +57,14 @@ from routerproject.errors import BackendError, RouterError
 logger = logging.getLogger(__name__)
 
 NODE_REALTIME_PATH = INFERENCE_PREFIX + REALTIME_PATH
+NODE_COMFY_WS_PATH = INFERENCE_PREFIX + COMFY_WS_PATH
+# Each WebSocket path a client or a node may open, and the backend path it is relayed to.
+WS_PATHS = {
+    REALTIME_PATH: REALTIME_PATH,
+    NODE_REALTIME_PATH: REALTIME_PATH,
+    COMFY_WS_PATH: COMFY_WS_PATH,
+    NODE_COMFY_WS_PATH: COMFY_WS_PATH,
+}
 # How long the backend has to answer a close before its socket is dropped: Daphne cancels the
 # session's task 2 s (application_close_timeout) after the client is gone.
 BACKEND_CLOSE_SECS = 1.0
@@ -152,7 +166,8 @@ class RealtimeApp:
         if first["type"] != "websocket.connect":
             return
         path = scope["path"]
-        if path not in (REALTIME_PATH, NODE_REALTIME_PATH):
+        inner = WS_PATHS.get(path)
+        if inner is None:
             await send({"type": "websocket.close", "code": 1000})
             return
         node = self.node_getter()
@@ -168,9 +183,9 @@ class RealtimeApp:
         if gate.address_refusal(peer, header) or gate.key_refusal("GET", path, header):
             await send({"type": "websocket.close", "code": 1000})
             return
-        from_node = path == NODE_REALTIME_PATH
+        from_node = path != inner
         scope[CALLER_SCOPE_KEY] = MASTER_CALLER if from_node else gate.client_caller(header)
-        relay = Relay(node, scope, receive, send, from_node=from_node)
+        relay = Relay(node, scope, receive, send, from_node=from_node, inner=inner)
         await relay.run()
 
 
@@ -178,9 +193,19 @@ class Relay:
     """One session: pin it, connect the backend side, pass frames until either side closes."""
 
     def __init__(
-        self, node: Node, scope: Scope, receive: Receive, send: Send, *, from_node: bool
+        self,
+        node: Node,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        *,
+        from_node: bool,
+        inner: str = REALTIME_PATH,
     ) -> None:
         self.node = node
+        self.inner = inner
+        """The client path of the socket: the backend's own path for it."""
+        self.comfy = inner == COMFY_WS_PATH
         self.scope = scope
         self.receive = receive
         self.send = send
@@ -197,6 +222,9 @@ class Relay:
 
     def _model(self) -> str:
         models = [value.strip() for key, value in self.query if key == "model"]
+        if (not models or not models[-1]) and self.comfy:
+            # ComfyUI's clients name no model: the one their prompts would go to.
+            return default_image_model(self.node)
         if not models or not models[-1]:
             raise RouterError(400, "model is required: ?model=<id>", param="model")
         return models[-1]
@@ -206,7 +234,7 @@ class Relay:
             model = self._model()
             if not caller_of(self.scope).may_use(model):
                 raise model_not_allowed(model)
-            kind = _kind(self.node, model)
+            kind: Kind = "image" if self.comfy else _kind(self.node, model)
             replica = resolve(self.node, model, kind, borrowed=self.from_node)
         except RouterError as err:
             await self._refuse(err)
@@ -236,6 +264,10 @@ class Relay:
             )
 
     async def _refuse(self, err: RouterError) -> None:
+        if err.models:
+            # As an HTTP answer lists them: the models the session's key may use.
+            caller = caller_of(self.scope)
+            err = err.with_models(m for m in err.models if caller.may_use(m))
         await self.send({"type": "websocket.accept"})
         self.accepted = True
         event = {"type": "error", "error": err.envelope()["error"]}
@@ -256,9 +288,9 @@ class Relay:
         self.close_sent = True
         await self.send({"type": "websocket.close", "code": INTERNAL_ERROR})
 
-    def _backend_query(self, served_id: str) -> str:
+    def _backend_query(self, served_id: str, *, named: bool = True) -> str:
         rest = [(key, value) for key, value in self.query if key != "model"]
-        return urlencode([("model", served_id), *rest])
+        return urlencode([("model", served_id), *rest] if named else rest)
 
     @contextlib.asynccontextmanager
     async def _backend(
@@ -297,8 +329,9 @@ class Relay:
         runtime.sessions.append(hold)
         try:
             served = cfg.served_model
-            url = f"{launch.base_url}{launch.backend_path(REALTIME_PATH)}"
-            url += "?" + self._backend_query(served)
+            url = f"{launch.base_url}{launch.backend_path(self.inner)}"
+            # ComfyUI's socket is its backend's alone: the model is the router's word.
+            url += "?" + self._backend_query(served, named=not self.comfy)
             async with self._connect(url, auth_headers(cfg), public_id, launch.tls) as backend:
                 yield backend, Session(public_id, served)
         finally:
@@ -314,7 +347,8 @@ class Relay:
             raise RouterError(502, "this node has no cluster client", type="backend_error")
         try:
             url = client.checked_url(
-                replica.node_url, NODE_REALTIME_PATH + "?" + self._backend_query(replica.local_id)
+                replica.node_url,
+                INFERENCE_PREFIX + self.inner + "?" + self._backend_query(replica.local_id),
             )
         except NodeCallError as exc:
             raise RouterError(

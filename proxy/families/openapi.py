@@ -400,6 +400,14 @@ def _client_errors(*, ollama: bool = False, model: bool = True) -> dict[str, Sch
     return errors
 
 
+def anthropic_errors(op: Schema) -> Schema:
+    """`op` with its error answers in Anthropic's envelope (its paths answer errors so)."""
+    for status, answer in op["responses"].items():
+        if status[0] in "45":
+            answer["content"][JSON]["schema"] = _ref("AnthropicError")
+    return op
+
+
 def _client_op(
     operation_id: str,
     summary: str,
@@ -458,6 +466,26 @@ def client_components() -> dict[str, Schema]:
             required=("error",),
             description="The error body on Ollama paths (/api/chat, /api/generate, /api/tags, "
             "/api/ps).",
+        ),
+        "AnthropicError": _obj(
+            {
+                "type": _str("Always `error`."),
+                "error": _obj(
+                    {
+                        "type": _str("Anthropic's error type for the status (not_found_error…)."),
+                        "message": _str("What went wrong."),
+                        "details": _obj(
+                            {
+                                "error_code": _str("The router's stable code (model_not_found…)."),
+                                "param": _str("The field at fault."),
+                            }
+                        ),
+                    },
+                    required=("type", "message"),
+                ),
+            },
+            required=("type", "error"),
+            description="The error body on Anthropic's paths (/v1/messages and its token count).",
         ),
         **_client_schemas(),
     }

@@ -228,8 +228,25 @@ async def _relay_answer(
     own = relay(resp.status, ctype) if relay is not None else None
     if ctype.startswith((SSE, NDJSON)):
         await _relay_stream(ctx, resp, ctype, rewrite_to, fwd, own)
+    elif resp.status < 300 and own is None and not ctype.startswith(JSON):
+        await _relay_bytes(ctx, resp, ctype, fwd)
     else:
         await _relay_whole(ctx, resp, ctype, rewrite_to, guardian_fallback, fwd, own)
+
+
+async def _relay_bytes(ctx: Ctx, resp: aiohttp.ClientResponse, ctype: bytes, fwd: Forward) -> None:
+    """A successful answer that is no JSON (speech's audio, an image file) passed on as it
+    arrives: nothing in it is rewritten, and a long text's first words play before the node's
+    backend has spoken its last."""
+    headers = [(b"content-type", ctype)]
+    length = resp.headers.get("Content-Length")
+    if length is not None and length.isdigit():
+        headers.append((b"content-length", length.encode()))
+    await ctx.start(resp.status, headers)
+    async for chunk in resp.content.iter_any():
+        fwd.heard()
+        await ctx.chunk(chunk)
+    await ctx.end()
 
 
 def _call_failure(

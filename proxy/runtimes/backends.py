@@ -72,7 +72,8 @@ def runtime_lane(cfg: ModelConfig, lane: Lane) -> Lane:
 def _weights_for(cfg: ModelConfig, lane: Lane) -> str:
     path = {"text": cfg.text_model, "image": cfg.image_model, "whisper": cfg.whisper_model}[lane]
     if path is None and lane == "text":
-        path = cfg.embeddings_model
+        # A config without a text model runs its embeddings, else its TTS model, there.
+        path = cfg.embeddings_model or cfg.tts_model
     if path is None:
         raise LaunchError(f"model {cfg.local_id!r} has no {lane} weights")
     if not path.exists():
@@ -210,5 +211,5 @@ def _kobold(cfg: ModelConfig, config: RouterConfig, host: str, port: int, base: 
         return Launch(tuple(argv), base, "sd_models", family="kobold")
     # Without text or image weights, KoboldCpp is ready when the capability the config brings
     # reports a real `true` in /api/extra/version.
-    flag = "transcribe" if cfg.has_voice else "embeddings"
+    flag = "transcribe" if cfg.has_voice else "embeddings" if cfg.has_embeddings else "tts"
     return Launch(tuple(argv), base, "kobold_flag", flag=flag, family="kobold")

@@ -4,15 +4,18 @@ img2img and the OpenAI edits and variations answer as txt2img and generations do
 options are a per-process dict; sd.cpp's async jobs and ComfyUI prompts run in the background
 for their simulated time (holding the one slot, as real work would), and their status answers
 say pending until then. Job and prompt IDs are random, so two simulated backends never hand
-out the same one and a router that asks the wrong backend gets a 404.
+out the same one and a router that asks the wrong backend gets a 404. ComfyUI's `/ws` tells
+each socket of a prompt's `client_id` its progress (start, each step, done).
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +27,7 @@ from proxy.work import image_work, multipart_field
 JOBS_KEY = web.AppKey("sim_media_jobs", dict)
 OPTIONS_KEY = web.AppKey("sim_media_options", dict)
 TASKS_KEY = web.AppKey("sim_media_tasks", set)
+SOCKETS_KEY = web.AppKey("sim_comfy_sockets", dict)
 PNG_B64 = server.TINY_PNG_B64
 PNG = base64.b64decode(PNG_B64)
 
@@ -69,15 +73,38 @@ async def _read(request: web.Request) -> dict[str, Any] | web.Response:
     return parsed
 
 
-def _start(request: web.Request, job: _Job, duration_ms: float, seen: dict[str, Any]) -> None:
-    """Run `job` in the background for its simulated time, then mark it done."""
+Notify = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+def _start(
+    request: web.Request,
+    job: _Job,
+    duration_ms: float,
+    seen: dict[str, Any],
+    *,
+    steps: int = 1,
+    notify: Notify | None = None,
+) -> None:
+    """Run `job` in the background for its simulated time, step by step, then mark it done;
+    `notify` hears ComfyUI's progress messages for it."""
     state = request.app[server.STATE_KEY]
+
+    async def tell(kind: str, **data: Any) -> None:
+        if notify is not None:
+            await notify({"type": kind, "data": {**data, "prompt_id": job.ident}})
 
     async def run() -> None:
         try:
             async with state.slot(request.path, duration_ms, seen=seen):
-                await asyncio.sleep(duration_ms / 1000.0)
+                await tell("execution_start")
+                for step in range(1, steps + 1):
+                    await asyncio.sleep(duration_ms / 1000.0 / steps)
+                    await tell("progress", value=step, max=steps, node=_SAMPLER_NODE)
             job.done = True
+            await tell("executed", node=_OUTPUT_NODE, output=_history_entry(job)["outputs"]["9"])
+            await tell("execution_success")
+            # ComfyUI's sign that the prompt is over: executing no node.
+            await tell("executing", node=None)
         except asyncio.CancelledError:
             job.cancelled = True
 
@@ -240,7 +267,12 @@ async def handle_comfy_prompt(request: web.Request) -> web.Response:
         return duration
     job = _Job(uuid.uuid4().hex, _model(state, parsed), "comfy", 1, workflow=workflow)
     seen = {**server._seen(request, parsed), "loads": _loaded_model(workflow)}
-    _start(request, job, duration, seen)
+    steps = sampler.get("steps", 1)
+    client_id = parsed.get("client_id")
+    notify = _notifier(request, client_id) if isinstance(client_id, str) else None
+    _start(
+        request, job, duration, seen, steps=steps if isinstance(steps, int) else 1, notify=notify
+    )
     number = len(_jobs(request))
     return server._json({"prompt_id": job.ident, "number": number, "node_errors": {}})
 
@@ -318,9 +350,50 @@ async def handle_comfy_upload(request: web.Request) -> web.Response:
     )
 
 
+# The sampler's and the output's node IDs in the progress messages (the tests' workflows).
+_SAMPLER_NODE = "3"
+_OUTPUT_NODE = "9"
+
+
+def _notifier(request: web.Request, client_id: str) -> Notify:
+    """Send a message to every progress socket of `client_id`, as ComfyUI does; a socket that
+    went away is skipped."""
+    sockets: dict[str, set[web.WebSocketResponse]] = request.app[SOCKETS_KEY]
+
+    async def notify(message: dict[str, Any]) -> None:
+        for ws in list(sockets.get(client_id, ())):
+            with contextlib.suppress(ConnectionResetError, RuntimeError):
+                await ws.send_json(message)
+
+    return notify
+
+
+async def handle_comfy_ws(request: web.Request) -> web.WebSocketResponse:
+    """ComfyUI's progress socket: a status message on connect, then the progress of every
+    prompt posted with this `clientId`."""
+    ws = web.WebSocketResponse()
+    await ws.prepare(request)
+    client_id = request.query.get("clientId") or uuid.uuid4().hex
+    sockets: dict[str, set[web.WebSocketResponse]] = request.app[SOCKETS_KEY]
+    sockets.setdefault(client_id, set()).add(ws)
+    try:
+        pending = sum(1 for j in _jobs(request).values() if j.kind == "comfy" and not j.done)
+        status = {"status": {"exec_info": {"queue_remaining": pending}}, "sid": client_id}
+        await ws.send_json({"type": "status", "data": status})
+        async for _ in ws:
+            pass  # ComfyUI's clients send nothing that matters here
+    finally:
+        sockets[client_id].discard(ws)
+        if not sockets[client_id]:
+            del sockets[client_id]
+    return ws
+
+
 def register(app: web.Application) -> None:
     """Add this family's routes to the simulated backend."""
     app[JOBS_KEY] = {}
+    app[SOCKETS_KEY] = {}
+    app.router.add_get("/ws", handle_comfy_ws)
     app[OPTIONS_KEY] = {}
     app[TASKS_KEY] = set()
     app.router.add_post("/sdapi/v1/img2img", handle_img2img)

@@ -17,6 +17,7 @@ import orjson
 from aiohttp import web
 
 from proxy.sim import server
+from proxy.sim.chat import _SAMPLE_ARGUMENTS, _dict
 from proxy.sim.server import STATE_KEY, SimState
 
 RESPONSES_KEY = web.AppKey("sim_responses", dict[str, dict[str, Any]])
@@ -163,6 +164,129 @@ async def handle_input_tokens(request: web.Request) -> web.Response:
 
 
 # -- Anthropic messages ----------------------------------------------------------------------
+#
+# As llama-server serves them: the whole message, or its event stream with every event the
+# Anthropic SDKs assemble a message from (message_start, content_block_start/delta/stop,
+# message_delta with the stop reason and output usage, message_stop). A request that offers
+# tools gets a call of the first one, unless its last turn carries a tool's result.
+
+
+def _anthropic_refusal(body: dict[str, Any]) -> str | None:
+    """Why a Messages request is refused, naming the field; None when it is fine."""
+    if not isinstance(body.get("messages"), list):
+        return "messages: must be a list"
+    limit = body.get("max_tokens")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        return "max_tokens: must be a positive integer"
+    return None
+
+
+def _anthropic_tool_use(state: SimState, body: dict[str, Any]) -> dict[str, Any] | None:
+    tools = body.get("tools")
+    choice = body.get("tool_choice")
+    if not isinstance(tools, list) or not tools or not isinstance(tools[0], dict):
+        return None
+    if isinstance(choice, dict) and choice.get("type") == "none":
+        return None
+    last = body["messages"][-1] if body["messages"] else None
+    content = last.get("content") if isinstance(last, dict) else None
+    if isinstance(content, list) and any(
+        isinstance(part, dict) and part.get("type") == "tool_result" for part in content
+    ):
+        return None
+    name = tools[0].get("name")
+    if not isinstance(name, str) or not name:
+        return None
+    schema = _dict(tools[0].get("input_schema"))
+    props = _dict(schema.get("properties"))
+    required = schema.get("required")
+    arguments = {
+        key: _SAMPLE_ARGUMENTS.get(str(_dict(props.get(key)).get("type")), "sim")
+        for key in (required if isinstance(required, list) else [])
+        if isinstance(key, str)
+    }
+    return {"type": "tool_use", "id": state.next_id("toolu"), "name": name, "input": arguments}
+
+
+def _anthropic_message(state: SimState, body: dict[str, Any]) -> dict[str, Any]:
+    tool_use = _anthropic_tool_use(state, body)
+    limit = body.get("max_tokens")
+    words = list(REPLY_WORDS)
+    stop = "end_turn"
+    if tool_use is not None:
+        content = [tool_use]
+        stop = "tool_use"
+    else:
+        if isinstance(limit, int) and limit < len(words):
+            words, stop = words[:limit], "max_tokens"
+        content = [{"type": "text", "text": " ".join(words)}]
+    return {
+        "id": state.next_id("msg"),
+        "type": "message",
+        "role": "assistant",
+        "model": server._model_name(state, body),
+        "seen_model": body.get("model"),
+        "content": content,
+        "stop_reason": stop,
+        "stop_sequence": None,
+        "usage": {"input_tokens": 1, "output_tokens": len(words) if tool_use is None else 1},
+    }
+
+
+def _block_events(index: int, block: dict[str, Any]) -> list[tuple[str | None, dict[str, Any]]]:
+    """One content block as its start, deltas and stop events."""
+    if block["type"] == "tool_use":
+        opening = {**block, "input": {}}
+        arguments = orjson.dumps(block["input"]).decode()
+        half = len(arguments) // 2
+        deltas = [
+            {"type": "input_json_delta", "partial_json": piece}
+            for piece in (arguments[:half], arguments[half:])
+        ]
+    else:
+        opening = {"type": "text", "text": ""}
+        words = block["text"].split(" ")
+        pieces = [w if i == 0 else " " + w for i, w in enumerate(words)]
+        deltas = [{"type": "text_delta", "text": piece} for piece in pieces]
+    events: list[tuple[str | None, dict[str, Any]]] = [
+        (
+            "content_block_start",
+            {"type": "content_block_start", "index": index, "content_block": opening},
+        )
+    ]
+    events += [
+        ("content_block_delta", {"type": "content_block_delta", "index": index, "delta": d})
+        for d in deltas
+    ]
+    events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
+    return events
+
+
+def _message_events(message: dict[str, Any]) -> list[tuple[str | None, dict[str, Any]]]:
+    usage = message["usage"]
+    opening = {
+        **message,
+        "content": [],
+        "stop_reason": None,
+        "usage": {"input_tokens": usage["input_tokens"], "output_tokens": 0},
+    }
+    events: list[tuple[str | None, dict[str, Any]]] = [
+        ("message_start", {"type": "message_start", "message": opening}),
+        ("ping", {"type": "ping"}),
+    ]
+    for index, block in enumerate(message["content"]):
+        events += _block_events(index, block)
+    delta = {"stop_reason": message["stop_reason"], "stop_sequence": None}
+    # As llama-server: the closing usage has the output tokens only (the input tokens were in
+    # message_start), so whoever counts the stream's tokens must read both events.
+    ending = {
+        "type": "message_delta",
+        "delta": delta,
+        "usage": {"output_tokens": usage["output_tokens"]},
+    }
+    events.append(("message_delta", ending))
+    events.append(("message_stop", {"type": "message_stop"}))
+    return events
 
 
 async def handle_messages(request: web.Request) -> web.StreamResponse:
@@ -172,33 +296,18 @@ async def handle_messages(request: web.Request) -> web.StreamResponse:
     body = await _body(request)
     if isinstance(body, web.Response):
         return body
+    wrong = server._wrong_model(state, body)
+    if wrong is not None:
+        return wrong
+    refused = _anthropic_refusal(body)
+    if refused is not None:
+        # llama-server answers its Anthropic path's errors in OpenAI's envelope.
+        return server._bad_request(refused)
     await _work(state, request, body)
-    model = server._model_name(state, body)
-    message = {
-        "id": state.next_id("msg"),
-        "type": "message",
-        "role": "assistant",
-        "model": model,
-        "seen_model": body.get("model"),
-        "content": [{"type": "text", "text": " ".join(REPLY_WORDS)}],
-        "stop_reason": "end_turn",
-        "usage": {"input_tokens": 1, "output_tokens": len(REPLY_WORDS)},
-    }
+    message = _anthropic_message(state, body)
     if body.get("stream") is not True:
         return server._json(message)
-    opening = {**message, "content": [], "stop_reason": None}
-    events: list[tuple[str | None, dict[str, Any]]] = [
-        ("message_start", {"type": "message_start", "message": opening}),
-    ]
-    events += [
-        (
-            "content_block_delta",
-            {"type": "content_block_delta", "index": 0, "delta": {"text": w}},
-        )
-        for w in REPLY_WORDS
-    ]
-    events.append(("message_stop", {"type": "message_stop"}))
-    return await _stream(request, _sse(events))
+    return await _stream(request, _sse(_message_events(message)))
 
 
 async def handle_count_tokens(request: web.Request) -> web.Response:

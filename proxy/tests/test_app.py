@@ -316,7 +316,7 @@ async def test_an_unknown_model_gets_a_404_envelope_and_loads_nothing(
     assert answer.status == 404
     assert answer.json() == {
         "error": {
-            "message": 'model "nope" was not found',
+            "message": 'model "nope" was not found; the models here are: chat, slow',
             "type": "invalid_request_error",
             "code": "model_not_found",
             "param": "model",
@@ -332,7 +332,7 @@ async def test_an_unknown_model_on_an_ollama_path_gets_ollamas_error_shape(
     app = ProxyApp(fallback, node_getter=lambda: node)
     answer = await request(app, "POST", "/api/chat", {"model": "nope", "messages": []})
     assert answer.status == 404
-    assert answer.json() == {"error": 'model "nope" was not found'}
+    assert answer.json() == {"error": 'model "nope" was not found; the models here are: chat, slow'}
 
 
 @pytest.mark.parametrize(

@@ -367,6 +367,16 @@ def test_a_kobold_embeddings_only_config_waits_for_the_embeddings_flag(layout: L
     assert (launch.probe, launch.flag) == ("kobold_flag", "embeddings")
 
 
+def test_a_tts_only_config_runs_its_tts_model_on_the_text_lane(layout: Layout) -> None:
+    cfg = layout.model("voice", {"backend_mode": "kobold", "ttsmodel": _w("chat.gguf")})
+    launch = build_launch(cfg, "text", config=layout.router_config(), port=PORT)
+    # KoboldCpp with only a TTS model is ready when its version says it speaks.
+    assert (launch.probe, launch.flag) == ("kobold_flag", "tts")
+    sim = layout.model("sim-voice", {"backend_mode": "sim", "ttsmodel": _w("chat.sim.json")})
+    launch = build_launch(sim, "text", config=layout.router_config(), port=PORT)
+    assert _after(launch.argv, "-m") == str(layout.weights / "chat.sim.json")
+
+
 # -- already-running servers ------------------------------------------------------------
 
 

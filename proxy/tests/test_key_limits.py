@@ -117,6 +117,16 @@ async def test_rpm_answers_429_rate_limited_in_each_familys_envelope(
             assert answer.json() == {
                 "error": "key 'rpm-key' is over its limit of 2 requests per minute (rate_limited)"
             }
+        elif path == "/v1/messages":
+            assert answer.json() == {
+                "type": "error",
+                "error": {
+                    "type": "rate_limit_error",
+                    "message": "key 'rpm-key' is over its limit of 2 requests per minute "
+                    "(rate_limited)",
+                    "details": {"error_code": "rate_limited"},
+                },
+            }
         else:
             assert answer.json()["error"] == {
                 "message": "key 'rpm-key' is over its limit of 2 requests per minute "
@@ -143,6 +153,10 @@ async def test_requests_that_ask_a_model_for_nothing_are_not_counted(
         assert (
             await request(app, "POST", "/api/show", {"model": "chat"}, headers=key)
         ).status == 200
+        # A Kobold client polls its generation and stops it: neither asks the model anything.
+        for path in ("/api/extra/generate/check", "/api/extra/abort"):
+            follow_up = await request(app, "POST", path, {"genkey": "KCPP1"}, headers=key)
+            assert follow_up.status == 200 and rate_headers(follow_up) == {}
     assert limits.current_limiter().report() == {}
     # A key without limits gets no headers and no counters.
     free = await request(

@@ -203,6 +203,21 @@ def test_a_tts_model_makes_a_chat_model_speak_without_making_it_hear(layout: Pat
     assert _load(layout, "quoted", upstream | {"tts": "true"}).has_tts is False
 
 
+def test_a_tts_model_alone_is_a_config_that_only_speaks(layout: Path) -> None:
+    # README, "Voice": a model speaks when its config names a ttsmodel; nothing else is needed.
+    voice = _load(layout, "voice", {"ttsmodel": "../weights/chat-small.sim.json"})
+    assert (voice.has_llm, voice.has_tts, voice.has_voice, voice.has_embeddings) == (
+        False,
+        True,
+        False,
+        False,
+    )
+    assert voice.tts_model == (layout.parent / "weights" / "chat-small.sim.json").resolve()
+    with pytest.raises(ModelConfigError) as empty:
+        _load(layout, "nothing", {"contextsize": 2048})
+    assert empty.value.key == "model_param" and "ttsmodel" in str(empty.value)
+
+
 def test_a_kobold_chat_model_has_embeddings_only_when_asked(layout: Path) -> None:
     raw = {"model_param": "../weights/chat-small.sim.json", "backend_mode": "kobold"}
     assert _load(layout, "plain", raw).has_embeddings is False

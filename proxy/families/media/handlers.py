@@ -43,6 +43,8 @@ from routerproject.errors import RouterError, echo
 SDCPP = "sdcpp"
 """`node.sticky` family of sd.cpp job IDs."""
 COMFY = "comfy"
+COMFY_WS_PATH = "/ws"
+"""ComfyUI's progress socket, relayed by the edge's WebSocket app (proxy/edge/realtime.py)."""
 """`node.sticky` family of ComfyUI prompt IDs."""
 COMFY_FILE = "comfy-file"
 """`node.sticky` family of ComfyUI output file names, learnt from `/history` answers."""
@@ -572,6 +574,15 @@ async def handle_comfy_prompt(ctx: Ctx, node: Node) -> None:
     _remember(ctx, node, COMFY, prompt_id if isinstance(prompt_id, str) and prompt_id else None)
 
 
+async def handle_comfy_ws_http(ctx: Ctx, node: Node) -> None:
+    """A plain GET on ComfyUI's progress socket: it can only be used with an upgrade."""
+    raise RouterError(
+        426,
+        f"{COMFY_WS_PATH} is a WebSocket: connect with an Upgrade: websocket request",
+        code="upgrade_required",
+    )
+
+
 async def handle_comfy_history_item(ctx: Ctx, node: Node) -> None:
     """`/history/{prompt_id}`: the prompt's node answers; its output files follow it."""
     prompt_id = ctx.path[len("/history/") :]
@@ -645,4 +656,7 @@ ROUTES: dict[str, Route] = {
     "/interrupt": (POST, handle_comfy_interrupt, True),
     "/upload/image": (POST, handle_passthrough, True),
     "/upload/mask": (POST, handle_passthrough, True),
+    # The WebSocket itself is the edge's (proxy/edge/realtime.py); this route gives its upgrade
+    # the key rules of every client path, and a plain GET the reason it fails.
+    COMFY_WS_PATH: (GET, handle_comfy_ws_http, True),
 }

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.families.openapi import _client_op, _json_body, _json_response, _obj, _ref, _str
+from proxy.families.openapi import (
+    _client_op,
+    _error,
+    _json_body,
+    _json_response,
+    _obj,
+    _ref,
+    _str,
+)
 
 Schema = dict[str, Any]
 
@@ -266,4 +274,24 @@ def _comfy_paths() -> dict[str, Schema]:
         "/upload/mask": {
             "post": _op("comfyUploadMask", "Upload a mask." + DEFAULT, answer, body=upload),
         },
+        "/ws": {"get": _comfy_socket()},
     }
+
+
+def _comfy_socket() -> Schema:
+    op = _op("comfyProgressSocket", "ComfyUI's progress WebSocket", {"description": "See 101."})
+    op["description"] = (
+        "A WebSocket relayed to the image backend of `?model=` (else the default image model, "
+        "on whichever node holds it), which sends the progress of the prompts posted there with "
+        "the same `client_id`. A socket that cannot start gets one `error` event and close code "
+        "4000 + the HTTP status."
+    )
+    op["parameters"] = [
+        {"name": "clientId", "in": "query", "required": False, "schema": _str()},
+        {"name": "model", "in": "query", "required": False, "schema": _str("Public image ID.")},
+    ]
+    responses = op["responses"]
+    responses.pop("200")
+    responses["101"] = {"description": "Switching Protocols: the progress socket."}
+    responses["426"] = _error("A GET without the WebSocket upgrade (code upgrade_required).")
+    return op

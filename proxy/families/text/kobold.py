@@ -9,7 +9,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from proxy.families.text import replies, translate
+from proxy.families.text import koboldgen, replies, translate
 from proxy.families.text.dispatch import prefix_of
 from proxy.forwarding.local import Job, content_type_of, shape_openai
 from proxy.node import Node
@@ -37,9 +37,12 @@ async def handle_kobold(ctx: Ctx, node: Node) -> None:
     )
     if replica.cfg is not None:
         kobold_translated(doc)  # a request it cannot translate is refused before anything runs
+    genkey = koboldgen.genkey_of(doc)
 
     def serve(target: Replica) -> Awaitable[None]:
         if target.cfg is None:
+            if genkey is not None:
+                koboldgen.remember_remote(node, genkey, target, model)
             return serve_on(
                 ctx,
                 node,
@@ -52,6 +55,8 @@ async def handle_kobold(ctx: Ctx, node: Node) -> None:
             )
         path, body_doc = kobold_translated(doc)
         body_doc["model"] = target.local_id
+        if genkey is not None:
+            return _serve_tracked(ctx, node, target, model, path, body_doc, genkey)
         return serve_on(
             ctx,
             node,
@@ -64,6 +69,35 @@ async def handle_kobold(ctx: Ctx, node: Node) -> None:
         )
 
     await failover(ctx, node, model, "llm", replica, serve)
+
+
+async def _serve_tracked(
+    ctx: Ctx,
+    node: Node,
+    target: Replica,
+    model: str,
+    path: str,
+    body_doc: dict[str, Any],
+    genkey: str,
+) -> None:
+    """A generate with a genkey: streamed from the backend so a check sees its text so far and
+    an abort can end it (see koboldgen); never lent, so both find it here."""
+    generation = node.generations.start(genkey, ctx.key_name)
+    try:
+        await serve_on(
+            ctx,
+            node,
+            target,
+            kind="llm",
+            public_id=model,
+            path=path,
+            body=orjson.dumps({**body_doc, "stream": True}),
+            shape=koboldgen.tracked_shape(generation),
+            stream=True,
+            lendable=False,
+        )
+    finally:
+        node.generations.end(genkey, generation)
 
 
 # KoboldCpp's own default generation length, for clients that send no max_length.

@@ -182,7 +182,9 @@ async def handle_ollama_show(ctx: Ctx, node: Node) -> None:
     ]
     if not replicas:
         require_view(node)
-        raise RouterError(404, f"model '{echo(model)}' not found", code="model_not_found")
+        missing = RouterError(404, f"model '{echo(model)}' not found", code="model_not_found")
+        missing.models = tuple(pid for pid, _ in _listed(node, ctx))
+        raise missing
     rec = dict(replicas[0].record)
     family = str(rec.get("backend_mode") or "llama")
     capabilities = []

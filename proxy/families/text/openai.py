@@ -124,4 +124,4 @@ async def handle_model(ctx: Ctx, node: Node) -> None:
         if public_id == wanted:
             await ctx.json(200, _openai_model(public_id, rec))
             return
-    raise not_found(wanted)
+    raise not_found(wanted, [public_id for public_id, _ in _listed(node, ctx)])

@@ -1,5 +1,5 @@
 """Translate the OpenAI answers back to Ollama and Kobold (the requests came in through
-`translate`).
+`translate`), and backend errors to Anthropic's envelope.
 
 Everything here is pure: callers pass parsed bodies, bytes and clock readings, and get the same
 back.
@@ -14,6 +14,7 @@ import orjson
 
 from proxy.families.text.translate import NS_PER_SEC, JSONDict
 from proxy.forwarding.rewrite import LineBuffer, split_lines
+from routerproject.errors import anthropic_envelope
 
 # A single SSE delta is tiny; a line this long is garbage and is skipped rather
 # than buffered without bound.
@@ -231,6 +232,25 @@ def openai_error_to_ollama(body: bytes) -> bytes:
     if message is None:
         message = body.decode("utf-8", "replace").strip() or EMPTY_ERROR_MESSAGE
     return orjson.dumps({"error": message})
+
+
+def openai_error_to_anthropic(status: int, body: bytes) -> bytes:
+    """Anthropic's error envelope from a backend's error body (OpenAI's, a variant, or raw
+    text); a body already in Anthropic's shape (a node that translated it) is kept."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        doc = None
+    if isinstance(doc, dict) and doc.get("type") == "error" and isinstance(doc.get("error"), dict):
+        return body
+    message = _error_message(doc)
+    if message is None:
+        message = body.decode("utf-8", "replace").strip() or EMPTY_ERROR_MESSAGE
+    error = doc.get("error") if isinstance(doc, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
+    return orjson.dumps(
+        anthropic_envelope(status, message, code=code if isinstance(code, str) else None)
+    )
 
 
 def _stream_error(obj: JSONDict) -> str | None:

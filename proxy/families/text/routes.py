@@ -3,7 +3,7 @@ text surface (`surface`), joined into the client table by `proxy.edge.routes`.""
 
 from __future__ import annotations
 
-from proxy.families.text import surface
+from proxy.families.text import koboldgen, surface
 from proxy.families.text.kobold import (
     handle_kobold,
     handle_kobold_model,
@@ -43,6 +43,8 @@ ROUTES: dict[str, Route] = {
     "/api/v1/generate": (POST, handle_kobold, True),
     "/api/v1/model": (GET, handle_kobold_model, True),
     "/api/extra/version": (GET, handle_kobold_version, True),
+    "/api/extra/generate/check": (GET | POST, koboldgen.handle_check, True),
+    "/api/extra/abort": (POST, koboldgen.handle_abort, True),
     **surface.ROUTES,
 }
 

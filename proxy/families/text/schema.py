@@ -17,6 +17,7 @@ from proxy.families.openapi import (
     _ref,
     _str,
     _streaming,
+    anthropic_errors,
 )
 
 Schema = dict[str, Any]
@@ -131,6 +132,7 @@ def paths() -> dict[str, Schema]:
         },
     }
     kobold_body = _json_body(_ref("KoboldGenerateRequest"))
+    genkey_body = _json_body(_obj({"genkey": _str("The genkey the generate carried.")}))
     out: dict[str, Schema] = {
         "/v1/{path}": {"get": catch_all_get, "post": catch_all_post},
         "/v1/responses": {"post": _text_op("responsesCreate", "Create a response (Responses API)")},
@@ -146,9 +148,13 @@ def paths() -> dict[str, Schema]:
         "/v1/responses/{response_id}/cancel": {
             "post": _followup("responsesCancel", "Cancel a background response"),
         },
-        "/v1/messages": {"post": _text_op("anthropicMessages", "Anthropic-style messages")},
+        "/v1/messages": {
+            "post": anthropic_errors(_text_op("anthropicMessages", "Anthropic-style messages"))
+        },
         "/v1/messages/count_tokens": {
-            "post": _text_op("anthropicCountTokens", "Count a message's tokens", stream=False)
+            "post": anthropic_errors(
+                _text_op("anthropicCountTokens", "Count a message's tokens", stream=False)
+            )
         },
         "/v1/rerank": {
             "post": _embeddings_op(
@@ -182,6 +188,31 @@ def paths() -> dict[str, Schema]:
                 body=_json_body(
                     _obj({"prompt": _str(), "model": _str("Public model ID (optional).")})
                 ),
+            )
+        },
+        "/api/extra/generate/check": {
+            method: _client_op(
+                f"koboldGenerateCheck{method.capitalize()}",
+                "The text so far of the Kobold generation a genkey names",
+                KOBOLD_TAG,
+                _json_response(
+                    "`results[0].text`: empty when no generation of this key runs under it.",
+                    _obj({"results": {"type": "array", "items": _obj({"text": _str()})}}),
+                ),
+                body=genkey_body if method == "post" else None,
+            )
+            for method in ("get", "post")
+        },
+        "/api/extra/abort": {
+            "post": _client_op(
+                "koboldAbort",
+                "Stop the Kobold generation a genkey names (its generate answers the text so far)",
+                KOBOLD_TAG,
+                _json_response(
+                    '`success` "true" when one of this key\'s generations ran under it.',
+                    _obj({"success": _str(), "done": _str()}),
+                ),
+                body=genkey_body,
             )
         },
         "/musicui": {"get": _music_op("musicUi", "The music UI", templated=False)},

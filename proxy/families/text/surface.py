@@ -21,8 +21,11 @@ from urllib.parse import parse_qs, parse_qsl, urlencode
 import aiohttp
 import orjson
 
+from proxy.families.text import koboldgen
 from proxy.families.text.kobold import kobold_translated, loaded_text_model
 from proxy.families.text.openai import default_embeddings
+from proxy.families.text.replies import openai_error_to_anthropic
+from proxy.forwarding.generations import Generation
 from proxy.forwarding.local import Job, Shaper, forward
 from proxy.forwarding.remote import Relay, RelayFactory, forward_remote
 from proxy.forwarding.rewrite import (
@@ -41,7 +44,7 @@ from proxy.serving.sticky import Holder
 from registry.bodies import set_body_model
 from registry.cluster import Replica
 from registry.routing import Kind, lane_of, resolve
-from routerproject.errors import RouterError, echo
+from routerproject.errors import RouterError, echo, is_anthropic_path
 
 RESPONSES = "responses"
 """The sticky family of stored responses (vLLM's Responses API)."""
@@ -165,8 +168,28 @@ class _Verbatim:
         return b""
 
 
-def _answer_relay(public_id: str, on_id: Callable[[str], None] | None) -> RelayFactory:
+class _AnthropicError:
+    """A backend's error on an Anthropic path, in Anthropic's envelope: its SDKs read the
+    message and type from there (llama-server answers these paths' errors in OpenAI's)."""
+
+    def __init__(self, status: int) -> None:
+        self._status = status
+        self._parts: list[bytes] = []
+
+    def feed(self, chunk: bytes) -> bytes:
+        self._parts.append(chunk)
+        return b""
+
+    def close(self) -> bytes:
+        return openai_error_to_anthropic(self._status, b"".join(self._parts))
+
+
+def _answer_relay(
+    public_id: str, on_id: Callable[[str], None] | None, *, anthropic: bool = False
+) -> RelayFactory:
     def make(status: int, ctype: bytes) -> Relay:
+        if anthropic and status >= 400 and ctype.startswith(JSON):
+            return _AnthropicError(status)
         if ctype.startswith(SSE):
             return _EventRewriter(public_id, on_id)
         if ctype.startswith(JSON):
@@ -180,7 +203,41 @@ def _verbatim(status: int, ctype: bytes) -> Relay:
     return _Verbatim()
 
 
-def _relay_shaper(make: RelayFactory) -> Shaper:
+class _AnthropicUsage:
+    """The usage of an Anthropic event stream: the input tokens `message_start` reports inside
+    its message, the output tokens the closing `message_delta` reports (llama-server's says
+    only those), merged, so analytics and a key's tpm see both."""
+
+    def __init__(self) -> None:
+        self._lines = LineBuffer()
+        self._usage: dict[str, Any] = {}
+
+    def feed(self, chunk: bytes) -> None:
+        region = self._lines.take(chunk)
+        if b'"usage"' not in region:
+            return
+        for line in split_lines(region):
+            self._line(line)
+
+    def _line(self, line: bytes) -> None:
+        if not line.startswith(_DATA) or b'"usage"' not in line:
+            return
+        try:
+            doc = orjson.loads(line[len(_DATA) :])
+        except orjson.JSONDecodeError:
+            return
+        if not isinstance(doc, dict):
+            return
+        holder = doc.get("message") if doc.get("type") == "message_start" else doc
+        usage = holder.get("usage") if isinstance(holder, dict) else None
+        if isinstance(usage, dict):
+            self._usage.update(usage)
+
+    def usage(self) -> dict[str, Any] | None:
+        return dict(self._usage) if self._usage else None
+
+
+def _relay_shaper(make: RelayFactory, *, anthropic: bool = False) -> Shaper:
     """A local backend's answer through `make`'s filter, streamed when it is a stream."""
 
     async def shape(ctx: Ctx, job: Job, resp: aiohttp.ClientResponse) -> None:
@@ -189,7 +246,9 @@ def _relay_shaper(make: RelayFactory) -> Shaper:
         try:
             if ctype.startswith(SSE):
                 await ctx.start(resp.status, [(b"content-type", ctype), *_STREAM_HEADERS])
-                tracker = UsageTracker()
+                tracker: UsageTracker | _AnthropicUsage = (
+                    _AnthropicUsage() if anthropic else UsageTracker()
+                )
                 async for data in resp.content.iter_any():
                     tracker.feed(data)
                     await ctx.chunk(relay.feed(data))
@@ -259,7 +318,9 @@ async def _send(
         model_header=model_header,
         lendable=False,
     )
-    await forward(ctx, node, job, shape or _relay_shaper(relay))
+    await forward(
+        ctx, node, job, shape or _relay_shaper(relay, anthropic=is_anthropic_path(ctx.path))
+    )
 
 
 def _with_model(ctx: Ctx, model: str) -> bytes:
@@ -298,7 +359,7 @@ async def handle_text(ctx: Ctx, node: Node) -> None:
             kind="llm",
             public_id=model,
             body=_with_model(ctx, target.local_id),
-            relay=_answer_relay(model, on_id),
+            relay=_answer_relay(model, on_id, anthropic=is_anthropic_path(ctx.path)),
             stream=doc.get("stream") is True,
         )
 
@@ -476,19 +537,36 @@ class _KoboldEvents:
         return b"event: message\ndata: " + orjson.dumps(token) + b"\n\n"
 
 
-async def _shape_kobold_stream(ctx: Ctx, job: Job, resp: aiohttp.ClientResponse) -> None:
-    ctype = _content_type(resp)
-    if resp.status >= 300 or not ctype.startswith(SSE):
-        await ctx.respond(resp.status, await resp.read(), ctype)
-        return
-    await ctx.start(200, [(b"content-type", SSE), *_STREAM_HEADERS])
-    events = _KoboldEvents()
-    tracker = UsageTracker()
-    async for data in resp.content.iter_any():
-        tracker.feed(data)
-        await ctx.chunk(events.feed(data))
-    await ctx.end(events.close())
-    job.usage = tracker.usage()
+# The closing token event of a stream a client aborted (KoboldCpp ends such a one by "stop").
+_ABORTED_EVENT = b'event: message\ndata: {"token":"","finish_reason":"stop"}\n\n'
+
+
+def _kobold_stream_shape(generation: Generation | None) -> Shaper:
+    """Kobold's token events from a completion stream; with a genkey's `generation`, its text
+    is kept as it comes and an abort ends the stream."""
+
+    async def shape(ctx: Ctx, job: Job, resp: aiohttp.ClientResponse) -> None:
+        ctype = _content_type(resp)
+        if resp.status >= 300 or not ctype.startswith(SSE):
+            await ctx.respond(resp.status, await resp.read(), ctype)
+            return
+        await ctx.start(200, [(b"content-type", SSE), *_STREAM_HEADERS])
+        events = _KoboldEvents()
+        tracker = UsageTracker()
+        text = koboldgen.CompletionText(generation) if generation is not None else None
+
+        async def feed(data: bytes) -> None:
+            tracker.feed(data)
+            if text is not None:
+                text.feed(data)
+            await ctx.chunk(events.feed(data))
+
+        stop = generation.stop if generation is not None else None
+        aborted = await koboldgen.read_until_stopped(resp, stop, feed)
+        await ctx.end(events.close() + (_ABORTED_EVENT if aborted else b""))
+        job.usage = tracker.usage()
+
+    return shape
 
 
 async def _serve_kobold(
@@ -497,13 +575,16 @@ async def _serve_kobold(
     model: str,
     replica: Replica,
     translated: Callable[[Replica], Awaitable[None]],
+    genkey: str | None = None,
 ) -> None:
     """Serve a Kobold extra on `model`, first on `replica`: a replica on another node gets the
     client's own body (its node translates Kobold itself), a local one what `translated`
-    sends it."""
+    sends it. A `genkey` run on another node is remembered there for its follow-ups."""
 
     def serve(target: Replica) -> Awaitable[None]:
         if target.cfg is None:
+            if genkey is not None:
+                koboldgen.remember_remote(node, genkey, target, model)
             body = _with_model(ctx, target.local_id)
             return _send(ctx, node, target, kind="llm", public_id=model, body=body, relay=_verbatim)
         return translated(target)
@@ -518,24 +599,30 @@ async def handle_kobold_stream(ctx: Ctx, node: Node) -> None:
     replica = resolve(node, model, "llm", borrowed=ctx.borrowed)
     if replica.cfg is not None:
         kobold_translated(doc)  # refused before anything runs, as generate is
+    genkey = koboldgen.genkey_of(doc)
 
-    def translated(target: Replica) -> Awaitable[None]:
+    async def translated(target: Replica) -> None:
         path, body_doc = kobold_translated(doc)
         body_doc.update(model=target.local_id, stream=True)
-        return _send(
-            ctx,
-            node,
-            target,
-            kind="llm",
-            public_id=model,
-            body=orjson.dumps(body_doc),
-            relay=_verbatim,
-            shape=_shape_kobold_stream,
-            backend_path=path,
-            stream=True,
-        )
+        generation = node.generations.start(genkey, ctx.key_name) if genkey else None
+        try:
+            await _send(
+                ctx,
+                node,
+                target,
+                kind="llm",
+                public_id=model,
+                body=orjson.dumps(body_doc),
+                relay=_verbatim,
+                shape=_kobold_stream_shape(generation),
+                backend_path=path,
+                stream=True,
+            )
+        finally:
+            if genkey is not None and generation is not None:
+                node.generations.end(genkey, generation)
 
-    await _serve_kobold(ctx, node, model, replica, translated)
+    await _serve_kobold(ctx, node, model, replica, translated, genkey)
 
 
 TOKENIZE_PATH = "/tokenize"
