@@ -289,9 +289,48 @@ def s1_fast(ctx: Ctx) -> Result:
     optimum = identical_optimum(S1_N, OWNER_MS, [HelperSpec(FAST_MS)], owner_min=ctx.depth)
     summary = summarize_decisions(measured.chosen_rows, "o")
     row = one_helper_row("1 helper 4x faster, loaded", measured, alone_run, optimum, summary)
+    impact, impact_detail = impact_row("1 impact: replayed alone", ctx, measured.run, alone_run)
     detail = run_detail(measured, alone_run, optimum, summary)
-    detail.update({"owner_ms": OWNER_MS, "helper_ms": FAST_MS, "warm": warm, "fits_before": fits})
-    return Result([row], detail)
+    detail.update(
+        {
+            "owner_ms": OWNER_MS,
+            "helper_ms": FAST_MS,
+            "warm": warm,
+            "fits_before": fits,
+            "impact": impact_detail,
+        }
+    )
+    return Result([row, impact], detail)
+
+
+def impact_row(label: str, ctx: Ctx, run: Run, alone_run: Run) -> tuple[Row, dict[str, Any]]:
+    """What `site/offload/impact` says the linked run would have cost without its links (the
+    recorded traffic replayed, the owner alone), next to the run measured alone."""
+    until = run.started_wall_ms + int(run.makespan_ms) + 1000
+    params = {"since_ms": run.started_wall_ms - 100, "until_ms": until}
+    with ctx.ops.master.client(timeout=HTTP_TIMEOUT_SECS) as client:
+        doc = client.get("/router/v1/site/offload/impact", params=params).json()
+    owner = next((o for o in doc.get("owners", []) if o["owner_node_id"] == "o"), None)
+    if owner is None or not owner["bursts"]:
+        return Row(label=label, decisions=f"no replay: {doc}"[:120]), {"doc": doc}
+    replayed = float(owner["makespan_without_links_ms"])
+    measured = alone_run.makespan_ms
+    detail = {
+        "replayed_alone_ms": round(replayed, 1),
+        "measured_alone_ms": round(measured, 1),
+        "replay_over_measured": round(replayed / measured, 3) if measured else None,
+        "summary": doc.get("summary"),
+        "owner": owner,
+    }
+    row = Row(
+        label=label,
+        with_link=fmt_ms(replayed),
+        alone=fmt_ms(measured),
+        ratio=f"{replayed / measured:.2f}x alone" if measured else "-",
+        lent=str(owner["lent"]),
+        decisions=str(doc.get("summary", "")),
+    )
+    return row, detail
 
 
 # -- 2. helper 4x faster but must load -----------------------------------------------------------
@@ -520,6 +559,20 @@ def s5_two_owners(ctx: Ctx) -> Result:
                 "o2": round(max(a.done_ms for a in run.answers[S1_N:]), 1),
             },
             "lent_by_owner": {o: summarize_decisions(rows, o)["lent"] for o in ("o", "o2")},
+            # The slots each owner's grants on h carried: a second owner now gets the faster
+            # slots when its last one still pays off behind the first owner's.
+            "granted_slots_by_owner": {
+                o: sorted(
+                    {
+                        int(r.get("slots") or 0)
+                        for r in rows
+                        if r.get("kind") == "plan"
+                        and r.get("outcome") == "granted"
+                        and r.get("owner_node_id") == o
+                    }
+                )
+                for o in ("o", "o2")
+            },
             "lease_cleared_by_owner": {
                 o: sum(
                     1 for r in rows if r.get("node_id") == o and r.get("outcome") == "lease_cleared"
