@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from guardians.ports import GuardiansNode
     from lending.ports import LendingNode, ServingNode
     from registry.assets.service import AssetNode
-    from registry.ports import RegistryNode
+    from registry.ports import Calibrations, RegistryNode
 
 
 @dataclass
@@ -101,6 +101,8 @@ class Node:
     """Which replica last served each prompt prefix (`cluster.routing_cache_affinity`)."""
     sticky: StickyIds = field(default_factory=StickyIds)
     """Response, job and prompt IDs, and the replica that created each (proxy/serving/sticky.py)."""
+    benchmarks: Calibrations | None = None
+    """This node's calibration runs (proxy/edge/benchmark.py), set by runrouter."""
 
     @property
     def node_id(self) -> str:

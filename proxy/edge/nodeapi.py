@@ -506,6 +506,21 @@ async def handle_limits(ctx: Ctx, node: Node) -> None:
     await ctx.json(200, answer)
 
 
+async def handle_benchmarks(ctx: Ctx, node: Node) -> None:
+    """GET: this node's calibrations; POST `{"models": [...]}`: start one (the master's
+    `/router/v1/benchmarks` for a model of this node)."""
+    from proxy.edge.benchmark import parse_models
+
+    if node.benchmarks is None:
+        raise RouterError(503, "this node runs no benchmarks", type="backend_error")
+    if ctx.method == "GET":
+        await ctx.json(200, node.benchmarks.status())
+        return
+    doc = parse_json_body(ctx) if ctx.body.strip() else {}
+    _this_node(node, doc)
+    await ctx.json(202, node.benchmarks.start(parse_models(doc.get("models"))))
+
+
 async def handle_not_found(ctx: Ctx, node: Node) -> None:
     raise RouterError(404, "endpoint not found", type="not_found")
 
@@ -524,6 +539,7 @@ NODE_ROUTES: dict[str, Route] = {
     "/router/v1/node/guardians": (POST, handle_guardians, False),
     "/router/v1/node/api-keys": (GET_POST, handle_api_keys, False),
     "/router/v1/node/limits": (GET_POST, handle_limits, False),
+    "/router/v1/node/benchmarks": (GET_POST, handle_benchmarks, False),
     "/router/v1/node/offload/summary": (GET, handle_offload_summary, False),
     "/router/v1/node/offload/decisions": (GET, handle_offload_decisions, False),
     "/router/v1/node/offload/decisions/folded": (GET, handle_offload_decision_folds, False),
