@@ -172,3 +172,32 @@ def test_a_second_benchmark_waits_for_the_first(cluster: Cluster) -> None:
     assert second.json()["error"]["code"] == "benchmark_running"
     doc = _idle(cluster)
     assert [r["fitted"] for r in doc["results"] if r["model"] == "other"] == [True]
+
+
+def _enable(cluster: Cluster, local_id: str, enabled: bool) -> None:
+    body = {"node_id": "h", "local_id": local_id, "enabled": enabled}
+    with cluster.master.client() as client:
+        client.post("/router/v1/site/models/state", json=body).raise_for_status()
+
+
+def test_without_models_every_enabled_text_and_image_model_is_calibrated(
+    cluster: Cluster,
+) -> None:
+    # chat is disabled here: the first test needs it never calibrated, whatever the order.
+    _enable(cluster, "chat", False)
+    try:
+        with cluster.master.client() as client:
+            refused = client.post(
+                "/router/v1/benchmarks", json={"node_id": "h", "models": ["chat"]}
+            )
+            started = client.post("/router/v1/benchmarks", json={"node_id": "h"})
+        assert refused.status_code == 409, refused.text
+        assert refused.json()["error"]["code"] == "model_disabled"
+        assert started.status_code == 202, started.text
+        doc = started.json()
+        assert sorted([*doc["pending"], *filter(None, [doc["current"]])]) == ["other", "paint"]
+        done = _idle(cluster)
+        assert {r["model"] for r in done["results"]} >= {"other", "paint"}
+        assert "chat" not in {r["model"] for r in done["results"]}
+    finally:
+        _enable(cluster, "chat", True)

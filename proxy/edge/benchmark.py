@@ -81,9 +81,12 @@ def text_probes(model: str, count: int, context_tokens: int | None) -> list[Prob
     """Chat requests over the prompt x answer grid, cycled until there are `count`."""
     window = context_tokens or DEFAULT_CONTEXT_TOKENS
     # The filler runs at about 4 bytes a token; half the window in bytes leaves room for the
-    # longest answer whatever the tokenizer makes of it.
-    prompts = sorted({max(16, min(size, window // 2)) for size in PROMPT_BYTES})
-    outputs = sorted({max(1, min(size, window // 4)) for size in OUTPUT_TOKENS})
+    # longest answer whatever the tokenizer makes of it. A small window scales the whole grid
+    # down rather than capping it, which would leave one size and a term the fit cannot use.
+    prompt_scale = min(1.0, (window // 2) / max(PROMPT_BYTES))
+    output_scale = min(1.0, (window // 4) / max(OUTPUT_TOKENS))
+    prompts = sorted({max(16, int(size * prompt_scale)) for size in PROMPT_BYTES})
+    outputs = sorted({max(1, int(size * output_scale)) for size in OUTPUT_TOKENS})
     grid = list(itertools.product(prompts, outputs))
     probes: list[Probe] = []
     for prompt_bytes, max_tokens in itertools.islice(itertools.cycle(grid), count):
