@@ -163,6 +163,11 @@ async def serve_in_process(node: Node, probe: Probe, request_id: str) -> tuple[i
     except RouterError as err:
         if not ctx.started:
             await ctx.error(err)
+    except Exception:
+        # As the edge answers a client: the calibration records the 500 and goes on.
+        logger.exception("calibration request %s failed", request_id)
+        if not ctx.started:
+            await ctx.error(RouterError(500, "internal router error", type="server_error"))
     finally:
         node.requests.end()
         health.finish(ctx, node, cluster_call=False)
