@@ -4,6 +4,7 @@ calibrated, and keeps what it sent and measured in `<store_dir>/benchmarks/`."""
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -15,6 +16,8 @@ import pytest
 
 from tests.harness import REPO, Cluster, ModelSpec, sim_weights, start_cluster, wait_for
 from tests.test_openapi import assert_matches
+
+pytestmark = pytest.mark.integration
 
 # Every request of the grid costs differently: base + prompt tokens + output tokens.
 TEXT = ModelSpec(
@@ -212,3 +215,38 @@ def test_without_models_every_enabled_text_and_image_model_is_calibrated(
         assert results.get("chat") == before.get("chat")
     finally:
         _enable(cluster, "chat", True)
+
+
+@pytest.fixture
+def slave_settings(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process reads the slave's config, as `manage.py --config` on its machine would."""
+    from django.conf import settings
+
+    from routerproject.config import load_config
+
+    monkeypatch.setattr(
+        settings, "ROUTER", load_config(cluster.slaves["h"].config_path, environ={})
+    )
+
+
+def _command(*args: str) -> str:
+    from django.core.management import call_command
+
+    out = io.StringIO()
+    call_command("benchmark_models", *args, stdout=out)
+    return out.getvalue()
+
+
+def test_the_command_names_the_routers_refusal_and_a_dry_run_sends_nothing(
+    cluster: Cluster, slave_settings: None
+) -> None:
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match=r'answered 404: model "nope" is not a config on node h'):
+        _command("--models", "nope")
+    port = cluster.slaves["h"].port
+    out = _command("--dry-run", "--models", "chat, other")
+    assert out.strip() == (
+        f'would POST http://127.0.0.1:{port}/router/v1/benchmarks {{"models": ["chat", "other"]}}'
+    )
+    assert not _idle(cluster)["running"]
