@@ -1,8 +1,9 @@
-"""Starting and reading model calibrations on any node of the cluster (`/router/v1/benchmarks`).
+"""Starting and reading model calibrations on any node of the cluster (`/router/v1/benchmarks`,
+`/router/v1/benchmarks/run`).
 
 The calibration itself runs on the node that holds the model (proxy/edge/benchmark.py): its
 requests must be served by that node's own runtimes for its own fits. A master reaches another
-node through the node protocol (`/router/v1/node/benchmarks`) with the cluster token.
+node through the node protocol (`/router/v1/node/benchmarks[/run]`) with the cluster token.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ def _local(node: RegistryNode) -> Calibrations:
 
 
 async def _remote(
-    node: RegistryNode, node_id: str, method: str, body: dict[str, Any] | None
+    node: RegistryNode, node_id: str, method: str, path: str, body: dict[str, Any] | None
 ) -> dict[str, Any]:
     remote = node.cluster.nodes.get(node_id)
     if remote is None:
@@ -32,7 +33,7 @@ async def _remote(
     if node.client is None:
         raise RouterError(502, "this node has no cluster client", type="backend_error")
     try:
-        status, doc = await node.client.call_json(method, remote.node_url, NODE_PATH, json=body)
+        status, doc = await node.client.call_json(method, remote.node_url, path, json=body)
     except NodeCallError as exc:
         raise RouterError(
             502, f'node "{node_id}" did not answer: {exc}', type="backend_error"
@@ -60,11 +61,11 @@ async def benchmark_start(
     body: dict[str, Any] = {"node_id": node_id}
     if models is not None:
         body["models"] = list(models)
-    return await _remote(node, node_id, "POST", body)
+    return await _remote(node, node_id, "POST", NODE_PATH + "/run", body)
 
 
 async def benchmark_status(*, node: RegistryNode, node_id: str | None) -> dict[str, Any]:
     """The calibrations of node `node_id` (default this node): running, pending, results."""
     if not node_id or node_id == node.node_id:
         return _local(node).status()
-    return await _remote(node, node_id, "GET", None)
+    return await _remote(node, node_id, "GET", NODE_PATH, None)

@@ -11,8 +11,8 @@ each request measured, the load and the fit that resulted are kept in
 `<store_dir>/benchmarks/<model>-<UTC time>.json`.
 
 No route here serves inference: the requests never leave the process, so they need no
-credential, and only an admin-key or cluster-token call (`/router/v1/benchmarks`,
-`/router/v1/node/benchmarks`) can start a calibration.
+credential, and only an admin-key or cluster-token call (`/router/v1/benchmarks/run`,
+`/router/v1/node/benchmarks/run`) can start a calibration.
 """
 
 from __future__ import annotations

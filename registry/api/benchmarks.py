@@ -1,5 +1,5 @@
-"""`/router/v1/benchmarks`: calibrate a node's models (the Nodes page's Benchmark button and
-`manage.py benchmark_models` both start it here)."""
+"""`/router/v1/benchmarks[/run]`: calibrate a node's models (the Nodes page's Benchmark button
+and `manage.py benchmark_models` both start it here)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,11 @@ from registry.benchmarks import benchmark_start, benchmark_status
 from registry.ports import running_node
 from routerproject.api import RouterAPIView, error_response
 
-BENCHMARK_ERRORS = {
+STATUS_ERRORS = {
+    404: error_response("The node is not known."),
+    502: error_response("The node did not answer."),
+}
+RUN_ERRORS = {
     400: error_response("The request is invalid; `param` names the field at fault."),
     404: error_response("The node is not known, or the model is not a config on it."),
     409: error_response(
@@ -33,13 +37,15 @@ class BenchmarksView(RouterAPIView):
         ],
         responses={
             200: OpenApiResponse(s.BenchmarkStatusSerializer, "The calibrations."),
-            **BENCHMARK_ERRORS,
+            **STATUS_ERRORS,
         },
     )
     async def get(self, request: Request) -> Response:
         node_id = request.query_params.get("node_id") or None
         return Response(await benchmark_status(node=running_node(), node_id=node_id))
 
+
+class BenchmarkRunView(RouterAPIView):
     @extend_schema(
         operation_id="benchmarksStart",
         summary="Calibrate a node's models in the background",
@@ -53,7 +59,7 @@ class BenchmarksView(RouterAPIView):
         request=s.BenchmarkSerializer,
         responses={
             202: OpenApiResponse(s.BenchmarkStatusSerializer, "Started; the node's status."),
-            **BENCHMARK_ERRORS,
+            **RUN_ERRORS,
         },
     )
     async def post(self, request: Request) -> Response:

@@ -12,6 +12,7 @@ urlpatterns = [
     path("unload", views.UnloadView.as_view(), name="router-unload"),
     path("version", views.VersionView.as_view(), name="router-version"),
     path("benchmarks", benchmarks.BenchmarksView.as_view(), name="router-benchmarks"),
+    path("benchmarks/run", benchmarks.BenchmarkRunView.as_view(), name="router-benchmarks-run"),
     path("site/nodes/state", views.NodesStateView.as_view(), name="site-nodes-state"),
     path("site/nodes/unload", views.NodesUnloadView.as_view(), name="site-nodes-unload"),
     path("site/models/state", views.ModelStateView.as_view(), name="site-models-state"),

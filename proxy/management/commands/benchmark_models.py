@@ -3,7 +3,7 @@ can price them from the first burst.
 
 Scope: the running router of this machine's config (`server.bind`), and only its own models
 (all enabled text and image models when `--models` is omitted). It asks the router
-(`POST /router/v1/benchmarks`, with the first of `auth.admin_keys`, or `$ROUTER_ADMIN_KEY`)
+(`POST /router/v1/benchmarks/run`, with the first of `auth.admin_keys`, or `$ROUTER_ADMIN_KEY`)
 to run the calibration, waits for it, and prints one row per model and lane: requests sent,
 the measured load and the cost fit. The router keeps each result in
 `<store_dir>/benchmarks/<model>-<UTC time>.json`. Running it again measures again (new
@@ -27,6 +27,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from proxy.management.commands.healthcheck import probe_url
 
 ROUTE = "/router/v1/benchmarks"
+RUN_ROUTE = "/router/v1/benchmarks/run"
 CALL_TIMEOUT_SECS = 30.0
 POLL_SECS = 0.5
 DEFAULT_WAIT_SECS = 1800.0
@@ -118,9 +119,9 @@ class Command(BaseCommand):
         models = [m.strip() for m in (options["models"] or "").split(",") if m.strip()] or None
         body: dict[str, Any] = {} if models is None else {"models": models}
         if options["dry_run"]:
-            self.stdout.write(f"would POST {probe_url(ROUTE)} {json.dumps(body)}")
+            self.stdout.write(f"would POST {probe_url(RUN_ROUTE)} {json.dumps(body)}")
             return
-        status, doc = call("POST", ROUTE, body)
+        status, doc = call("POST", RUN_ROUTE, body)
         if status != 202:
             raise _refusal(status, doc)
         wanted = set(doc.get("pending", [])) | ({doc["current"]} if doc.get("current") else set())
