@@ -258,3 +258,16 @@ def test_the_command_names_the_routers_refusal_and_a_dry_run_sends_nothing(
     url = f"http://127.0.0.1:{port}{RUN}"
     assert out.strip() == f'would POST {url} {{"models": ["chat", "other"]}}'
     assert not _idle(cluster)["running"]
+
+
+def test_a_restarted_node_still_shows_its_kept_results(cluster: Cluster) -> None:
+    with cluster.slaves["h"].client() as client:
+        started = client.post(RUN, json={"models": ["other"]})
+    assert started.status_code == 202, started.text
+    before = {r["model"]: r for r in _idle(cluster)["results"]}
+    # A file in the folder that is no result is passed over, not fatal.
+    (cluster.slaves["h"].store / "benchmarks" / "notes.json").write_text("not json")
+    cluster.restart_slave("h")
+    cluster.wait_healthy("h")
+    after = {r["model"]: r for r in _idle(cluster)["results"]}
+    assert after == before

@@ -341,16 +341,37 @@ def _summary(doc: dict[str, Any]) -> dict[str, Any]:
     return {**{key: doc[key] for key in keys}, "lanes": lanes}
 
 
+def kept_results(folder: Path, models: set[str]) -> dict[str, dict[str, Any]]:
+    """The newest kept result of each of `models`, so a restarted node still shows them.
+
+    A file that cannot be read or does not look like a result is passed over: it is the
+    operator's folder too.
+    """
+    newest: dict[str, dict[str, Any]] = {}
+    # The names end in a sortable UTC time, so the last file of a model is its newest.
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            doc = json.loads(path.read_text())
+            if doc.get("model") in models:
+                newest[doc["model"]] = _summary({**doc, "file": str(path)})
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            logger.warning("benchmark file %s is not a result; passed over", path)
+    return newest
+
+
 class Benchmarks:
     """This node's calibrations: one run at a time (it unloads and loads models), its models
-    one after the other, and the last result of each model since the node started."""
+    one after the other, and the last result of each model (read back from the folder when
+    the node starts)."""
 
     def __init__(self, node: Node) -> None:
         self.node = node
         self._task: asyncio.Task[None] | None = None
         self._pending: list[str] = []
         self._current: str | None = None
-        self._results: dict[str, dict[str, Any]] = {}
+        self._results: dict[str, dict[str, Any]] = kept_results(
+            Path(node.config.cluster.store_dir) / BENCH_DIR, set(node.catalog.configs)
+        )
 
     @property
     def running(self) -> bool:

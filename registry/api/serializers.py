@@ -541,4 +541,6 @@ class BenchmarkStatusSerializer(serializers.Serializer):
     running = serializers.BooleanField()
     current = serializers.CharField(allow_null=True, help_text="The model being calibrated.")
     pending = serializers.ListField(child=serializers.CharField())
-    results = BenchmarkResultSerializer(many=True, help_text="The last result of each model.")
+    results = BenchmarkResultSerializer(
+        many=True, help_text="The last result of each model, kept across restarts."
+    )
