@@ -89,11 +89,16 @@ def text_probes(model: str, count: int, context_tokens: int | None) -> list[Prob
     outputs = sorted({max(1, int(size * output_scale)) for size in OUTPUT_TOKENS})
     grid = list(itertools.product(prompts, outputs))
     probes: list[Probe] = []
-    for prompt_bytes, max_tokens in itertools.islice(itertools.cycle(grid), count):
+    for index, (prompt_bytes, max_tokens) in enumerate(
+        itertools.islice(itertools.cycle(grid), count)
+    ):
         text = (FILLER * (prompt_bytes // len(FILLER) + 1))[:prompt_bytes]
+        # A different first line each time: a backend's prompt cache reuses a common prefix,
+        # and a prefill it skipped would measure nothing.
+        content = f"List {index:03d}. Continue it: {text}"
         doc = {
             "model": model,
-            "messages": [{"role": "user", "content": f"Continue this list: {text}"}],
+            "messages": [{"role": "user", "content": content}],
             "max_tokens": max_tokens,
         }
         probes.append(

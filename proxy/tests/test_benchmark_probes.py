@@ -42,6 +42,9 @@ def test_text_probes_vary_prompt_and_answer_so_a_two_term_fit_separates_them() -
     fit = fit_durations(np.column_stack((prompts, outputs)), durations, min_samples=20)
     assert fit is not None and fit.uniform_work is None and fit.constant_work is None
     assert fit.slopes_ms == pytest.approx((2.0, 10.0))
+    # No two prompts share their opening, so a backend's prompt cache reuses none of them.
+    openings = {json.loads(p.body)["messages"][0]["content"][:8] for p in probes}
+    assert len(openings) == len(probes)
     for probe in probes:
         doc: dict[str, Any] = json.loads(probe.body)
         assert doc["model"] == "m" and doc["max_tokens"] == probe.sizes["max_tokens"]
