@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from guardians.ports import GuardiansNode
     from lending.ports import LendingNode, ServingNode
     from registry.assets.service import AssetNode
-    from registry.ports import RegistryNode
+    from registry.ports import Calibrations, RegistryNode
 
 
 @dataclass
@@ -104,6 +104,8 @@ class Node:
     """Response, job and prompt IDs, and the replica that created each (proxy/serving/sticky.py)."""
     generations: Generations = field(default_factory=Generations)
     """Kobold generations running here that a client may check or abort by `genkey`."""
+    benchmarks: Calibrations | None = None
+    """This node's calibration runs (proxy/edge/benchmark.py), set by runrouter."""
 
     @property
     def node_id(self) -> str:

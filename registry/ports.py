@@ -139,6 +139,20 @@ class OwnWork(Protocol):
         ...
 
 
+class Calibrations(Protocol):
+    """The node's model calibrations (`manage.py benchmark_models`, proxy/edge/benchmark.py)."""
+
+    def start(self, models: Sequence[str] | None) -> dict[str, Any]:
+        """Start calibrating `models` (None: every enabled text or image model); the status."""
+        ...
+
+    def status(self) -> dict[str, Any]: ...
+
+    async def stop(self) -> None:
+        """Shutdown: send no more calibration requests."""
+        ...
+
+
 class PendingRows(Protocol):
     def pending(self) -> int: ...
 
@@ -185,6 +199,9 @@ class RegistryNode(RoutingNode, ClusterMember, Protocol):
 
     @property
     def model_state_lock(self) -> asyncio.Lock: ...
+
+    @property
+    def benchmarks(self) -> Calibrations | None: ...
 
     def source(self) -> str: ...
 

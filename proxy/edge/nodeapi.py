@@ -572,6 +572,25 @@ async def handle_limits(ctx: Ctx, node: Node) -> None:
     await ctx.json(200, answer)
 
 
+async def handle_benchmarks(ctx: Ctx, node: Node) -> None:
+    """This node's calibrations: the one running and the last result of each model."""
+    if node.benchmarks is None:
+        raise RouterError(503, "this node runs no benchmarks", type="backend_error")
+    await ctx.json(200, node.benchmarks.status())
+
+
+async def handle_benchmarks_run(ctx: Ctx, node: Node) -> None:
+    """`{"models": [...]}`: start calibrating (the master's `/router/v1/benchmarks/run` for
+    models of this node)."""
+    from proxy.edge.benchmark import parse_models
+
+    if node.benchmarks is None:
+        raise RouterError(503, "this node runs no benchmarks", type="backend_error")
+    doc = parse_json_body(ctx) if ctx.body.strip() else {}
+    _this_node(node, doc)
+    await ctx.json(202, node.benchmarks.start(parse_models(doc.get("models"))))
+
+
 async def handle_not_found(ctx: Ctx, node: Node) -> None:
     raise RouterError(404, "endpoint not found", type="not_found")
 
@@ -590,6 +609,8 @@ NODE_ROUTES: dict[str, Route] = {
     "/router/v1/node/guardians": (POST, handle_guardians, False),
     "/router/v1/node/api-keys": (GET_POST, handle_api_keys, False),
     "/router/v1/node/limits": (GET_POST, handle_limits, False),
+    "/router/v1/node/benchmarks": (GET, handle_benchmarks, False),
+    "/router/v1/node/benchmarks/run": (POST, handle_benchmarks_run, False),
     "/router/v1/node/offload/summary": (GET, handle_offload_summary, False),
     "/router/v1/node/offload/decisions": (GET, handle_offload_decisions, False),
     "/router/v1/node/offload/decisions/folded": (GET, handle_offload_decision_folds, False),

@@ -97,6 +97,33 @@ class ModelStateSerializer(BodySerializer):
     enabled = _enabled()
 
 
+class BenchmarkSerializer(BodySerializer):
+    node_id = StrictCharField(
+        required=False,
+        allow_null=True,
+        help_text="The node whose models to calibrate (default this node); a master reaches "
+        "any node of its cluster.",
+        error_messages={"blank": "must be a non-empty string", "invalid": "must be a string"},
+    )
+    models = serializers.ListField(
+        child=StrictCharField(
+            error_messages={
+                "blank": "must name each model by a non-empty string",
+                "invalid": "must name each model by a non-empty string",
+                "null": "must name each model by a non-empty string",
+            }
+        ),
+        required=False,
+        allow_null=True,
+        allow_empty=False,
+        help_text="Local model IDs on that node (default every enabled text or image model).",
+        error_messages={
+            "not_a_list": "must be a list of model IDs",
+            "empty": "must name at least one model",
+        },
+    )
+
+
 # -- answers -------------------------------------------------------------------------------------
 
 
@@ -483,3 +510,37 @@ class InventorySerializer(serializers.Serializer):
     )
     models = ModelRecordSerializer(many=True, help_text="The cluster view, as /router/v1/models.")
     recipes = RecipeSerializer(many=True, help_text="The master's split recipes.")
+
+
+class BenchmarkLaneSerializer(serializers.Serializer):
+    lane = serializers.ChoiceField(["text", "image"])
+    model_id = serializers.CharField(help_text="The ID the analytics rows and the fit carry.")
+    requests = serializers.IntegerField(help_text="Requests sent.")
+    ok = serializers.IntegerField(help_text="Requests answered 200.")
+    load_ms = serializers.FloatField(
+        allow_null=True, help_text="The measured load (the first request loaded the model)."
+    )
+    fit = serializers.DictField(
+        allow_null=True, help_text="The cost fit (as runtime-status `costs.models` shows it)."
+    )
+
+
+class BenchmarkResultSerializer(serializers.Serializer):
+    model = serializers.CharField()
+    started_at = serializers.CharField(required=False)
+    finished_at = serializers.CharField(required=False)
+    file = serializers.CharField(required=False, help_text="The result file on that node.")
+    fitted = serializers.BooleanField(required=False)
+    min_samples = serializers.IntegerField(required=False)
+    lanes = BenchmarkLaneSerializer(many=True, required=False)
+    error = serializers.CharField(required=False, help_text="Why the calibration failed.")
+
+
+class BenchmarkStatusSerializer(serializers.Serializer):
+    node_id = serializers.CharField()
+    running = serializers.BooleanField()
+    current = serializers.CharField(allow_null=True, help_text="The model being calibrated.")
+    pending = serializers.ListField(child=serializers.CharField())
+    results = BenchmarkResultSerializer(
+        many=True, help_text="The last result of each model, kept across restarts."
+    )

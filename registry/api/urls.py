@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from django.urls import path
 
-from registry.api import assets, cook, views
+from registry.api import assets, benchmarks, cook, views
 
 urlpatterns = [
     path("models", views.ModelsView.as_view(), name="router-models"),
     path("load", views.LoadView.as_view(), name="router-load"),
     path("unload", views.UnloadView.as_view(), name="router-unload"),
     path("version", views.VersionView.as_view(), name="router-version"),
+    path("benchmarks", benchmarks.BenchmarksView.as_view(), name="router-benchmarks"),
+    path("benchmarks/run", benchmarks.BenchmarkRunView.as_view(), name="router-benchmarks-run"),
     path("site/nodes/state", views.NodesStateView.as_view(), name="site-nodes-state"),
     path("site/nodes/unload", views.NodesUnloadView.as_view(), name="site-nodes-unload"),
     path("site/models/state", views.ModelStateView.as_view(), name="site-models-state"),

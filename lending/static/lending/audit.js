@@ -4,8 +4,8 @@
 (() => {
   const PAGE = 50;
   const ACTIONS = ["link.create", "link.update", "link.delete", "settings.update", "settings.reset",
-    "guardian.create", "guardian.update", "guardian.delete", "model.load", "model.unload", "model.disable",
-    "model.enable", "recipe.create", "recipe.update", "recipe.delete", "asset.bind", "asset.substitute",
+    "guardian.create", "guardian.update", "guardian.delete", "model.load", "model.unload", "model.benchmark",
+    "model.disable", "model.enable", "recipe.create", "recipe.update", "recipe.delete", "asset.bind", "asset.substitute",
     "asset.resolve", "api_key.create", "api_key.update", "api_key.revoke"];
   const view = {cursors: [null], open: new Set(), seq: 0, actors: new Set(), actions: new Set(ACTIONS)};
   const $ = id => document.getElementById(id);

@@ -244,6 +244,9 @@ class NodeRunner:
         )
         set_node(self.node)
         node = self.node
+        from proxy.edge.benchmark import Benchmarks
+
+        node.benchmarks = Benchmarks(node)
 
         def snapshot_seen(node_id: str, snapshot: Mapping[str, Any]) -> None:
             catch_up_if_stale(node, node_id, snapshot)
@@ -457,6 +460,8 @@ class NodeRunner:
                 # Shutdown goes on: the requests in flight still get their answers.
                 logger.exception("closing the listening socket %s failed", port)
         node = self.node
+        if node.benchmarks is not None:
+            await node.benchmarks.stop()
         await self.sync.stop()
         if self.keys is not None:
             await self.keys.stop()
