@@ -10,7 +10,7 @@ SLAVE = "http://127.0.0.1:9"
 
 
 def snapshot(*, disabled: bool = False, build: str = "1") -> dict[str, Any]:
-    model = {"local_id": "solo", "model_hash": "a" * 64, "config_hash": "b" * 64}
+    model: dict[str, Any] = {"local_id": "solo", "model_hash": "a" * 64, "config_hash": "b" * 64}
     model["disabled"] = disabled
     return {
         "node_id": "s1",
