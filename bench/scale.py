@@ -68,6 +68,15 @@ TARGETS = {
 BODY = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
 
 
+class Figures(dict[str, Any]):
+    """The result, each figure also printed (to stderr) as it is taken: a run that fails or is
+    stopped half way still shows what it measured."""
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        print(f"  {key} = {value}", file=sys.stderr, flush=True)
+        super().__setitem__(key, value)
+
+
 def write_master(root: Path, port: int, slave_urls: list[str], concurrency: int) -> Path:
     """The master's config; its database migrated, with the links and the changed setting."""
     store = root / "store"
@@ -260,7 +269,7 @@ async def measure(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     poll_times: list[float] = []
     farm.on_poll = poll_times.append
     await farm.start()
-    result: dict[str, Any] = {"bench": "scale", "nodes": args.nodes, "links": links}
+    result: dict[str, Any] = Figures(bench="scale", nodes=args.nodes, links=links)
     t0 = time.monotonic()
     argv = [sys.executable, "manage.py", "runrouter", "--config", str(config), "--no-migrate"]
     proc = start([*argv, "--no-workers"], root / "master.log", router_env())
