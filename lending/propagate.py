@@ -89,7 +89,7 @@ async def node_catch_up(node: LendingNode, node_id: str, *, also: Sequence[Catch
     run the pushes of the layers above (`also`) for it, in that order."""
     if node.role != "master":
         return
-    links = await database_sync_to_async(links_snapshot)()
+    links = await _links_for_catch_up()
     await push_links(node, links, only=node_id)
     await push_to_slaves(
         node, "/router/v1/node/offload/settings", dict(node.lending.values), only=node_id
@@ -99,6 +99,28 @@ async def node_catch_up(node: LendingNode, node_id: str, *, also: Sequence[Catch
 
 
 _catch_up_tasks: set[asyncio.Task[None]] = set()
+_links_reading: asyncio.Future[dict[str, list[dict[str, Any]]]] | None = None
+
+
+async def _links_for_catch_up() -> dict[str, list[dict[str, Any]]]:
+    """The link set from the database, one read shared by the catch-ups that ask while it runs.
+
+    After a master restart every slave registers within seconds; a read of the whole set per
+    slave (ten thousand rows each, at a thousand slaves) kept the database thread, and the
+    event loop through the GIL, busy for minutes. A read that started before a caller asked
+    is as fresh as one of its own would have been a moment earlier, and a change to the links
+    is pushed to every slave after it anyway (`links_publish`).
+    """
+    global _links_reading
+    if _links_reading is None or _links_reading.get_loop() is not asyncio.get_running_loop():
+        _links_reading = asyncio.ensure_future(database_sync_to_async(links_snapshot)())
+
+        def done(_: object) -> None:
+            global _links_reading
+            _links_reading = None
+
+        _links_reading.add_done_callback(done)
+    return await asyncio.shield(_links_reading)
 
 
 def schedule_catch_up(node: LendingNode, node_id: str, *, also: Sequence[CatchUp] = ()) -> None:

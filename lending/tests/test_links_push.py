@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,8 @@ import pytest
 import yaml
 from channels.db import database_sync_to_async
 
+from lending import propagate
+from lending.links import links_snapshot
 from lending.models import ImageLink, TextLink
 from lending.propagate import LINKS_PATH, links_by_node, links_publish, node_catch_up
 from proxy.node import Node, build_node
@@ -117,3 +120,26 @@ def test_a_link_from_a_node_to_itself_is_listed_once() -> None:
     own = links_by_node({"text": [link("a", "a"), link("a", "b")], "image": []})
     assert [ln["helper_node_id"] for ln in own["a"]["text"]] == ["a", "b"]
     assert own["b"] == {"text": [link("a", "b")], "image": []}
+
+
+async def test_catch_ups_at_once_share_one_read_of_the_links(
+    master: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await make_links()
+    pushed = record_pushes(master)
+    reads: list[int] = []
+
+    def counted() -> dict[str, list[dict[str, Any]]]:
+        reads.append(1)
+        return links_snapshot()
+
+    monkeypatch.setattr(propagate, "links_snapshot", counted)
+    await asyncio.gather(*(node_catch_up(master, node_id) for node_id in SLAVES))
+    assert len(reads) == 1
+    assert pairs(pushed["s1"], "text") == [("s1", "s2")]
+    assert pairs(pushed["s3"], "image") == [("s3", "s1")]
+    # A catch-up after that one reads the set again: a later change is seen.
+    await database_sync_to_async(TextLink.objects.create)(**link("s3", "s2"))
+    await node_catch_up(master, "s3")
+    assert len(reads) == 2
+    assert pairs(pushed["s3"], "text") == [("s3", "s2")]
