@@ -383,6 +383,8 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the master's files")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bench-scale-"))
+    # A SIGTERM ends the run through its cleanup (the master is in a session of its own).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     result = asyncio.run(measure(args, root))
     result["sync_concurrency"] = args.sync_concurrency
     result["key_pull"] = not args.no_key_pull
