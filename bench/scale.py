@@ -309,10 +309,11 @@ async def measure(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             d, r, failed = await routed_latency(farm, master, args.latency_secs)
             result["latency_pairs"] = len(d)
             result["routed_not_200"] = dict(failed)
-            result["direct_p50_ms"] = round(percentile(d, 50), 3)
-            result["routed_p50_ms"] = round(percentile(r, 50), 3)
-            result["added_p50_ms"] = round(percentile(r, 50) - percentile(d, 50), 3)
-            result["added_p99_ms"] = round(percentile(r, 99) - percentile(d, 99), 3)
+            if d and r:
+                result["direct_p50_ms"] = round(percentile(d, 50), 3)
+                result["routed_p50_ms"] = round(percentile(r, 50), 3)
+                result["added_p50_ms"] = round(percentile(r, 50) - percentile(d, 50), 3)
+                result["added_p99_ms"] = round(percentile(r, 99) - percentile(d, 99), 3)
             rounds = poll_rounds(sorted(poll_times), HEALTH_INTERVAL_SECS / 2)
             result["poll_rounds_seen"] = len(rounds)
             result["poll_round_s"] = round(max(rounds), 3) if rounds else None
