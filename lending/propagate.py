@@ -57,11 +57,24 @@ def links_by_node(snapshot: Links) -> dict[str, dict[str, list[Mapping[str, Any]
     return out
 
 
+_index: tuple[Links, dict[str, dict[str, list[Mapping[str, Any]]]]] | None = None
+
+
+def _indexed(snapshot: Links) -> dict[str, dict[str, list[Mapping[str, Any]]]]:
+    """links_by_node of `snapshot`, kept for the last one: the catch-ups of a registration
+    storm share one snapshot (one read), and indexing it for each of them made the storm cost
+    slaves times links on the event loop."""
+    global _index
+    if _index is None or _index[0] is not snapshot:
+        _index = (snapshot, links_by_node(snapshot))
+    return _index[1]
+
+
 async def push_links(
     node: LendingNode, snapshot: Links, *, only: str | None = None
 ) -> dict[str, str]:
     """Push every registered slave (or just `only`) its own links; node_id → error."""
-    own = links_by_node(snapshot)
+    own = _indexed(snapshot)
     empty: dict[str, list[Mapping[str, Any]]] = {lane: [] for lane in snapshot}
     targets = [n for n in node.cluster.nodes if only is None or n == only]
     results = await asyncio.gather(

@@ -133,13 +133,21 @@ async def test_catch_ups_at_once_share_one_read_of_the_links(
         reads.append(1)
         return links_snapshot()
 
+    indexed: list[int] = []
+
+    def index_counted(snapshot: Any) -> Any:
+        indexed.append(1)
+        return links_by_node(snapshot)
+
     monkeypatch.setattr(propagate, "links_snapshot", counted)
+    monkeypatch.setattr(propagate, "links_by_node", index_counted)
     await asyncio.gather(*(node_catch_up(master, node_id) for node_id in SLAVES))
-    assert len(reads) == 1
+    # One read, indexed once, for the three of them.
+    assert (len(reads), len(indexed)) == (1, 1)
     assert pairs(pushed["s1"], "text") == [("s1", "s2")]
     assert pairs(pushed["s3"], "image") == [("s3", "s1")]
     # A catch-up after that one reads the set again: a later change is seen.
     await database_sync_to_async(TextLink.objects.create)(**link("s3", "s2"))
     await node_catch_up(master, "s3")
-    assert len(reads) == 2
+    assert (len(reads), len(indexed)) == (2, 2)
     assert pairs(pushed["s3"], "text") == [("s3", "s2")]
