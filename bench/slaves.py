@@ -29,6 +29,7 @@ import hashlib
 import hmac
 import json
 import logging
+import os
 import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -106,7 +107,10 @@ def model_record(node_id: str, node_url: str, name: str, *, loaded: bool) -> dic
     }
 
 
-def _runtime(ident: str, name: str, loaded: list[dict[str, Any]]) -> dict[str, Any]:
+def _runtime(
+    ident: str, name: str, loaded: list[dict[str, Any]], base_url: str | None = None
+) -> dict[str, Any]:
+    """A runtime of `node/state`; a loaded one has a backend process (this one) and URL."""
     return {
         "id": ident,
         "display_name": name,
@@ -119,8 +123,8 @@ def _runtime(ident: str, name: str, loaded: list[dict[str, Any]]) -> dict[str, A
         "load": None,
         "last_error": "",
         "last_error_at": None,
-        "pid": None,
-        "base_url": None,
+        "pid": os.getpid() if loaded else None,
+        "base_url": base_url if loaded else None,
         "probe_ok": True,
         "realtime_sessions": [],
     }
@@ -271,7 +275,7 @@ class EmulatedSlave:
             "node_id": self.node_id,
             "role": "slave",
             "backends": [
-                _runtime("text-runtime", "sim", loaded),
+                _runtime("text-runtime", "sim", loaded, self.url),
                 _runtime("image-runtime", "image", []),
                 _runtime("whisper-runtime", "whisper", []),
             ],

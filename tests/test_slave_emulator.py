@@ -12,6 +12,7 @@ fingerprints the real one has, so the master cannot tell them apart.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
@@ -78,7 +79,12 @@ def shape(value: Any) -> dict[str, Any]:
             "additionalProperties": False,
         }
     if isinstance(value, list):
-        return {"type": "array", "items": shape(value[0])} if value else {"type": "array"}
+        if not value:
+            return {"type": "array"}
+        # Each item of the emulator's list must have the shape of one of the real list's items
+        # (a loaded runtime has a pid, an empty one has none).
+        kinds = {json.dumps(shape(item), sort_keys=True): shape(item) for item in value}
+        return {"type": "array", "items": {"anyOf": list(kinds.values())}}
     if value is None:
         return {}  # a field the real slave leaves empty: any value is its shape
     if isinstance(value, bool):
