@@ -419,6 +419,8 @@ def decisions_query(
 # A node answers at most this many folds; a log with more distinct decisions in the window says
 # so (`truncated`) instead of growing the answer without bound.
 MAX_FOLDS_PER_NODE = 2000
+# The rollup's minute (migration 0004 writes the same arithmetic into its triggers).
+FOLD_BUCKET_MS = 60_000
 REQUEST_ID_SAMPLE = 10
 
 
@@ -438,28 +440,24 @@ def decisions_fold(
 
     Each fold has the signature fields, its row `count`, `first_at`/`last_at`, the count of
     each trigger, and per measure its `[min, max]`; folds come newest `last_at` first.
+
+    Whole minutes of the window are read from the rollup (`offload_decision_folds`, one row
+    per signature, trigger and minute, kept by the database as rows are written); the window's
+    first minute (the oldest rows, the ones pruning takes) and a partial last minute from the
+    rows themselves. Asked for one request, the rows themselves (its index finds them).
     """
-    rows = _filtered(
-        lane=lane,
-        outcome=outcome,
-        kind=kind,
-        since_ms=since_ms,
-        until_ms=until_ms,
-        model_id=model_id,
-        request_id=request_id,
-        node_id=node_id,
-    )
+    narrow = {"lane": lane, "outcome": outcome, "kind": kind, "model_id": model_id}
+    narrow["node_id"] = node_id
     # One group per signature and trigger; the triggers are folded together below, so the
     # limit is on those finer groups, newest first.
-    grouped = (
-        rows.values(*FOLD_SIGNATURE, "trigger")
-        .annotate(**_fold_aggregates())
-        .order_by("-last_at")[: max_folds * 4 + 1]
-    )
-    fine = list(grouped)
-    truncated = len(fine) > max_folds * 4
+    cap = max_folds * 4
+    if request_id:
+        fine = _row_groups(since_ms, until_ms, cap, request_id=request_id, **narrow)
+        fine, truncated = fine[:cap], len(fine) > cap
+    else:
+        fine, truncated = _rollup_and_edges(since_ms, until_ms, cap, narrow)
     folds: dict[tuple[Any, ...], dict[str, Any]] = {}
-    for g in fine[: max_folds * 4]:
+    for g in fine:
         _fold_in(folds, g)
     out = sorted(folds.values(), key=lambda f: (-f["last_at"], f["node_id"]))
     if len(out) > max_folds:
@@ -471,6 +469,90 @@ def decisions_fold(
         fold["key_names"] = sorted(fold["key_names"])[:REQUEST_ID_SAMPLE]
     total = sum(f["count"] for f in out)
     return {"folds": out, "rows": total, "truncated": truncated}
+
+
+def _row_groups(
+    since_ms: int | None, until_ms: int | None, cap: int, **narrow: Any
+) -> list[dict[str, Any]]:
+    """Groups by signature and trigger of the decision rows themselves, newest first."""
+    rows = _filtered(since_ms=since_ms, until_ms=until_ms, **narrow)
+    grouped = (
+        rows.values(*FOLD_SIGNATURE, "trigger")
+        .annotate(**_fold_aggregates())
+        .order_by("-last_at")[: cap + 1]
+    )
+    return list(grouped)
+
+
+def _rollup_and_edges(
+    since_ms: int | None, until_ms: int | None, cap: int, narrow: dict[str, Any]
+) -> tuple[list[dict[str, Any]], bool]:
+    """The groups of a window: its first minute and a partial last one from the rows, the
+    whole minutes between from the rollup; and whether either was cut at `cap`."""
+    from django.db.models import Min
+
+    from lending.models import OffloadDecision
+
+    oldest = OffloadDecision.objects.aggregate(at=Min("recorded_at"))["at"]
+    if oldest is None:
+        return [], False
+    start = oldest if since_ms is None else max(since_ms, oldest)
+    # The rows of the first minute: a minute that lost rows to pruning has a stale range in
+    # the rollup, and pruning always takes the oldest minute.
+    first_whole = (start // FOLD_BUCKET_MS + 1) * FOLD_BUCKET_MS
+    head_until = first_whole - 1 if until_ms is None else min(until_ms, first_whole - 1)
+    groups = _row_groups(since_ms, head_until, cap, **narrow)
+    truncated = len(groups) > cap
+    groups = groups[:cap]
+    if until_ms is not None and until_ms < first_whole:
+        return groups, truncated
+    # Whole minutes up to the last one the window covers entirely.
+    end = None if until_ms is None else (until_ms + 1) // FOLD_BUCKET_MS * FOLD_BUCKET_MS
+    middle = _bucket_groups(first_whole, end, cap, narrow)
+    truncated |= len(middle) > cap
+    groups += middle[:cap]
+    if end is not None and until_ms is not None and end <= until_ms:
+        tail = _row_groups(end, until_ms, cap, **narrow)
+        truncated |= len(tail) > cap
+        groups += tail[:cap]
+    return groups, truncated
+
+
+def _bucket_groups(
+    first: int, end: int | None, cap: int, narrow: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """Groups by signature and trigger of the rollup's minutes in [first, end)."""
+    from django.db.models import Max, Min, Q, Sum
+
+    from lending.models import OffloadDecisionFold
+
+    rows = OffloadDecisionFold.objects.filter(bucket_ms__gte=first)
+    if end is not None:
+        rows = rows.filter(bucket_ms__lt=end)
+    for name in ("lane", "outcome", "kind", "node_id"):
+        if narrow.get(name):
+            rows = rows.filter(**{name: narrow[name]})
+    if narrow.get("model_id"):
+        model = narrow["model_id"]
+        rows = rows.filter(Q(owner_model_id=model) | Q(helper_model_id=model))
+    # Aliased: an annotation may not take the name of a rollup column.
+    aggregates: dict[str, Any] = {"g_n": Sum("n"), "g_first_at": Min("first_at")}
+    aggregates["g_last_at"] = Max("last_at")
+    for name in ("version", "source", "request", "key"):
+        aggregates[f"g_{name}_min"] = Min(f"{name}_min")
+        aggregates[f"g_{name}_max"] = Max(f"{name}_max")
+    for m in FOLD_MEASURES:
+        aggregates[f"{m}__min"] = Min(f"{m}_min")
+        aggregates[f"{m}__max"] = Max(f"{m}_max")
+    grouped = (
+        rows.values(*FOLD_SIGNATURE, "trigger").annotate(**aggregates).order_by("-g_last_at")
+    )[: cap + 1]
+    out = []
+    for g in grouped:
+        row = {k.removeprefix("g_") if k.startswith("g_") else k: v for k, v in g.items()}
+        row["n"] = int(row["n"])  # PostgreSQL sums a bigint to a numeric
+        out.append(row)
+    return out
 
 
 def _fold_aggregates() -> dict[str, Any]:

@@ -150,3 +150,84 @@ class OffloadDecision(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind}/{self.outcome} {self.owner_model_id}→{self.helper_model_id}"
+
+
+class OffloadDecisionFold(models.Model):
+    """The decision log rolled up: one row per fold signature, trigger and minute.
+
+    Kept by the database itself (triggers on `offload_decisions`, migration 0004), so every
+    writer keeps it in step: the router's flush, an import, a test's factory. A page of folds
+    reads these rows instead of grouping a million decision rows.
+    """
+
+    bucket_ms = models.BigIntegerField(help_text="Start of the minute (Unix ms) of the rows.")
+    node_id = models.CharField(max_length=64, default="")
+    kind = models.CharField(max_length=16, default="")
+    lane = models.CharField(max_length=8, default="")
+    owner_node_id = models.CharField(max_length=64, default="")
+    owner_model_id = models.CharField(max_length=255, default="")
+    helper_node_id = models.CharField(max_length=64, default="")
+    helper_model_id = models.CharField(max_length=255, default="")
+    outcome = models.CharField(max_length=32, default="")
+    reason = models.CharField(max_length=64, default="")
+    trigger = models.CharField(max_length=32, default="")
+    n = models.BigIntegerField(default=0)
+    first_at = models.BigIntegerField(default=0)
+    last_at = models.BigIntegerField(default=0)
+    version_min = models.CharField(max_length=32, default="")
+    version_max = models.CharField(max_length=32, default="")
+    source_min = models.CharField(max_length=16, default="")
+    source_max = models.CharField(max_length=16, default="")
+    request_min = models.CharField(max_length=128, null=True, blank=True)
+    request_max = models.CharField(max_length=128, null=True, blank=True)
+    key_min = models.CharField(max_length=200, null=True, blank=True)
+    key_max = models.CharField(max_length=200, null=True, blank=True)
+    pending_count_min = models.BigIntegerField(default=0)
+    pending_count_max = models.BigIntegerField(default=0)
+    backlog_count_min = models.BigIntegerField(default=0)
+    backlog_count_max = models.BigIntegerField(default=0)
+    keep_ms_min = models.FloatField(default=0)
+    keep_ms_max = models.FloatField(default=0)
+    switch_ms_min = models.FloatField(default=0)
+    switch_ms_max = models.FloatField(default=0)
+    restore_ms_min = models.FloatField(default=0)
+    restore_ms_max = models.FloatField(default=0)
+    service_ms_min = models.FloatField(default=0)
+    service_ms_max = models.FloatField(default=0)
+    owner_job_ms_min = models.FloatField(default=0)
+    owner_job_ms_max = models.FloatField(default=0)
+    helper_idle_ms_min = models.BigIntegerField(default=0)
+    helper_idle_ms_max = models.BigIntegerField(default=0)
+    slots_min = models.BigIntegerField(default=0)
+    slots_max = models.BigIntegerField(default=0)
+    lent_out_min = models.BigIntegerField(default=0)
+    lent_out_max = models.BigIntegerField(default=0)
+    borrowed_ahead_min = models.BigIntegerField(default=0)
+    borrowed_ahead_max = models.BigIntegerField(default=0)
+    wait_ms_min = models.BigIntegerField(default=0)
+    wait_ms_max = models.BigIntegerField(default=0)
+
+    class Meta:
+        db_table = "offload_decision_folds"
+        constraints = [
+            models.UniqueConstraint(
+                fields=[
+                    "node_id",
+                    "kind",
+                    "lane",
+                    "owner_node_id",
+                    "owner_model_id",
+                    "helper_node_id",
+                    "helper_model_id",
+                    "outcome",
+                    "reason",
+                    "trigger",
+                    "bucket_ms",
+                ],
+                name="uniq_decision_fold",
+            )
+        ]
+        indexes = [models.Index(fields=["bucket_ms"], name="offload_fold_bucket")]
+
+    def __str__(self) -> str:
+        return f"{self.kind}/{self.outcome} x{self.n} @{self.bucket_ms}"

@@ -237,6 +237,21 @@ class ClusterState:
             if not rec.get("backend_mode"):
                 rec["backend_mode"] = "kobold"
             rec["available"] = True
+        held = self.nodes.get(node_id)
+        if (
+            held is not None
+            and held.healthy
+            and held.node_url == url
+            and held.build_version == build
+            and held.records == models
+        ):
+            # The answer of most polls: nothing changed. A rebuild costs time in the number of
+            # records of the whole cluster, so rebuilding on each of N polls a round would make
+            # the round cost N² (seconds at a thousand nodes); the view is already this one.
+            held.updated_at = time.time()
+            held.accepted_at = time.monotonic()
+            self._tell_health(node_id, True)
+            return held
         node = RemoteNode(node_id, url, models, build_version=build)
         self.nodes[node_id] = node
         self.routing_allow.add(url)

@@ -149,20 +149,40 @@ def _is_at_or_below(base: str, url: str) -> bool:
     return len(path) == len(base_path) or path[len(base_path)] == "/"
 
 
+Index = dict[str, tuple[tuple[str, str], ...]]
+"""origin → (base, base path without its trailing slash) of every allowed base there."""
+
+
+def _index_add(index: Index, base: str) -> Index:
+    origin, path = _split_url(base)
+    out = dict(index)
+    out[origin] = (*index.get(origin, ()), (base, path.rstrip("/")))
+    return out
+
+
 class AllowList:
     """The set of node base URLs this process may send the cluster token to.
 
     Reads happen on every call while writes are rare (a slave registering), so
     the set is replaced rather than mutated and readers never need the lock.
+    The bases are indexed by origin: a call looks at the bases of its own origin only, where
+    a scan of every base cost a thousand URL parses a call on a master of a thousand nodes.
     """
 
     def __init__(self, urls: Iterable[str] = ()) -> None:
         self._lock = threading.Lock()
         self._bases: frozenset[str] = frozenset(normalize_base_url(url) for url in urls)
+        index: Index = {}
+        for base in self._bases:
+            index = _index_add(index, base)
+        self._by_origin = index
 
     def add(self, url: str) -> None:
         base = normalize_base_url(url)
         with self._lock:
+            if base in self._bases:
+                return
+            self._by_origin = _index_add(self._by_origin, base)
             self._bases = self._bases | {base}
 
     def discard(self, url: str) -> None:
@@ -171,7 +191,17 @@ class AllowList:
         except ValueError:
             return  # an invalid URL can never have been added
         with self._lock:
+            if base not in self._bases:
+                return
+            origin, _ = _split_url(base)
+            index = dict(self._by_origin)
+            kept = tuple(entry for entry in index[origin] if entry[0] != base)
+            if kept:
+                index[origin] = kept
+            else:
+                del index[origin]
             self._bases = self._bases - {base}
+            self._by_origin = index
 
     @property
     def bases(self) -> frozenset[str]:
@@ -187,8 +217,21 @@ class AllowList:
 
     def base_for(self, url: str) -> str | None:
         """The allowed base that `url` is at or below; the longest one if several match."""
-        matches = [base for base in self._bases if _is_at_or_below(base, url)]
-        return max(matches, key=len) if matches else None
+        try:
+            origin, path = _split_url(url)
+        except ValueError:
+            return None
+        if _has_dot_segment(path):
+            return None
+        path = path.rstrip("/")
+        best: str | None = None
+        for base, base_path in self._by_origin.get(origin, ()):
+            below = path.startswith(base_path) and (
+                len(path) == len(base_path) or path[len(base_path)] == "/"
+            )
+            if below and (best is None or len(base) > len(best)):
+                best = base
+        return best
 
     def __repr__(self) -> str:
         return f"AllowList({sorted(self._bases)!r})"

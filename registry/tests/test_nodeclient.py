@@ -135,6 +135,22 @@ def test_a_root_base_allows_every_path_on_that_origin_only() -> None:
     assert allow.base_for("http://a.evil/anything") is None
 
 
+def test_base_for_takes_the_longest_base_and_follows_adds_and_discards() -> None:
+    allow = AllowList([f"http://127.0.0.1:{port}" for port in range(20000, 21000)])
+    allow.add("http://127.0.0.1:20500/deep")
+    allow.add("http://127.0.0.1:20500/deep")  # twice: still one base
+    assert allow.base_for("http://127.0.0.1:20500/deep/x") == "http://127.0.0.1:20500/deep"
+    assert allow.base_for("http://127.0.0.1:20500/deeper") == "http://127.0.0.1:20500"
+    assert allow.base_for("http://127.0.0.1:20999/v1") == "http://127.0.0.1:20999"
+    assert allow.base_for("http://127.0.0.1:21000/v1") is None
+    allow.discard("http://127.0.0.1:20500/deep/")
+    assert allow.base_for("http://127.0.0.1:20500/deep/x") == "http://127.0.0.1:20500"
+    allow.discard("http://127.0.0.1:20500")
+    assert allow.base_for("http://127.0.0.1:20500/deep/x") is None
+    assert "http://127.0.0.1:20500" not in allow
+    assert len(allow.bases) == 999
+
+
 # --- control calls -------------------------------------------------------------
 
 
