@@ -295,3 +295,24 @@ def test_the_timeline_charts_the_nodes_that_lent_or_borrowed_and_folds_the_rest(
     assert len(charted()) == 48 and charted() == sorted(charted())
     width = tab.evaluate("[document.documentElement.scrollWidth, document.body.scrollWidth]")
     assert max(width) <= PHONE["width"], width
+
+
+def test_the_nodes_page_asks_for_the_inventory_and_models_every_6th_refresh_only(
+    cluster: EmulatedCluster, new_page: Callable[..., Any]
+) -> None:
+    tab = new_page(viewport=DESKTOP)
+    asked: list[str] = []
+    tab.on("request", lambda r: asked.append(r.url.split("/router/v1/", 1)[-1]))
+    tab.goto(cluster.master_url + "/ui/nodes")
+    tab.wait_for_function("window.fullPaintMs !== undefined", timeout=60_000)
+    for _ in range(7):
+        tab.evaluate("refresh()")
+
+    def due() -> bool:
+        # The summary is asked once per refresh: refresh n asks for the others when n % 6 == 1.
+        refreshes = asked.count("site/offload/summary")
+        expected = len([n for n in range(1, refreshes + 1) if n % 6 == 1])
+        return refreshes >= 8 and asked.count("site/inventory") == expected == asked.count("models")
+
+    poll(due, 30, "the inventory and model list asked for every 6th refresh")
+    assert asked.count("site/nodes/state?nodes=all") >= 8
