@@ -53,7 +53,9 @@ def _loading_state(slave: EmulatedSlave) -> dict[str, Any]:
     """A text runtime loading the slave's second model."""
     state = EmulatedSlave.state(slave)
     runtime = state["backends"][0]
-    runtime.update(lifecycle_state="loading", loading=slave.model_names[1], loaded_models=[])
+    name = slave.model_names[1]
+    load = {"model_id": name, "elapsed_ms": 1500, "waiting": 1, "expected_ms": 2000.0}
+    runtime.update(lifecycle_state="loading", loading=name, load=load, loaded_models=[])
     return state
 
 
@@ -191,6 +193,9 @@ def test_the_nodes_page_groups_by_state_with_counts_and_folds_the_idle_ones(
     ]
     assert _groups(tab) == ["loading", "busy", "lending", "down"]
     assert _cards(tab) == LOADING + BUSY + LENDING + DOWN
+    assert tab.inner_text(f'.card[data-node="{LOADING[0]}"] .load b') == (
+        f"loading {LOADING[0]}-m1"
+    )
     assert tab.inner_text(".idle-line") == f"{IDLE_COUNT} idle nodes — show"
     tab.screenshot(path=str(ARTIFACTS / "webui-300-nodes-groups.png"), full_page=True)
     tab.click("#show-idle")
