@@ -451,6 +451,45 @@ async def remote_node_state(*, node: RegistryNode, remote: RemoteNode) -> dict[s
     return doc if isinstance(doc, dict) else {}
 
 
+async def remote_node_states(
+    *, node: RegistryNode
+) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """Every healthy remote node's state, asked at once: (states by node ID, node_errors).
+
+    The Nodes page at a few hundred nodes used to ask for each node's state in turn, one
+    request each; this asks them all in parallel within one `cluster.control_timeout`, so the
+    page waits for the slowest node rather than for the sum of all of them.
+    """
+    import asyncio
+
+    from registry.nodeclient import NodeCallError
+
+    remotes = sorted(node.cluster.nodes.values(), key=lambda n: n.node_id)
+    client = node.client
+    if client is None or not remotes:
+        return [], []
+    limit = node.config.cluster.control_timeout
+
+    async def one(remote: RemoteNode) -> tuple[Any, str]:
+        if not remote.healthy:
+            return None, "node is not healthy"
+        try:
+            return await client.call_ok(
+                "GET", remote.node_url, "/router/v1/node/state", timeout=limit
+            ), ""
+        except NodeCallError as exc:
+            return None, str(exc)
+
+    answers = await asyncio.gather(*(one(r) for r in remotes))
+    states = [doc for doc, _ in answers if isinstance(doc, dict)]
+    errors = [
+        {"node_id": r.node_id, "error": err or "not a JSON object"}
+        for r, (doc, err) in zip(remotes, answers, strict=True)
+        if not isinstance(doc, dict)
+    ]
+    return states, errors
+
+
 def cluster_state(*, node: RegistryNode) -> dict[str, Any]:
     """`site/nodes/state` without a node: every node's health as the master sees it."""
     return {

@@ -9,6 +9,7 @@ from registry.api.assets import TransferSerializer
 from registry.services import UNLOAD_TARGETS
 from routerproject.api import (
     BodySerializer,
+    NodeErrorSerializer,
     StrictBooleanField,
     StrictCharField,
     StrictChoiceField,
@@ -411,6 +412,15 @@ class NodeStateSerializer(serializers.Serializer):
     )
     affinity = AffinitySerializer(help_text="Cache-affine replica choice on this node.")
     cluster = ClusterStateSerializer(required=False)
+    node_states = serializers.ListField(
+        child=serializers.DictField(),
+        required=False,
+        help_text="With nodes=all: every other healthy node's state (each of this shape, "
+        "without `cluster`), in node ID order.",
+    )
+    node_errors = NodeErrorSerializer(
+        many=True, required=False, help_text="With nodes=all: nodes whose state is missing."
+    )
 
 
 # -- the site inventory ------------------------------------------------------------------------

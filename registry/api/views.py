@@ -19,7 +19,7 @@ from registry.api import serializers as s
 from registry.inventory import include_files_parse, inventory_site
 from registry.ports import RegistryNode, running_node
 from routerproject.api import RouterAPIView, SiteAPIView, error_response
-from routerproject.errors import BackendError, RouterError
+from routerproject.errors import BackendError, RouterError, echo
 
 PROTOCOL_VERSION = 2
 
@@ -130,13 +130,28 @@ class NodesStateView(SiteAPIView):
         operation_id="nodesState",
         summary="Backends, loaded models, active and held requests of a node",
         parameters=[
-            OpenApiParameter("node_id", str, description="Another node to ask; default this node.")
+            OpenApiParameter("node_id", str, description="Another node to ask; default this node."),
+            OpenApiParameter(
+                "nodes",
+                str,
+                enum=["all"],
+                description="`all`: also every other node's state (`node_states`, asked in "
+                "parallel; those that fail are in `node_errors`). Without `node_id` only.",
+            ),
         ],
         responses={200: OpenApiResponse(s.NodeStateSerializer, "The node's state."), **NODE_ERRORS},
     )
     async def get(self, request: Request) -> Response:
         node = running_node()
         wanted = request.query_params.get("node_id")
+        every = request.query_params.get("nodes")
+        if every is not None and every != "all":
+            raise RouterError(
+                400,
+                f"nodes must be 'all', not {echo(every)!r}",
+                type="invalid_request_error",
+                param="nodes",
+            )
         if wanted and wanted != node.node_id:
             remote = node.cluster.nodes.get(wanted)
             if remote is None:
@@ -144,6 +159,10 @@ class NodesStateView(SiteAPIView):
             return Response(await services.remote_node_state(node=node, remote=remote))
         state: dict[str, Any] = services.node_state(node=node)
         state["cluster"] = services.cluster_state(node=node)
+        if every == "all":
+            state["node_states"], errors = await services.remote_node_states(node=node)
+            if errors:
+                state["node_errors"] = errors
         return Response(state)
 
 
