@@ -46,13 +46,8 @@ __all__ = [
 MS = 1000.0
 # Rows one node hands over per table: a day of a busy node fits; past it the answer says so.
 MAX_ROWS = 200_000
-IMPACT_REQUEST_COLUMNS = (
-    "node_id",
-    "model_id",
-    "config_filename",
-    "lane",
-    "borrowed",
-    "success",
+# The request columns that are numbers (times and sizes), the rest are names and flags.
+REQUEST_NUMBERS = (
     "started_at",
     "finished_at",
     "duration_ms",
@@ -63,6 +58,15 @@ IMPACT_REQUEST_COLUMNS = (
     "image_height",
     "image_steps",
     "image_count",
+)
+IMPACT_REQUEST_COLUMNS = (
+    "node_id",
+    "model_id",
+    "config_filename",
+    "lane",
+    "borrowed",
+    "success",
+    *REQUEST_NUMBERS,
     "request_id",
 )
 IMPACT_LOAD_COLUMNS = ("node_id", "config_filename", "success", "duration_ms", "finished_at")
@@ -173,18 +177,7 @@ def merge_rows(answers: Sequence[Mapping[str, Any]]) -> dict[str, pd.DataFrame]:
 
 def _typed(frame: pd.DataFrame, name: str) -> pd.DataFrame:
     numbers = {
-        "requests": (
-            "started_at",
-            "finished_at",
-            "duration_ms",
-            "prompt_tokens",
-            "cached_tokens",
-            "output_tokens",
-            "image_width",
-            "image_height",
-            "image_steps",
-            "image_count",
-        ),
+        "requests": REQUEST_NUMBERS,
         "loads": ("duration_ms", "finished_at"),
         "decisions": ("recorded_at", "wait_ms"),
     }[name]

@@ -11,12 +11,10 @@ fingerprints the real one has, so the master cannot tell them apart.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import pytest
@@ -24,6 +22,7 @@ from jsonschema import Draft202012Validator
 
 from bench.slaves import SlaveFarm
 from lending.planner import Lease
+from tests.emulated import FarmThread
 from tests.harness import CLUSTER_TOKEN, Cluster, free_port, start_cluster, text_model, wait_for
 from tests.test_openapi import assert_matches
 
@@ -31,7 +30,6 @@ pytestmark = pytest.mark.integration
 
 AUTH = {"Authorization": f"Bearer {CLUSTER_TOKEN}"}
 EMU = "emu0000"
-T = TypeVar("T")
 
 # Every GET of the node protocol a master sends to a slave (the site pages' fan-outs included).
 GET_ROUTES = (
@@ -48,25 +46,6 @@ GET_ROUTES = (
     "site/inventory",
     "limits",
 )
-
-
-class FarmThread:
-    """The emulator on an event loop of its own thread, as the bench runs it in its process."""
-
-    def __init__(self, farm: SlaveFarm) -> None:
-        self.farm = farm
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(60)
-
-    def close(self) -> None:
-        self.run(self.farm.close())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
 
 
 def shape(value: Any) -> dict[str, Any]:

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any
 
 import orjson
 import pytest
 from aiohttp import web
 
 from lending.tests.test_master_silent import FakeSlave, Site, lend, site  # noqa: F401
+from lending.tests.test_relay_cutoff import Client
 from proxy.edge.nodeapi import handle_offload_request
 from proxy.request import Ctx
 from routerproject.errors import RouterError
@@ -59,21 +59,7 @@ def helper(monkeypatch: pytest.MonkeyPatch) -> BreakingHelper:
     return fake
 
 
-@dataclass
-class Owner:
-    """The owner's connection to the master: what the master sent it."""
-
-    messages: list[dict[str, Any]] = field(default_factory=list)
-
-    async def send(self, message: dict[str, Any]) -> None:
-        self.messages.append(message)
-
-    async def receive(self) -> dict[str, Any]:
-        await asyncio.Event().wait()
-        raise AssertionError("unreachable")
-
-
-def lent_request(owner: Owner) -> Ctx:
+def lent_request(owner: Client) -> Ctx:
     headers = [
         (b"x-tensors-offload-owner", b"o"),
         (b"x-tensors-offload-owner-model", b"big"),
@@ -93,7 +79,7 @@ async def test_an_answer_cut_short_after_its_headers_goes_back_to_the_owner(
     helper: BreakingHelper,
 ) -> None:
     lend(site)
-    owner = Owner()
+    owner = Client()
     with pytest.raises(RouterError) as err:
         await asyncio.wait_for(handle_offload_request(lent_request(owner), site.node), 10)
     assert (err.value.status, err.value.code) == (409, "offload_returned")
@@ -111,7 +97,7 @@ async def test_a_whole_answer_is_passed_on_with_its_length(
 ) -> None:
     lend(site)
     helper.sent = len(ANSWER)
-    owner = Owner()
+    owner = Client()
     await asyncio.wait_for(handle_offload_request(lent_request(owner), site.node), 10)
     start, *body = owner.messages
     assert start["status"] == 200
@@ -128,7 +114,7 @@ async def test_a_stream_goes_on_as_it_comes(
     # stream that breaks is the owner's to end with an error event.
     lend(site)
     helper.stream, helper.sent = True, len(ANSWER)
-    owner = Owner()
+    owner = Client()
     await asyncio.wait_for(handle_offload_request(lent_request(owner), site.node), 10)
     assert owner.messages[0]["status"] == 200
     assert not any(k == b"content-length" for k, _ in owner.messages[0]["headers"])
