@@ -1,8 +1,8 @@
 """The client libraries users already have, unchanged, against a real node.
 
-The OpenAI SDK, the Anthropic SDK, the ollama client and plain HTTP for Kobold talk to a
-standalone node whose models are simulated backends the router starts, and upstream servers it
-does not start: one that serves a model only under its own name (`Qwen/Qwen2.5-7B-Instruct`)
+The OpenAI SDK, the Anthropic SDK, the ollama client, LiteLLM, LangChain and plain HTTP for
+Kobold talk to a standalone node whose models are simulated backends the router starts, and
+upstream servers it does not start: one that serves a model only under its own name (`Qwen/Qwen2.5-7B-Instruct`)
 and wants a key, one that answers under a name of its own whatever it is asked, and one that
 reads images.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -492,3 +493,57 @@ def test_the_anthropic_sdk_reads_errors_from_anthropics_envelope(
     ):
         stream.get_final_message()
     assert streamed.value.type == "not_found_error"
+
+
+# -- LiteLLM and LangChain -------------------------------------------------------------------
+
+
+def _litellm() -> Any:
+    # Its model price table would be fetched from the network at import: the packaged copy.
+    os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
+    import litellm
+
+    litellm.telemetry = False
+    return litellm
+
+
+def test_litellm_completes_streams_and_reads_a_404(node: RouterNode) -> None:
+    litellm = _litellm()
+    common = {
+        "api_base": node.base_url + "/v1",
+        "api_key": "unused",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 16,
+        "num_retries": 0,
+    }
+    answer = litellm.completion(model="openai/chat", **common)
+    said = answer.choices[0].message.content
+    assert said and answer.usage.completion_tokens > 0
+    pieces = litellm.completion(model="openai/chat", stream=True, **common)
+    assert "".join(c.choices[0].delta.content or "" for c in pieces) == said
+    with pytest.raises(litellm.NotFoundError) as missing:
+        litellm.completion(model="openai/no-such-model", **common)
+    assert "the models here are" in str(missing.value)
+
+
+def test_langchain_invokes_streams_and_binds_a_tool(node: RouterNode) -> None:
+    from langchain_openai import ChatOpenAI
+    from pydantic import SecretStr
+
+    llm = ChatOpenAI(
+        base_url=node.base_url + "/v1",
+        api_key=SecretStr("unused"),
+        model="chat",
+        max_completion_tokens=16,
+        max_retries=0,
+    )
+    said = llm.invoke("hi").content
+    assert isinstance(said, str) and said
+    assert "".join(str(chunk.content) for chunk in llm.stream("hi")) == said
+    weather = {
+        "name": "weather",
+        "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    }
+    reply = llm.bind_tools([{"type": "function", "function": weather}]).invoke("weather in Oslo?")
+    assert [call["name"] for call in reply.tool_calls] == ["weather"], reply
