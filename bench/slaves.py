@@ -461,6 +461,29 @@ async def on_folds(farm: SlaveFarm, slave: EmulatedSlave, request: web.Request) 
     return web.json_response({"folds": [], "rows": 0, "truncated": False})
 
 
+async def on_impact_rows(
+    farm: SlaveFarm, slave: EmulatedSlave, request: web.Request
+) -> web.Response:
+    """No rows: an emulated slave records no requests."""
+    from lending.impact import (
+        IMPACT_DECISION_COLUMNS,
+        IMPACT_LOAD_COLUMNS,
+        IMPACT_REQUEST_COLUMNS,
+    )
+
+    def empty(columns: tuple[str, ...]) -> dict[str, list[object]]:
+        return {c: [] for c in columns}
+
+    return web.json_response(
+        {
+            "truncated": False,
+            "requests": empty(IMPACT_REQUEST_COLUMNS),
+            "loads": empty(IMPACT_LOAD_COLUMNS),
+            "decisions": empty(IMPACT_DECISION_COLUMNS),
+        }
+    )
+
+
 async def on_timeline(farm: SlaveFarm, slave: EmulatedSlave, request: web.Request) -> web.Response:
     step = 15_000
     until = (int(time.time() * 1000) // step + 1) * step
@@ -473,8 +496,10 @@ async def on_timeline(farm: SlaveFarm, slave: EmulatedSlave, request: web.Reques
             "step_ms": step,
             "node": {
                 "node_id": slave.node_id,
+                "slots": 1,
                 "own_ms": zeros,
                 "borrowed_ms": zeros,
+                "idle_ms": [step] * 60,
                 "lent": zeros,
             },
             "owners": [],
@@ -553,6 +578,7 @@ ROUTES: dict[str, tuple[frozenset[str], Handler]] = {
     "offload/decisions": (frozenset({"GET"}), on_decisions),
     "offload/decisions/folded": (frozenset({"GET"}), on_folds),
     "offload/timeline": (frozenset({"GET"}), on_timeline),
+    "offload/impact-rows": (frozenset({"GET"}), on_impact_rows),
     "audit": (frozenset({"GET"}), on_audit),
     "usage": (frozenset({"GET"}), on_usage),
     "offload/event": (frozenset({"POST"}), on_master_only),

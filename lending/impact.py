@@ -33,6 +33,7 @@ from routerproject.errors import RouterError
 
 __all__ = [
     "IMPACT_DECISION_COLUMNS",
+    "IMPACT_LOAD_COLUMNS",
     "IMPACT_REQUEST_COLUMNS",
     "OwnerImpact",
     "impact_compute",

@@ -2,9 +2,9 @@
 
 The OpenAI SDK, the Anthropic SDK, the ollama client, LiteLLM, LangChain and plain HTTP for
 Kobold talk to a standalone node whose models are simulated backends the router starts, and
-upstream servers it does not start: one that serves a model only under its own name (`Qwen/Qwen2.5-7B-Instruct`)
-and wants a key, one that answers under a name of its own whatever it is asked, and one that
-reads images.
+upstream servers it does not start: one that serves a model only under its own name
+(`Qwen/Qwen2.5-7B-Instruct`) and wants a key, one that answers under a name of its own whatever
+it is asked, and one that reads images.
 """
 
 from __future__ import annotations
