@@ -13,6 +13,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ import httpx
 import pytest
 
 from tests.harness import Cluster, start_cluster, text_model, wait_for
-from tests.lending_cluster import now_ms, priced, settled_decisions
+from tests.lending_cluster import decisions, now_ms, priced
 
 pytestmark = pytest.mark.integration
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
@@ -132,15 +133,34 @@ def impact(c: Cluster, **params: Any) -> httpx.Response:
         return client.get("/router/v1/site/offload/impact", params=params)
 
 
-def test_the_replay_without_links_matches_a_run_without_links(cluster: Cluster) -> None:
+@dataclass(frozen=True)
+class Runs:
+    """The schedule run once without links and once with A linked to B."""
+
+    waited_alone: float
+    makespan_alone: float
+    waited_linked: float
+    makespan_linked: float
+    since: int
+    until: int
+
+
+@pytest.fixture(scope="module")
+def runs(cluster: Cluster) -> Runs:
     waited_alone, makespan_alone = run_schedule(cluster)
     link(cluster)
     since = now_ms()
     waited_linked, makespan_linked = run_schedule(cluster)
     until = now_ms()
-    rows = settled_decisions(cluster, since)
-    assert any(r["outcome"] == "lent" for r in rows)
-    resp = impact(cluster, since_ms=since, until_ms=until)
+    # The owner's `lent` rows reach the log with its next flush.
+    wait_for(lambda: any(r["outcome"] == "lent" for r in decisions(cluster, since)), timeout=30)
+    return Runs(waited_alone, makespan_alone, waited_linked, makespan_linked, since, until)
+
+
+def test_the_replay_without_links_matches_a_run_without_links(cluster: Cluster, runs: Runs) -> None:
+    waited_alone, makespan_alone = runs.waited_alone, runs.makespan_alone
+    waited_linked, makespan_linked = runs.waited_linked, runs.makespan_linked
+    resp = impact(cluster, since_ms=runs.since, until_ms=runs.until)
     assert resp.status_code == 200, resp.text
     doc = resp.json()
     assert "node_errors" not in doc and not doc["not_replayed"], doc
@@ -170,12 +190,9 @@ def test_the_replay_without_links_matches_a_run_without_links(cluster: Cluster) 
 
 
 def test_the_lending_tab_says_what_lending_saved(
-    cluster: Cluster, new_page: Callable[..., Any]
+    cluster: Cluster, runs: Runs, new_page: Callable[..., Any]
 ) -> None:
     pytest.importorskip("playwright.sync_api")
-    if not any(r["outcome"] == "lent" for r in settled_decisions(cluster, now_ms() - 3_600_000)):
-        link(cluster)
-        run_schedule(cluster)
     tab = new_page(viewport={"width": 1280, "height": 900})
     tab.goto(cluster.master.base_url + "/ui/lending")
     tab.wait_for_selector('#im-owners tr[data-owner="o/A"]')
