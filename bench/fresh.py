@@ -42,12 +42,11 @@ from bench.lending_cluster import (
     sized_text,
 )
 from bench.lending_optimum import HelperSpec, identical_optimum
-from bench.lending_report import Row, print_table, ratio_row
-from bench.lending_scenarios import check, plain_jobs, run_detail
+from bench.lending_report import Row, print_table
+from bench.lending_scenarios import check, optimum_row, plain_jobs, run_detail
 from bench.lending_support import (
     TEXT,
     Target,
-    compact_decisions,
     fit_brief,
     fit_row,
     lent_rows,
@@ -153,15 +152,8 @@ def variant(root: Path, kind: str, calibrated: bool) -> tuple[list[Row], dict[st
     first_grant_ms = _first_ms(granted, run.started_wall_ms)
     summary = summarize_decisions(rows, "o")
     optimum = identical_optimum(BURST_N, OWNER_MS, [HelperSpec(FAST_MS)], owner_min=depth)
-    ratio = ratio_row(
-        f"{kind} {name}: burst of {BURST_N}",
-        with_ms=run.makespan_ms,
-        alone_ms=alone_run.makespan_ms,
-        optimum_ms=optimum.makespan_ms,
-        basis="opt",
-        limit=None,
-        lent=int(summary["lent"]),
-        decisions=compact_decisions(summary),
+    ratio = optimum_row(
+        f"{kind} {name}: burst of {BURST_N}", run.makespan_ms, alone_run, optimum, summary
     )
     first = Row(
         label=f"{kind} {name}: first request -> first lent / first priced grant",

@@ -26,7 +26,7 @@ from bench.lending_cluster import (
 )
 from bench.lending_optimum import HelperSpec, identical_optimum
 from bench.lending_report import Result, Row, ratio_row
-from bench.lending_scenarios import check, plain_jobs, run_detail
+from bench.lending_scenarios import check, optimum_row, plain_jobs, run_detail
 from bench.lending_support import (
     TEXT,
     Job,
@@ -220,16 +220,7 @@ def s14_defaults(root: Path) -> Result:
     first_lent_ms = min(int(r["recorded_at"]) for r in lent) - run.started_wall_ms if lent else None
     summary = summarize_decisions(rows, "o")
     optimum = identical_optimum(DEFAULTS_N, OWNER_MS, [HelperSpec(FAST_MS)], owner_min=depth)
-    ratio = ratio_row(
-        "14 defaults, no warm-up",
-        with_ms=run.makespan_ms,
-        alone_ms=alone_run.makespan_ms,
-        optimum_ms=optimum.makespan_ms,
-        basis="opt",
-        limit=None,
-        lent=int(summary["lent"]),
-        decisions=compact_decisions(summary),
-    )
+    ratio = optimum_row("14 defaults, no warm-up", run.makespan_ms, alone_run, optimum, summary)
     first = Row(
         label="14 defaults: first request -> first lent",
         with_link="never" if first_lent_ms is None else f"{first_lent_ms} ms",

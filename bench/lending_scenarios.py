@@ -263,10 +263,26 @@ def one_helper_row(
     *,
     limit: float | None = ONE_HELPER_LIMIT,
 ) -> Row:
+    return optimum_row(
+        label, measured.value, alone_run, optimum, summary, spread=measured.spread, limit=limit
+    )
+
+
+def optimum_row(
+    label: str,
+    with_ms: float,
+    alone_run: Run,
+    optimum: Split,
+    summary: Mapping[str, Any],
+    *,
+    spread: tuple[float, float] | None = None,
+    limit: float | None = None,
+) -> Row:
+    """A burst's makespan against its optimum, with working alone beside it."""
     return ratio_row(
         label,
-        with_ms=measured.value,
-        spread=measured.spread,
+        with_ms=with_ms,
+        spread=spread,
         alone_ms=alone_run.makespan_ms,
         optimum_ms=optimum.makespan_ms,
         basis="opt",
