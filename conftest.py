@@ -9,10 +9,14 @@ integration file is not left for last. Within a file, pytest-randomly's shuffle 
 
 from __future__ import annotations
 
+import functools
 import json
+import ssl
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
+import httpx._transports.default as httpx_transport
 import pytest
 
 DURATIONS = Path(__file__).resolve().parent / "tests" / "durations.json"
@@ -25,6 +29,26 @@ def _known() -> dict[str, float]:
     except FileNotFoundError:
         return {}
     return loaded
+
+
+def _share_default_tls_context() -> None:
+    """Every `httpx.Client()` builds a TLS context and loads the CA bundle into it: 37 ms of CPU
+    here, even for the plain-HTTP clients the tests open by the thousand. The tests' default
+    context (verify=True, no client certificate) is built once; any other is built as before."""
+    build = httpx_transport.create_ssl_context
+    default = functools.cache(lambda: build())
+
+    def create_ssl_context(
+        verify: Any = True, cert: Any = None, trust_env: bool = True
+    ) -> ssl.SSLContext:
+        if verify is True and cert is None and trust_env:
+            return default()
+        return build(verify=verify, cert=cert, trust_env=trust_env)
+
+    httpx_transport.create_ssl_context = create_ssl_context
+
+
+_share_default_tls_context()
 
 
 @pytest.hookimpl(trylast=True)

@@ -33,9 +33,12 @@ from typing import Any
 import httpx
 import yaml
 
+from tests import forkserver
+
 REPO = Path(__file__).resolve().parent.parent
 READY_MARK = "router ready:"
 START_TIMEOUT_SECS = 60.0
+MAX_POLL_PAUSE_SECS = 0.2
 DB_FILENAME = "router.sqlite3"
 
 
@@ -196,7 +199,7 @@ TEMPLATES = _Templates()
 
 @dataclass
 class RouterNode:
-    proc: subprocess.Popen[str]
+    proc: subprocess.Popen[str] | forkserver.Forked
     port: int
     store: Path
     config_path: Path
@@ -239,7 +242,7 @@ class RouterNode:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 self.kill()
-        return self.proc.returncode
+        return self.proc.wait()
 
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -366,15 +369,7 @@ def spawn_node(
     keep_db: bool = False,
 ) -> RouterNode:
     """Run a node's command line (from the repository) and follow its output for the ready line."""
-    proc = subprocess.Popen(
-        argv,
-        cwd=str(REPO),
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    proc = forkserver.popen(argv, env, str(REPO))
     node = RouterNode(proc, port, store, config_path, [], db, keep_db)
 
     def pump() -> None:
@@ -397,15 +392,22 @@ def _client_tls(cluster: dict[str, Any]) -> ssl.SSLContext:
 
 
 def wait_for(predicate: Any, *, timeout: float = 20.0, interval: float = 0.02) -> Any:
-    """Poll a condition (not a fixed sleep): returns its first truthy value or fails."""
+    """Poll a condition (not a fixed sleep): returns its first truthy value or fails.
+
+    The pause between polls starts at `interval` and grows by half each time up to 0.2 s: a
+    condition met at once is seen at once, and a long wait (a node's poll round, a fit) does not
+    spend the two cores the whole suite shares on asking a node fifty times a second.
+    """
     deadline = time.monotonic() + timeout
+    pause = interval
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s")
-        time.sleep(interval)
+        time.sleep(min(pause, max(deadline - time.monotonic(), 0.0)))
+        pause = min(pause * 1.5, max(interval, MAX_POLL_PAUSE_SECS))
 
 
 @contextlib.contextmanager

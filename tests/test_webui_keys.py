@@ -102,7 +102,8 @@ def test_a_key_is_edited_in_place(cluster: Cluster, new_page: Callable[..., Any]
     soon = (datetime.now() + timedelta(days=3)).replace(second=0, microsecond=0)
     tab.fill("#f-expires", soon.strftime("%Y-%m-%dT%H:%M"))
     tab.click("#save")
-    tab.wait_for_selector("#result .ok")
+    # "Created …" from above is an `.ok` result too: wait for this save's own.
+    tab.wait_for_selector(f"#result .ok:has-text('Saved {name}.')")
     key = listed(cluster)[name]
     assert sorted(key["models"]) == ["chat", "draw"]
     assert (key["tpm"], key["max_concurrent"], key["rpm"]) == (5000, 2, None)
