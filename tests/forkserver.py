@@ -62,6 +62,9 @@ PRELOAD = (
     "uvloop",
     "django_q",
     "dj_database_url",
+    # The router's own config schema: settings.py imports it to read the config file, so it
+    # cannot depend on settings, and it reads the environment only when a config is loaded.
+    "routerproject.config",
 )
 _HEADER = struct.Struct("!I")
 
