@@ -18,6 +18,8 @@ class Row:
     ratio: str = "-"
     helper_own: str = "-"
     lent: str = "-"
+    overhead: str = "-"
+    """The router's own overhead per lent job (bench/lending_overhead.py)."""
     target: str = "report only"
     passed: bool | None = None
     decisions: str = ""
@@ -48,6 +50,7 @@ def ratio_row(
     decisions: str,
     helper_own: str = "-",
     also: str = "",
+    overhead: str = "-",
 ) -> Row:
     """A makespan row: the ratio to working alone (``basis`` "alone") or else to the given
     optimum (``basis`` names which), checked against ``limit`` when there is one. ``spread``
@@ -72,6 +75,7 @@ def ratio_row(
         ratio=shown,
         helper_own=helper_own,
         lent="-" if lent is None else str(lent),
+        overhead=overhead,
         target=target + (f", {also}" if also else ""),
         passed=passed,
         decisions=decisions,
@@ -90,6 +94,7 @@ HEADER = (
     "ratio",
     "helper own",
     "lent",
+    "per lent job: idle (to / back; job)",
     "target",
     "pass",
     "decisions",
@@ -106,6 +111,7 @@ def print_table(rows: Sequence[Row]) -> None:
             r.ratio,
             r.helper_own,
             r.lent,
+            r.overhead,
             r.target,
             verdict(r.passed),
             r.decisions,

@@ -12,7 +12,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -44,6 +44,8 @@ from bench.lending_optimum import (
     partition_optimum,
     shared_helper_optimum,
 )
+from bench.lending_overhead import measure as measure_overhead
+from bench.lending_overhead import overhead_cell
 from bench.lending_report import Result, Row, fmt_ms, ratio_row
 from bench.lending_support import (
     AUTH_HEADERS,
@@ -74,11 +76,11 @@ from bench.lending_support import (
 )
 from tests.harness import RouterNode
 
-ONE_HELPER_LIMIT = 1.10
+ONE_HELPER_LIMIT = 1.05
 TWO_HELPERS_LIMIT = 1.10
-STREAMS_LIMIT = 1.30
+STREAMS_LIMIT = 1.10
 SHALLOW_LIMIT = 1.05
-OWN_WAIT_MARGIN_MS = 50.0
+OWN_WAIT_MARGIN_MS = 30.0
 EVENT_TARGET_P50_MS = 20.0
 
 S1_N = 24
@@ -133,6 +135,8 @@ class Repeated:
     rows: list[list[dict[str, Any]]]
     values: list[float]
     chosen: int
+    overheads: list[dict[str, Any]] = field(default_factory=list)
+    """Per run: the router's own overhead per lent job (bench/lending_overhead.py)."""
 
     @property
     def run(self) -> Run:
@@ -147,6 +151,14 @@ class Repeated:
         return self.values[self.chosen]
 
     @property
+    def overhead(self) -> dict[str, Any]:
+        return self.overheads[self.chosen] if self.overheads else {"jobs": 0}
+
+    @property
+    def overhead_cell(self) -> str:
+        return overhead_cell(self.overhead)
+
+    @property
     def spread(self) -> tuple[float, float] | None:
         return (min(self.values), max(self.values)) if len(self.values) > 1 else None
 
@@ -156,6 +168,7 @@ class Repeated:
             "values_ms": [round(v, 1) for v in self.values],
             "lent": [summarize_decisions(rows, owners)["lent"] for rows in self.rows],
             "reported": self.chosen,
+            "overhead_per_lent_job": self.overheads,
         }
 
 
@@ -174,8 +187,10 @@ def linked(
     """``ctx.repeat`` runs with the links in place (``before`` each, to restore the starting
     state), each checked by ``verify``, with their settled decision rows."""
     node = ctx.ops.node(owner)
+    slaves = ctx.ops.cluster.slaves
     runs: list[Run] = []
     rows: list[list[dict[str, Any]]] = []
+    overheads: list[dict[str, Any]] = []
     for _ in range(ctx.repeat):
         if before is not None:
             before()
@@ -183,9 +198,10 @@ def linked(
         verify(run)
         runs.append(run)
         rows.append(ctx.ops.settled_decisions(run.started_wall_ms))
+        overheads.append(measure_overhead(run, rows[-1], slaves, slaves))
     values = [metric(run) for run in runs]
     order = sorted(range(len(runs)), key=lambda i: values[i])
-    return Repeated(runs, rows, values, order[(len(order) - 1) // 2])
+    return Repeated(runs, rows, values, order[(len(order) - 1) // 2], overheads)
 
 
 def verifier(model: str, label: str) -> Callable[[Run], None]:
@@ -264,7 +280,14 @@ def one_helper_row(
     limit: float | None = ONE_HELPER_LIMIT,
 ) -> Row:
     return optimum_row(
-        label, measured.value, alone_run, optimum, summary, spread=measured.spread, limit=limit
+        label,
+        measured.value,
+        alone_run,
+        optimum,
+        summary,
+        spread=measured.spread,
+        limit=limit,
+        overhead=measured.overhead_cell,
     )
 
 
@@ -277,6 +300,7 @@ def optimum_row(
     *,
     spread: tuple[float, float] | None = None,
     limit: float | None = None,
+    overhead: str = "-",
 ) -> Row:
     """A burst's makespan against its optimum, with working alone beside it."""
     return ratio_row(
@@ -289,6 +313,7 @@ def optimum_row(
         limit=limit,
         lent=int(summary["lent"]),
         decisions=compact_decisions(summary),
+        overhead=overhead,
     )
 
 
@@ -517,6 +542,7 @@ def s4_two_helpers(ctx: Ctx) -> Result:
         limit=TWO_HELPERS_LIMIT,
         lent=int(summary["lent"]),
         decisions=compact_decisions(summary),
+        overhead=measured.overhead_cell,
     )
     row.optimum += f" (both {both.makespan_ms:.0f})"
     detail = run_detail(measured, alone_run, faster, summary)
@@ -698,6 +724,7 @@ def s6_own_traffic(ctx: Ctx) -> Result:
         lent=int(summary["lent"]),
         decisions=compact_decisions(summary),
         helper_own=f"+{worst:.0f} ms max",
+        overhead=measured.overhead_cell,
     )
     wait_row = Row(
         label="6 helper's own request delay",

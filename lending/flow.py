@@ -318,6 +318,9 @@ async def owner_turn(ctx: C, node: ServingNode, job: J, entry: Entry, shape: Sha
 
 def report_enqueued(node: ServingNode, lane: str, entry: Entry) -> None:
     if entry.state is not State.ADMITTED and not entry.borrowed:
+        # A lent slot left free under the live lease (nothing was held when it freed) takes
+        # this request now, not a master round trip later; the master still hears of it.
+        node.owner.refill(lane, entry.model_id)
         node.owner.report(lane, entry.model_id, "enqueued")
 
 

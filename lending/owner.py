@@ -79,7 +79,8 @@ class OwnerLending:
         return queue.lent_to(lease.owner_model_id, (lease.helper_node_id, lease.helper_model_id))
 
     def refill(self, lane: str, model_id: str) -> None:
-        """A lent request finished: lend the next held one into its slot at once.
+        """A lent slot is free (a lent request finished, or a request was held while a slot
+        stood empty): lend the next held request into it at once.
 
         Only under a priced lease (a probe is one request, and the master's next answer
         decides whether more follow), and only while the helper would hand the next request

@@ -161,3 +161,52 @@ def test_the_owner_is_timed_from_its_oldest_admitted_job(service_ms: float, refi
     owner.refill("text", "a")
 
     assert (len(refilled(log)) == 1) is refills
+
+
+def heard(owner: OwnerLending) -> list[tuple[str, str, str]]:
+    """What the owner reports to the master from now on (lane, model, trigger)."""
+    reports: list[tuple[str, str, str]] = []
+
+    def report(lane: str, model_id: str, trigger: str) -> None:
+        reports.append((lane, model_id, trigger))
+
+    owner.report = report  # type: ignore[method-assign]
+    owner.node.owner = owner  # type: ignore[misc]
+    return reports
+
+
+def test_a_request_held_while_a_lent_slot_stands_free_is_lent_at_once() -> None:
+    # The helper's last lent job finished when nothing was held, so its slot stayed free; a
+    # new request that has to wait goes into it now, and the master still hears of it.
+    from lending.flow import report_enqueued
+
+    owner, queue, now, log = make(owner_job_ms=1000.0, service_ms=250.0)
+    lent = backlog(queue, held=0)
+    now[0] = 0.25
+    queue.lent_finished(lent, admit=False)
+    owner.refill("text", "a")
+    assert refilled(log) == []
+    reports = heard(owner)
+    entry = Entry("a", 0.25)
+    queue.enqueue(entry)
+
+    report_enqueued(owner.node, "text", entry)
+
+    (row,) = refilled(log)
+    assert (row["helper_node_id"], row["lent_out"]) == ("h", 1)
+    assert queue.lent("a") == [entry]
+    assert reports == [("text", "a", "enqueued")]
+
+
+def test_a_request_admitted_on_arrival_is_neither_lent_nor_reported() -> None:
+    from lending.flow import report_enqueued
+
+    owner, queue, _, log = make(owner_job_ms=1000.0, service_ms=250.0)
+    reports = heard(owner)
+    entry = Entry("a", 0.0)
+    queue.enqueue(entry)
+
+    report_enqueued(owner.node, "text", entry)
+
+    assert entry.state is State.ADMITTED
+    assert (refilled(log), reports) == ([], [])

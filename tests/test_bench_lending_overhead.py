@@ -1,0 +1,35 @@
+"""The lending bench's overhead per lent job, on hand-made timestamps (no cluster)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.lending_overhead import LentJob, overhead, overhead_cell
+
+
+def job(sent: float, lent: float, start: float, end: float, done: float) -> LentJob:
+    return LentJob("h", sent_ms=sent, lent_ms=lent, start_ms=start, end_ms=end, done_ms=done)
+
+
+def test_idle_counts_only_a_free_helper_with_the_job_already_waiting() -> None:
+    jobs = [
+        # Sent at 0, lent at 40, started at 50: the helper sat free for 50 ms of it.
+        job(0, 40, 50, 150, 155),
+        # Lent while the first ran, started 2 ms after it ended: 2 ms.
+        job(0, 60, 152, 252, 258),
+        # Sent after the helper was free again (nothing to do meanwhile), started 10 ms later.
+        job(300, 305, 310, 410, 413),
+    ]
+
+    doc = overhead(jobs, started_wall_ms=0.0)
+
+    assert doc["idle_per_job_ms"] == pytest.approx((50 + 2 + 10) / 3, abs=0.05)
+    assert (doc["to_helper_p50_ms"], doc["to_helper_max_ms"]) == (5.0, 10.0)
+    assert (doc["back_p50_ms"], doc["back_max_ms"]) == (5.0, 6.0)
+    assert doc["service_p50_ms"] == 100.0
+    assert (doc["first_lent_after_ms"], doc["first_start_after_ms"]) == (40.0, 50.0)
+    assert overhead_cell(doc) == "21 ms (to 5 / back 5; job 100)"
+
+
+def test_a_run_without_lent_jobs_shows_a_dash() -> None:
+    assert overhead_cell(overhead([], started_wall_ms=0.0)) == "-"
