@@ -26,7 +26,9 @@ from routerproject.config import load_config
 
 TOKEN = "cluster-secret-for-master-tests"
 WAIT_SECS = 10.0
-STATUS_TIMEOUT = "300ms"
+# Long enough that a loaded test machine never makes the answering owner look silent.
+STATUS_TIMEOUT = "1s"
+STATUS_SECS = 1.0
 # Long: a test that resumes a stopped helper does so well within it, on any machine.
 HEALTH_TIMEOUT = "30s"
 NO_COSTS: dict[str, list[Any]] = {"models": [], "loads": [], "tokens": []}
@@ -296,7 +298,7 @@ async def test_a_helper_slow_to_answer_its_status_poll_keeps_its_lent_work(
     confirm = site.master._confirms["h"]
     asked = [(path, timeout) for url, path, timeout in calls if url == site.helper.url]
     assert asked == [
-        ("/router/v1/node/runtime-status", 0.3),
+        ("/router/v1/node/runtime-status", STATUS_SECS),
         ("/router/v1/node/runtime-status", 30.0),
     ]
     assert not lent.done()
@@ -312,7 +314,7 @@ async def test_a_helper_slow_to_answer_its_status_poll_keeps_its_lent_work(
 async def test_a_helper_that_misses_the_longer_question_too_loses_its_lent_requests(
     site: Site, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    short_health_timeout(site, monkeypatch, 0.5)
+    short_health_timeout(site, monkeypatch, 1.5)
     calls = spy_calls(site, monkeypatch)
     lent = await lent_request(site)
     site.helper.running.clear()
@@ -326,7 +328,7 @@ async def test_a_helper_that_misses_the_longer_question_too_loses_its_lent_reque
     assert site.master.silent == {"h"}
     assert site.master.relays["h"] == set()
     timeouts = [t for url, path, t in calls if url == site.helper.url and "status" in path]
-    assert timeouts[:2] == [0.3, 0.5]
+    assert timeouts[:2] == [STATUS_SECS, 1.5]
 
 
 async def test_a_silent_helper_gets_no_more_lent_requests(site: Site) -> None:
@@ -354,7 +356,7 @@ async def test_plans_poll_with_the_short_timeout_and_skip_a_silent_node_until_it
 
     # One plan poll with the short timeout, then the one longer question; later plans skip it.
     helper_polls = [timeout for url, _, timeout in calls if url == site.helper.url]
-    assert helper_polls == [0.3, 30.0]
+    assert helper_polls == [STATUS_SECS, 30.0]
     assert helper_polls[0] == site.node.config.cluster.lending_status_timeout
     assert helper_polls[1] == site.node.config.cluster.health_timeout
     assert [url for url, _, _ in calls].count(site.owner.url) == 3
@@ -468,7 +470,7 @@ async def test_a_stall_check_answered_late_but_within_the_health_timeout_keeps_t
 
     check = asyncio.ensure_future(site.master._check_stalled("h"))
     await until_asked(site.helper, lambda: site.helper.borrowed_polls == 1)
-    await asyncio.sleep(0.4)  # longer than the status poll's 300 ms: a slow answer, not a no
+    await asyncio.sleep(STATUS_SECS + 0.2)  # longer than the status poll: slow, not a no
     site.helper.running.set()
     await asyncio.wait_for(check, WAIT_SECS)
 
