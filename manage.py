@@ -46,6 +46,10 @@ def _use_uvloop() -> None:
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
 def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "routerproject.settings")
     if len(sys.argv) > 1 and sys.argv[1] == "runrouter":
@@ -60,6 +64,12 @@ def main() -> None:
     from routerproject.config import ConfigError
 
     try:
+        if argv[1:] in (["healthcheck"], ["healthcheck", "--live"]):
+            # Docker runs it every 30 s: with Django's apps set up it cost 2.3 s of CPU a time,
+            # a tenth of a core for as long as the container runs; without them, 0.3 s.
+            from proxy.management.commands.healthcheck import check
+
+            sys.exit(check(live="--live" in argv, out=print, err=_to_stderr))
         from django.core.management import execute_from_command_line
 
         execute_from_command_line(argv)

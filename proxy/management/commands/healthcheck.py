@@ -12,6 +12,7 @@ import ssl
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
@@ -53,24 +54,33 @@ class Command(BaseCommand):
         parser.add_argument("--config", help="config file (read by manage.py)")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        url = probe_url("/healthz" if options["live"] else "/readyz")
-        request = urllib.request.Request(
-            url, headers={HEALTHCHECK_HEADER.decode(): healthcheck_credential()}
-        )
+        code = check(live=options["live"], out=self.stdout.write, err=self.stderr.write)
+        if code:
+            sys.exit(code)
+
+
+def check(*, live: bool, out: Callable[[str], Any], err: Callable[[str], Any]) -> int:
+    """Ask the node; 0 when it answers 200. It needs the settings (the config and the secret
+    key) but none of Django's apps, so manage.py runs it without setting them up."""
+    url = probe_url("/healthz" if live else "/readyz")
+    request = urllib.request.Request(
+        url, headers={HEALTHCHECK_HEADER.decode(): healthcheck_credential()}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=TIMEOUT_SECS, context=_own_tls()) as resp:
+            body = resp.read()
+            status = resp.status
+    except urllib.error.HTTPError as exc:
+        body, status = exc.read(), exc.code
+    except (OSError, urllib.error.URLError) as exc:
+        err(f"{url}: {exc}")
+        return 1
+    if status != 200:
         try:
-            with urllib.request.urlopen(request, timeout=TIMEOUT_SECS, context=_own_tls()) as resp:
-                body = resp.read()
-                status = resp.status
-        except urllib.error.HTTPError as exc:
-            body, status = exc.read(), exc.code
-        except (OSError, urllib.error.URLError) as exc:
-            self.stderr.write(f"{url}: {exc}")
-            sys.exit(1)
-        if status != 200:
-            try:
-                detail = json.dumps(json.loads(body).get("checks", {}))
-            except (ValueError, AttributeError):
-                detail = body[:200].decode("utf-8", "replace")
-            self.stderr.write(f"{url}: HTTP {status} {detail}")
-            sys.exit(1)
-        self.stdout.write(f"{url}: ok")
+            detail = json.dumps(json.loads(body).get("checks", {}))
+        except (ValueError, AttributeError):
+            detail = body[:200].decode("utf-8", "replace")
+        err(f"{url}: HTTP {status} {detail}")
+        return 1
+    out(f"{url}: ok")
+    return 0
