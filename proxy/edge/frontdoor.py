@@ -27,7 +27,6 @@ import ipaddress
 import logging
 import resource
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -210,7 +209,7 @@ def _response(refusal: Refusal, path: str, request_id: bytes | None) -> bytes:
         b"content-type: application/json",
         b"content-length: %d" % len(body),
         b"connection: close",
-        b"x-request-id: " + (request_id or uuid.uuid4().hex.encode()),
+        b"x-request-id: " + (request_id or request_ids.new().encode()),
     ]
     lines += [name + b": " + value for name, value in refusal.headers]
     return b"\r\n".join(lines) + b"\r\n\r\n" + body
