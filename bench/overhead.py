@@ -9,9 +9,19 @@ its workers) whose one model is `upstream` mode pointing at it, then:
    stored key (made through the site API), so one run also says what a stored-key check adds
    over a config key (target: added p50 within 0.05 ms of each other);
 2. throughput: requests/s through the router (and, for scale, straight to the upstream) with
-   C concurrent clients.
+   C concurrent clients, and the router process's CPU time (user + system, from /proc) per
+   request of that run: on a shared, loaded machine the CPU a request costs moves far less from
+   run to run than its wall time.
 
-Prints a table and, last, one JSON line. Run: `.venv/bin/python bench/overhead.py [--n 1000]`.
+`--against PATH` compares this checkout with another one (e.g. a worktree of an older commit):
+a second router starts from PATH's `manage.py` beside this one, on the same upstream, and the
+two are measured in alternating rounds (this, PATH, this, PATH ... `--rounds` of each), so both
+see the same machine; latency is measured with the config key only (an older checkout may have
+no stored keys). It prints each checkout's figures (latencies pooled over its rounds, req/s and
+CPU per request averaged) and their ratios, this over PATH.
+
+Prints a table and, last, one JSON line. Run: `.venv/bin/python bench/overhead.py [--n 1000]
+[--against /path/to/checkout --rounds 2]`.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -125,7 +136,17 @@ async def create_stored_key(base: str) -> str:
         return secret
 
 
-async def throughput(url: str, clients: int, total: int, key: str = "") -> float:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time the process `pid` has used so far (its own, not its children's)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def throughput(
+    url: str, clients: int, total: int, key: str = "", pid: int | None = None
+) -> tuple[float, float | None]:
+    """Requests/s with `clients` concurrent clients, and (given the server's `pid`) the server
+    process's CPU milliseconds per request over the same measured run."""
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
         remaining = total
@@ -142,16 +163,22 @@ async def throughput(url: str, clients: int, total: int, key: str = "") -> float
 
         await asyncio.gather(*(worker() for _ in range(clients // 4)))  # warm-up pass
         remaining = total
+        cpu0 = cpu_seconds(pid) if pid is not None else 0.0
         t0 = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(clients)))
-        return total / (time.perf_counter() - t0)
+        rps = total / (time.perf_counter() - t0)
+        if pid is None:
+            return rps, None
+        return rps, (cpu_seconds(pid) - cpu0) * 1000.0 / total
 
 
-def start(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+def start(
+    argv: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path = REPO
+) -> subprocess.Popen[bytes]:
     with open(log, "wb") as out:
         return subprocess.Popen(
             argv,
-            cwd=str(REPO),
+            cwd=str(cwd),
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,
@@ -223,57 +250,73 @@ def router_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "ROUTER_CONFIG")}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--n", type=int, default=1000, help="latency requests each way")
-    parser.add_argument("--clients", type=int, default=32)
-    parser.add_argument("--total", type=int, default=4000, help="requests in the throughput run")
-    args = parser.parse_args()
+@dataclass
+class Router:
+    """One router under test: the checkout it runs from, and what its rounds measured."""
 
-    root = Path(tempfile.mkdtemp(prefix="bench-overhead-"))
-    weights = root / "zero.sim.json"
-    weights.write_text(json.dumps({"load_ms": 0, "base_ms": 0, "output_ms_per_token": 0}))
-    up_port, router_port = free_port(), free_port()
-    kcpps = root / "kcpps"
-    kcpps.mkdir()
+    label: str
+    checkout: Path
+    port: int
+    proc: subprocess.Popen[bytes] | None = None
+    stored_key: str | None = None
+    direct: list[float] = field(default_factory=list)
+    routed: list[float] = field(default_factory=list)
+    stored: list[float] = field(default_factory=list)
+    rps: list[float] = field(default_factory=list)
+    cpu_ms: list[float] = field(default_factory=list)
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def launch(router: Router, root: Path, upstream_url: str) -> None:
+    """Start `router` from its checkout's `manage.py`, with one `upstream` model, `bench`."""
+    home = root / router.label
+    kcpps = home / "kcpps"
+    kcpps.mkdir(parents=True)
     (kcpps / "bench.kcpps").write_text(
-        json.dumps({"backend_mode": "upstream", "upstream_url": f"http://127.0.0.1:{up_port}"})
+        json.dumps({"backend_mode": "upstream", "upstream_url": upstream_url})
     )
     config = {
-        "server": {"bind": f"127.0.0.1:{router_port}"},
-        "cluster": {"store_dir": str(root / "store")},
+        "server": {"bind": f"127.0.0.1:{router.port}"},
+        "cluster": {"store_dir": str(home / "store")},
         "models": {"config_dir": str(kcpps)},
         "backend": {"mode": "sim"},
         "auth": {"inference_keys": [CONFIG_KEY]},
     }
-    (root / "config.yaml").write_text(yaml.safe_dump(config))
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "ROUTER_CONFIG")}
-    upstream = start(
-        [sys.executable, "-m", "proxy.sim", "-m", str(weights), "--port", str(up_port)],
-        root / "upstream.log",
+    (home / "config.yaml").write_text(yaml.safe_dump(config))
+    router.proc = start(
+        [sys.executable, "manage.py", "runrouter", "--config", str(home / "config.yaml")],
+        home / "router.log",
+        router_env(),
+        cwd=router.checkout,
     )
-    router = start(
-        [sys.executable, "manage.py", "runrouter", "--config", str(root / "config.yaml")],
-        root / "router.log",
-        env,
-    )
-    direct = f"http://127.0.0.1:{up_port}/v1/chat/completions"
-    routed = f"http://127.0.0.1:{router_port}/v1/chat/completions"
-    try:
-        asyncio.run(wait_http(f"http://127.0.0.1:{up_port}/health"))
-        asyncio.run(wait_http(f"http://127.0.0.1:{router_port}/ping"))
-        stored_key = asyncio.run(create_stored_key(f"http://127.0.0.1:{router_port}"))
-        d, r, st = asyncio.run(latency(direct, routed, args.n, stored_key))
-        added = [b - a for a, b in zip(d, r, strict=True)]
-        rps_router = asyncio.run(throughput(routed, args.clients, args.total, CONFIG_KEY))
-        rps_direct = asyncio.run(throughput(direct, args.clients, args.total))
-    finally:
-        stop(router)
-        stop(upstream)
 
-    result: dict[str, Any] = {
-        "bench": "overhead",
-        "requests_each_way": args.n,
+
+def measure_round(router: Router, direct: str, args: argparse.Namespace) -> None:
+    """One round: the interleaved latency run, then the throughput run with its CPU."""
+    assert router.proc is not None
+    routed = f"{router.base}/v1/chat/completions"
+    d, r, s = asyncio.run(latency(direct, routed, args.n, router.stored_key))
+    router.direct += d
+    router.routed += r
+    router.stored += s
+    rps, cpu_ms = asyncio.run(
+        throughput(routed, args.clients, args.total, CONFIG_KEY, router.proc.pid)
+    )
+    router.rps.append(rps)
+    if cpu_ms is not None:
+        router.cpu_ms.append(cpu_ms)
+
+
+def figures(router: Router) -> dict[str, Any]:
+    """A router's figures over all its rounds (latencies pooled, req/s and CPU averaged)."""
+    d, r, st = router.direct, router.routed, router.stored
+    added = [b - a for a, b in zip(d, r, strict=True)]
+    out: dict[str, Any] = {
+        "checkout": str(router.checkout),
+        "rounds": len(router.rps),
         "direct_p50_ms": round(percentile(d, 50), 3),
         "direct_p99_ms": round(percentile(d, 99), 3),
         "router_p50_ms": round(percentile(r, 50), 3),
@@ -281,16 +324,133 @@ def main() -> None:
         "added_p50_ms": round(percentile(r, 50) - percentile(d, 50), 3),
         "added_p99_ms": round(percentile(r, 99) - percentile(d, 99), 3),
         "added_paired_median_ms": round(statistics.median(added), 3),
-        "stored_key_router_p50_ms": round(percentile(st, 50), 3),
-        "stored_key_added_p50_ms": round(percentile(st, 50) - percentile(d, 50), 3),
-        # What a stored-key check costs over a config key, request for request.
-        "stored_minus_config_p50_ms": round(percentile(st, 50) - percentile(r, 50), 3),
-        "stored_minus_config_paired_median_ms": round(
-            statistics.median(b - a for a, b in zip(r, st, strict=True)), 3
-        ),
+        "router_rps": round(statistics.mean(router.rps), 1),
+        "router_cpu_ms_per_request": round(statistics.mean(router.cpu_ms), 4),
+    }
+    if st:
+        out.update(
+            {
+                "stored_key_router_p50_ms": round(percentile(st, 50), 3),
+                "stored_key_added_p50_ms": round(percentile(st, 50) - percentile(d, 50), 3),
+                # What a stored-key check costs over a config key, request for request.
+                "stored_minus_config_p50_ms": round(percentile(st, 50) - percentile(r, 50), 3),
+                "stored_minus_config_paired_median_ms": round(
+                    statistics.median(b - a for a, b in zip(r, st, strict=True)), 3
+                ),
+            }
+        )
+    return out
+
+
+def ratio(this: float, against: float) -> float | None:
+    # A difference of latencies can come out at or below zero on a noisy run: no ratio then.
+    return round(this / against, 3) if against > 0 else None
+
+
+RATIO_KEYS = (
+    "added_p50_ms",
+    "added_p99_ms",
+    "added_paired_median_ms",
+    "router_rps",
+    "router_cpu_ms_per_request",
+)
+
+
+def print_single(result: dict[str, Any], clients: int) -> None:
+    print(f"{'measure':<28}{'direct':>10}{'router':>10}{'added':>10}")
+    for name, key in (("p50 latency (ms)", "p50"), ("p99 latency (ms)", "p99")):
+        print(
+            f"{name:<28}{result[f'direct_{key}_ms']:>10}{result[f'router_{key}_ms']:>10}"
+            f"{result[f'added_{key}_ms']:>10}"
+        )
+    print(
+        f"{'p50, stored key (ms)':<28}{result['direct_p50_ms']:>10}"
+        f"{result['stored_key_router_p50_ms']:>10}{result['stored_key_added_p50_ms']:>10}"
+    )
+    print(
+        f"{'stored - config key p50':<28}{'':>10}{'':>10}{result['stored_minus_config_p50_ms']:>10}"
+    )
+    print(
+        f"{f'req/s at {clients} clients':<28}{result['direct_rps']:>10}"
+        f"{result['router_rps']:>10}{'':>10}"
+    )
+    print(f"{'router CPU ms per request':<28}{'':>10}{result['router_cpu_ms_per_request']:>10}")
+
+
+def print_compare(result: dict[str, Any], clients: int) -> None:
+    this, against, ratios = result["this"], result["against"], result["ratios"]
+    print(f"this:    {this['checkout']}\nagainst: {against['checkout']}")
+    print(f"{'measure':<30}{'this':>10}{'against':>10}{'ratio':>10}")
+    names = {
+        "added_p50_ms": "added p50 (ms)",
+        "added_p99_ms": "added p99 (ms)",
+        "added_paired_median_ms": "added, paired median (ms)",
+        "router_rps": f"req/s at {clients} clients",
+        "router_cpu_ms_per_request": "router CPU ms per request",
+    }
+    for key, name in names.items():
+        shown = "-" if ratios[key] is None else ratios[key]
+        print(f"{name:<30}{this[key]:>10}{against[key]:>10}{shown:>10}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--n", type=int, default=1000, help="latency requests each way a round")
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--total", type=int, default=4000, help="requests in a throughput run")
+    parser.add_argument(
+        "--against", type=Path, help="another checkout to compare with, in alternating rounds"
+    )
+    parser.add_argument("--rounds", type=int, help="rounds of each (default 1, 2 with --against)")
+    args = parser.parse_args()
+    rounds = args.rounds or (2 if args.against else 1)
+
+    root = Path(tempfile.mkdtemp(prefix="bench-overhead-"))
+    weights = root / "zero.sim.json"
+    weights.write_text(json.dumps({"load_ms": 0, "base_ms": 0, "output_ms_per_token": 0}))
+    up_port = free_port()
+    routers = [Router("this", REPO, free_port())]
+    if args.against is not None:
+        routers.append(Router("against", args.against.resolve(), free_port()))
+    upstream = start(
+        [sys.executable, "-m", "proxy.sim", "-m", str(weights), "--port", str(up_port)],
+        root / "upstream.log",
+    )
+    for router in routers:
+        launch(router, root, f"http://127.0.0.1:{up_port}")
+    direct = f"http://127.0.0.1:{up_port}/v1/chat/completions"
+    try:
+        asyncio.run(wait_http(f"http://127.0.0.1:{up_port}/health"))
+        for router in routers:
+            asyncio.run(wait_http(f"{router.base}/ping"))
+        if args.against is None:
+            routers[0].stored_key = asyncio.run(create_stored_key(routers[0].base))
+        for _ in range(rounds):
+            for router in routers:
+                measure_round(router, direct, args)
+        rps_direct, _ = asyncio.run(throughput(direct, args.clients, args.total))
+    finally:
+        for router in routers:
+            if router.proc is not None:
+                stop(router.proc)
+        stop(upstream)
+
+    load = [round(x, 2) for x in os.getloadavg()]
+    if args.against is not None:
+        this, against = figures(routers[0]), figures(routers[1])
+        ratios = {key: ratio(this[key], against[key]) for key in RATIO_KEYS}
+        compared = {"this": this, "against": against, "ratios": ratios, "load_average": load}
+        compared = {"bench": "overhead", "requests_each_way": args.n, **compared}
+        print_compare(compared, args.clients)
+        print(json.dumps({**compared, "clients": args.clients, "direct_rps": round(rps_direct, 1)}))
+        return
+    result: dict[str, Any] = {
+        "bench": "overhead",
+        "requests_each_way": args.n,
+        **figures(routers[0]),
         "clients": args.clients,
-        "router_rps": round(rps_router, 1),
         "direct_rps": round(rps_direct, 1),
+        "load_average": load,
         "targets": {
             "added_p50_ms": 3.0,
             "added_p99_ms": 10.0,
@@ -301,29 +461,10 @@ def main() -> None:
     result["pass"] = (
         result["added_p50_ms"] <= 3.0
         and result["added_p99_ms"] <= 10.0
-        and rps_router >= 250
+        and result["router_rps"] >= 250
         and abs(result["stored_minus_config_p50_ms"]) <= KEYS_APART_TARGET_MS
     )
-    print(f"{'measure':<28}{'direct':>10}{'router':>10}{'added':>10}")
-    print(
-        f"{'p50 latency (ms)':<28}{result['direct_p50_ms']:>10}{result['router_p50_ms']:>10}"
-        f"{result['added_p50_ms']:>10}"
-    )
-    print(
-        f"{'p99 latency (ms)':<28}{result['direct_p99_ms']:>10}{result['router_p99_ms']:>10}"
-        f"{result['added_p99_ms']:>10}"
-    )
-    print(
-        f"{'p50, stored key (ms)':<28}{result['direct_p50_ms']:>10}"
-        f"{result['stored_key_router_p50_ms']:>10}{result['stored_key_added_p50_ms']:>10}"
-    )
-    print(
-        f"{'stored - config key p50':<28}{'':>10}{'':>10}{result['stored_minus_config_p50_ms']:>10}"
-    )
-    print(
-        f"{f'req/s at {args.clients} clients':<28}{result['direct_rps']:>10}"
-        f"{result['router_rps']:>10}{'':>10}"
-    )
+    print_single(result, args.clients)
     print(json.dumps(result))
 
 

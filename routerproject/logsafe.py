@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import logging
 import re
+import time
 from typing import Any
 
 from pythonjsonlogger.json import JsonFormatter
@@ -50,13 +51,40 @@ def _escape_trace(text: str) -> str:
     return "\n".join(escape(line) for line in text.split("\n"))
 
 
-class TextFormatter(logging.Formatter):
+class _SecondStamp(logging.Formatter):
+    """`formatTime` that formats each second's date and time once: every line of one second
+    shares it (the access line made `time.strftime` a per-request cost), with the record's own
+    milliseconds appended as `logging.Formatter` does."""
+
+    # (whole second, its formatted date and time): one tuple, read and swapped whole, so
+    # threads logging at once never pair one second with another's text.
+    _stamp: tuple[int, str] = (-1, "")
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        if datefmt is not None:
+            return super().formatTime(record, datefmt)
+        second = int(record.created)
+        stamp = self._stamp
+        if stamp[0] != second:
+            stamp = (second, time.strftime(self.default_time_format, self.converter(second)))
+            self._stamp = stamp
+        if not self.default_msec_format:
+            return stamp[1]
+        return self.default_msec_format % (stamp[1], record.msecs)
+
+
+class TextFormatter(_SecondStamp):
     """The text log's formatter: the message and the request ID escaped, the rest as usual."""
 
     def formatMessage(self, record: logging.LogRecord) -> str:
+        request_id = getattr(record, "request_id", None)
+        if _UNSAFE_RE.search(record.message) is None and (
+            not isinstance(request_id, str) or _UNSAFE_RE.search(request_id) is None
+        ):
+            # Nothing to escape (nearly every line): format the record itself, uncopied.
+            return super().formatMessage(record)
         safe = copy.copy(record)
         safe.message = escape(record.message)
-        request_id = getattr(record, "request_id", None)
         if isinstance(request_id, str):
             safe.request_id = escape(request_id)
         return super().formatMessage(safe)
@@ -65,7 +93,7 @@ class TextFormatter(logging.Formatter):
         return _escape_trace(super().formatException(ei))
 
 
-class SafeJsonFormatter(JsonFormatter):
+class SafeJsonFormatter(_SecondStamp, JsonFormatter):
     """The JSON log's formatter: every string field escaped, UTF-8 written as it is (JSON's own
     `\\u` escapes would make every non-ASCII name unreadable to an operator reading the file)."""
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import os
 import re
-import uuid
 
 HEADER = b"x-request-id"
 
@@ -29,8 +29,9 @@ _current: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_i
 
 
 def new() -> str:
-    """A fresh ID: 32 hex digits, unique without coordination between nodes."""
-    return uuid.uuid4().hex
+    """A fresh ID: 32 hex digits, unique without coordination between nodes (128 random bits;
+    `uuid4()` spent twice as long on the same bytes, once per request)."""
+    return os.urandom(16).hex()
 
 
 def from_header(value: bytes | None) -> str:

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync
+from django.db import connection
 
 from analytics import recorder as recorder_module
 from analytics.models import LoadRecord, RequestRecord
@@ -183,6 +184,42 @@ def test_a_flush_with_nothing_buffered_writes_nothing() -> None:
     rec = Recorder(node_id=NODE_ID)
     assert flush(rec) == 0
     assert RequestRecord.objects.count() == 0 and LoadRecord.objects.count() == 0
+
+
+@recorder_db
+def test_flushes_keep_one_connection_and_a_failed_write_or_stop_closes_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rec = Recorder(node_id=NODE_ID)
+    rec.add_request(sample("a"))
+    assert flush(rec) == 1
+    kept = connection.connection
+    assert kept is not None
+    rec.add_request(sample("b"))
+    assert flush(rec) == 1
+    assert connection.connection is kept
+
+    # A kept connection that fails its check is replaced before the write.
+    monkeypatch.setattr(connection, "is_usable", lambda: False)
+    rec.add_request(sample("c"))
+    assert flush(rec) == 1
+    assert connection.connection is not None and connection.connection is not kept
+    monkeypatch.undo()
+
+    def broken(*args: Any) -> None:
+        raise RuntimeError("database is down")
+
+    monkeypatch.setattr(recorder_module, "_write", broken)
+    rec.add_request(sample("d"))
+    assert flush(rec) == 0
+    assert connection.connection is None
+    monkeypatch.undo()
+
+    assert flush(rec) == 1
+    assert connection.connection is not None
+    async_to_sync(rec.stop)()
+    assert connection.connection is None
+    assert request_models() == ["a", "b", "c", "d"]
 
 
 @recorder_db

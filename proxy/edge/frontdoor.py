@@ -27,7 +27,6 @@ import ipaddress
 import logging
 import resource
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -210,7 +209,7 @@ def _response(refusal: Refusal, path: str, request_id: bytes | None) -> bytes:
         b"content-type: application/json",
         b"content-length: %d" % len(body),
         b"connection: close",
-        b"x-request-id: " + (request_id or uuid.uuid4().hex.encode()),
+        b"x-request-id: " + (request_id or request_ids.new().encode()),
     ]
     lines += [name + b": " + value for name, value in refusal.headers]
     return b"\r\n".join(lines) + b"\r\n\r\n" + body
@@ -243,7 +242,12 @@ class FrontDoorChannel(http.HTTPChannel):
     closing = False
     drained = 0
     body_bytes = 0
+    # At most one pending call, due at or before the current phase's deadline. A phase that
+    # ends leaves it pending, and the next phase reuses it when it is not due later than that
+    # phase's deadline: a kept-alive connection arms a call about once per header timeout,
+    # not two per request. Due, it checks the phase then running (`_expired`).
     _timer: Any = None
+    _timer_due = 0.0
     _linger: Any = None
     _phase = "head"
     _phase_start = 0.0
@@ -268,7 +272,7 @@ class FrontDoorChannel(http.HTTPChannel):
 
     def allContentReceived(self) -> None:
         if not self.closing:
-            self._cancel()
+            # Untimed while the app answers: a pending call finds this phase and stops.
             self._phase = "handling"
         super().allContentReceived()
 
@@ -339,32 +343,52 @@ class FrontDoorChannel(http.HTTPChannel):
         super().connectionLost(reason)
 
     def _start(self, phase: str, after: float) -> None:
-        self._cancel()
+        clock = self.door.clock
+        now = clock.seconds()
         self._phase = phase
-        self._phase_start = self.door.clock.seconds()
-        self._timer = self.door.clock.callLater(after, self._expired)
+        self._phase_start = now
+        deadline = now + after
+        timer = self._timer
+        if timer is not None and self._timer_due <= deadline:
+            return
+        self._cancel()
+        self._arm(clock, after, deadline)
+
+    def _arm(self, clock: Any, after: float, due: float) -> None:
+        self._timer = clock.callLater(after, self._expired)
+        self._timer_due = due
 
     def _cancel(self) -> None:
         timer, self._timer = self._timer, None
         if timer is not None and timer.active():
             timer.cancel()
 
+    def _deadline(self) -> float | None:
+        """When the running phase's time is up; None for a phase without one."""
+        if self._phase == "head":
+            return self._phase_start + self.door.header_timeout
+        if self._phase == "body":
+            return self._phase_start + self.door.body_allowance(self.body_bytes)
+        return None
+
     def _expired(self) -> None:
         self._timer = None
+        deadline = self._deadline()
+        if deadline is None:
+            return
+        clock = self.door.clock
+        left = deadline - clock.seconds()
+        if left > 0:
+            # Armed for an earlier phase, or the body kept the minimum rate: not yet.
+            self._arm(clock, left, deadline)
+            return
         if self._phase == "body":
             allowance = self.door.body_allowance(self.body_bytes)
-            left = allowance - (self.door.clock.seconds() - self._phase_start)
-            if left > 0:
-                # The body kept the minimum rate: its deadline moved on.
-                self._timer = self.door.clock.callLater(left, self._expired)
-                return
             what, limit = "body", self.door.body_timeout
             message = f"request body not received within {allowance:.0f}s"
-        elif self._phase == "head":
+        else:
             what, limit = "head", self.door.header_timeout
             message = f"request head not received within {limit:g}s"
-        else:
-            return
         self.door.refused(
             408,
             "request_timeout",

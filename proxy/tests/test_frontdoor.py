@@ -291,3 +291,48 @@ def test_a_request_being_answered_is_not_cut_by_the_idle_timeout(tmp_path: Path)
     protocol._channel.requestDone(protocol._channel.requests[0])
     door.clock.advance(5.1)
     assert transport.disconnecting
+
+
+def test_kept_alive_requests_arm_no_deadline_call_of_their_own(
+    door: Door, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    protocol, transport = door.connect()
+    channel = protocol._channel
+    armed: list[Any] = []
+    call_later = door.clock.callLater
+
+    def counting(delay: float, f: Any, *args: Any, **kwargs: Any) -> Any:
+        armed.append(f)
+        return call_later(delay, f, *args, **kwargs)
+
+    monkeypatch.setattr(door.clock, "callLater", counting)
+    for _ in range(5):
+        protocol.dataReceived(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+            + KEYED
+            + b"Content-Length: 2\r\n\r\n{}"
+        )
+        channel.requestDone(channel.requests[-1])
+        door.clock.advance(0.1)
+    assert door.server.created == 5
+    # The call armed when the connection opened covers every head and body since.
+    assert [f for f in armed if f == channel._expired] == []
+    # ...and each head still gets its whole timeout from its first byte.
+    protocol.dataReceived(b"GET /pi")
+    door.clock.advance(9.95)
+    assert transport.value() == b""
+    door.clock.advance(0.1)
+    assert _status(transport) == 408
+
+
+def test_a_body_timeout_shorter_than_the_head_timeout_still_holds(tmp_path: Path) -> None:
+    door = Door(tmp_path, header_timeout="60s", body_timeout="5s", body_min_rate=0)
+    protocol, transport = door.connect()
+    protocol.dataReceived(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + KEYED + b"Content-Length: 9\r\n\r\n"
+    )
+    door.clock.advance(4.9)
+    assert transport.value() == b""
+    door.clock.advance(0.2)
+    assert _status(transport) == 408
+    assert b"request body not received within 5s" in transport.value()
