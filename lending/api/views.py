@@ -31,6 +31,7 @@ from lending.decisions import (
     merge_folds,
     merge_node_records,
     parse_decision_filters,
+    parse_fold_cursor,
 )
 from lending.gather import gather_remote
 from lending.keys import LendingSettingError
@@ -390,7 +391,18 @@ class DecisionFoldsView(SiteAPIView):
         "`node_errors`.",
         parameters=[
             *_FILTER_PARAMETERS,
-            OpenApiParameter("offset", int, default=0, description="Skip this many folds."),
+            OpenApiParameter(
+                "cursor",
+                str,
+                description="Start after the fold this names: the `next_cursor` of the page "
+                "before (keyset paging: lines that turned up on top since then shift nothing).",
+            ),
+            OpenApiParameter(
+                "offset",
+                int,
+                default=0,
+                description="Skip this many folds (counted after `cursor`, when given).",
+            ),
             OpenApiParameter(
                 "limit",
                 int,
@@ -409,6 +421,7 @@ class DecisionFoldsView(SiteAPIView):
         )
         limit = filters.pop("limit")
         offset = _offset(request.query_params.get("offset", ""))
+        after = parse_fold_cursor(request.query_params.get("cursor", ""))
         node = running_node()
         wanted = set(request.query_params.getlist("node_id")) or None
         per_node: dict[str, dict[str, Any]] = {}
@@ -423,7 +436,7 @@ class DecisionFoldsView(SiteAPIView):
         for node_id, doc in answers.items():
             if isinstance(doc, dict):
                 per_node[node_id] = doc
-        body = merge_folds(per_node, offset=offset, limit=limit)
+        body = merge_folds(per_node, offset=offset, limit=limit, after=after)
         if errors:
             body["node_errors"] = errors
         return Response(body)
