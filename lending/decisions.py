@@ -37,7 +37,6 @@ __all__ = [
     "merge_folds",
     "merge_node_records",
     "parse_decision_filters",
-    "parse_fold_cursor",
 ]
 
 logger = logging.getLogger(__name__)
@@ -428,6 +427,7 @@ MAX_FOLDS_PER_NODE = 2000
 FOLD_BUCKET_MS = 60_000
 REQUEST_ID_SAMPLE = 10
 FOLD_TABLE = "offload_decision_folds"
+SIGNATURE_TABLE = "offload_decision_signatures"
 # The text columns a fold samples: its list, the decision column and the rollup's range name.
 _SAMPLED: tuple[tuple[str, str, str], ...] = (
     ("router_versions", "router_version", "version"),
@@ -446,31 +446,35 @@ _MEASURES_AT = _SAMPLES_AT + 2 * len(_SAMPLED)
 
 
 def _q(name: str) -> str:
-    # Quoted: `trigger` is a keyword to SQLite.
-    return f'"{name}"'
+    return f'"{name}"'  # `trigger` is a keyword to SQLite
 
 
-def _ranges(columns: Iterable[tuple[str, str]]) -> list[str]:
-    return [f"MIN({_q(lo)}), MAX({_q(hi)})" for lo, hi in columns]
+def _ranges(columns: Iterable[tuple[str, str]], table: str = "") -> list[str]:
+    return [f"MIN({table}{_q(lo)}), MAX({table}{_q(hi)})" for lo, hi in columns]
 
 
-_GROUP_BY = ", ".join(_q(c) for c in (*FOLD_SIGNATURE, "trigger"))
+def _keys(table: str = "") -> str:
+    return ", ".join(f"{table}{_q(c)}" for c in (*FOLD_SIGNATURE, "trigger"))
+
+
 _ROW_PICKS = ", ".join(
     [
-        _GROUP_BY,
+        _keys(),
         'COUNT(*), MIN("recorded_at"), MAX("recorded_at")',
         *_ranges((column, column) for _, column, _ in _SAMPLED),
         *_ranges((m, m) for m in FOLD_MEASURES),
     ]
 )
-_ROLLUP_PICKS = ", ".join(
+
+
+_ROLLUP_AGGREGATES = ", ".join(
     [
-        _GROUP_BY,
-        'SUM("n"), MIN("first_at"), MAX("last_at")',
-        *_ranges((f"{name}_min", f"{name}_max") for _, _, name in _SAMPLED),
-        *_ranges((f"{m}_min", f"{m}_max") for m in FOLD_MEASURES),
+        'SUM(r."n"), MIN(r."first_at"), MAX(r."last_at")',
+        *_ranges(((f"{name}_min", f"{name}_max") for _, _, name in _SAMPLED), "r."),
+        *_ranges(((f"{m}_min", f"{m}_max") for m in FOLD_MEASURES), "r."),
     ]
 )
+_ROLLUP_MATCH = " AND ".join(f"r.{_q(c)} = s.{_q(c)}" for c in (*FOLD_SIGNATURE, "trigger"))
 
 
 class _Fold:
@@ -540,14 +544,13 @@ def decisions_fold(
     first minute (the oldest rows, the ones pruning takes) and a partial last minute from the
     rows themselves. Asked for one request, the rows themselves (its index finds them).
     """
-    narrow = {"lane": lane, "outcome": outcome, "kind": kind, "model_id": model_id}
-    narrow["node_id"] = node_id
+    narrow = dict(lane=lane, outcome=outcome, kind=kind, model_id=model_id, node_id=node_id)
     # One group per signature and trigger; the triggers are folded together below, so the
     # limit is on those finer groups, newest first.
     cap = max_folds * 4
     if request_id:
         narrow["request_id"] = request_id
-        fine = _groups(TABLE, _ROW_PICKS, "recorded_at", (since_ms, until_ms), narrow, cap)
+        fine = _row_groups((since_ms, until_ms), narrow, cap)
         fine, truncated = fine[:cap], len(fine) > cap
     else:
         fine, truncated = _window_groups(since_ms, until_ms, cap, narrow)
@@ -564,38 +567,88 @@ def decisions_fold(
     return {"folds": out, "rows": sum(f["count"] for f in out), "truncated": truncated}
 
 
-def _groups(
-    table: str,
-    picks: str,
-    column: str,
-    span: tuple[int | None, int | None],
-    narrow: Mapping[str, Any],
-    cap: int,
+def _row_groups(
+    span: tuple[int | None, int | None], narrow: Mapping[str, Any], cap: int
 ) -> list[tuple[Any, ...]]:
-    """Groups by signature and trigger of `table` with `column` in `span` (inclusive), newest
+    """Groups by signature and trigger of the rows recorded in `span` (inclusive), newest
     first, at most `cap` + 1 (one more says the cap cut some)."""
     from django.db import connection
 
     conditions, params = [], []
     for bound, op in zip(span, (">=", "<="), strict=True):
         if bound is not None:
-            conditions.append(f"{_q(column)} {op} %s")
+            conditions.append(f'"recorded_at" {op} %s')
             params.append(bound)
-    for name in ("lane", "outcome", "kind", "node_id", "request_id"):
-        if narrow.get(name):
-            conditions.append(f"{_q(name)} = %s")
-            params.append(narrow[name])
-    if narrow.get("model_id"):
-        conditions.append('("owner_model_id" = %s OR "helper_model_id" = %s)')
-        params += [narrow["model_id"]] * 2
+    narrowing, narrow_params = _narrowing(narrow, "")
+    conditions += narrowing
+    params += narrow_params
     where = f"WHERE {' AND '.join(conditions)}" if conditions else ""
     sql = (
-        f"SELECT {picks} FROM {table} {where} GROUP BY {_GROUP_BY} "
+        f"SELECT {_ROW_PICKS} FROM {TABLE} {where} GROUP BY {_keys()} "
         f"ORDER BY {_LAST + 1} DESC LIMIT %s"
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, [*params, cap + 1])
         return [tuple(row) for row in cursor.fetchall()]
+
+
+def _narrowing(narrow: Mapping[str, Any], table: str) -> tuple[list[str], list[Any]]:
+    """The filters as SQL conditions on `table`'s signature columns, with their parameters."""
+    conditions, params = [], []
+    for name in ("lane", "outcome", "kind", "node_id", "request_id"):
+        if narrow.get(name):
+            conditions.append(f"{table}{_q(name)} = %s")
+            params.append(narrow[name])
+    if narrow.get("model_id"):
+        owner, helper = f"{table}{_q('owner_model_id')}", f"{table}{_q('helper_model_id')}"
+        conditions.append(f"({owner} = %s OR {helper} = %s)")
+        params += [narrow["model_id"]] * 2
+    return conditions, params
+
+
+def _bucket_groups(
+    first: int, last: int, narrow: Mapping[str, Any], cap: int
+) -> list[tuple[Any, ...]]:
+    """Groups by signature and trigger of the rollup's minutes `first` to `last` (inclusive),
+    newest first, at most `cap` + 1."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(*_bucket_groups_sql(first, last, narrow, cap))
+        return [tuple(row) for row in cursor.fetchall()]
+
+
+def _bucket_groups_sql(
+    first: int, last: int, narrow: Mapping[str, Any], cap: int
+) -> tuple[str, list[Any]]:
+    """The query of `_bucket_groups`, as this database runs it best.
+
+    PostgreSQL hashes the window's rollup rows into groups. SQLite has no hash aggregate: its
+    GROUP BY sorts every rollup row of the window, every column the aggregates read. There the
+    query walks the signatures (`s`) instead, each one's minutes a seek into the rollup's (`r`)
+    unique index, which holds them in group order: no sort, and a signature whose newest row
+    is older than the window is skipped.
+    """
+    from django.db import connection
+
+    order = f"ORDER BY {_LAST + 1} DESC LIMIT %s"
+    if connection.vendor != "sqlite":
+        narrowing, params = _narrowing(narrow, "r.")
+        where = " AND ".join(["r.bucket_ms >= %s", "r.bucket_ms <= %s", *narrowing])
+        sql = (
+            f"SELECT {_keys('r.')}, {_ROLLUP_AGGREGATES} FROM {FOLD_TABLE} r WHERE {where} "
+            f"GROUP BY {_keys('r.')} {order}"
+        )
+        return sql, [first, last, *params, cap + 1]
+    narrowing, params = _narrowing(narrow, "s.")
+    # CROSS JOIN: SQLite keeps the signatures as the outer loop.
+    conditions = ["s.last_at >= %s", *narrowing, _ROLLUP_MATCH, "r.bucket_ms >= %s"]
+    conditions.append("r.bucket_ms <= %s")
+    sql = (
+        f"SELECT {_keys('s.')}, {_ROLLUP_AGGREGATES} FROM {SIGNATURE_TABLE} s "
+        f"CROSS JOIN {FOLD_TABLE} r WHERE {' AND '.join(conditions)} GROUP BY s.id {order}"
+    )
+    return sql, [first, *params, first, last, cap + 1]
 
 
 def _window_groups(
@@ -620,20 +673,18 @@ def _window_groups(
     # the rollup, and pruning always takes the oldest minute.
     first_whole = (start // FOLD_BUCKET_MS + 1) * FOLD_BUCKET_MS
     head_until = first_whole - 1 if until_ms is None else min(until_ms, first_whole - 1)
-    parts = [_groups(TABLE, _ROW_PICKS, "recorded_at", (start, head_until), narrow, cap)]
+    parts = [_row_groups((start, head_until), narrow, cap)]
     if until_ms is None or until_ms >= first_whole:
         # Whole minutes up to the last one the window covers entirely; with no end, up to the
-        # newest row's. Both bounds always: with only the lower one SQLite walks the rollup's
-        # unique index (all of it, every minute ever) to save a sort.
+        # newest row's (a bound on every seek into the rollup's index).
         if until_ms is None:
             end = (newest // FOLD_BUCKET_MS + 1) * FOLD_BUCKET_MS
         else:
             end = (until_ms + 1) // FOLD_BUCKET_MS * FOLD_BUCKET_MS
         if end > first_whole:
-            span = (first_whole, end - FOLD_BUCKET_MS)
-            parts.append(_groups(FOLD_TABLE, _ROLLUP_PICKS, "bucket_ms", span, narrow, cap))
+            parts.append(_bucket_groups(first_whole, end - FOLD_BUCKET_MS, narrow, cap))
         if until_ms is not None and end <= until_ms:
-            parts.append(_groups(TABLE, _ROW_PICKS, "recorded_at", (end, until_ms), narrow, cap))
+            parts.append(_row_groups((end, until_ms), narrow, cap))
     truncated = any(len(part) > cap for part in parts)
     return [g for part in parts for g in part[:cap]], truncated
 
@@ -645,28 +696,10 @@ def _fold_order(fold: Mapping[str, Any]) -> tuple[Any, ...]:
 
 
 def fold_cursor(fold: Mapping[str, Any]) -> str:
-    """The opaque cursor of the page that starts after `fold`: its place in `_fold_order`."""
+    """The opaque cursor of the page that starts after `fold`: its place in `_fold_order`
+    (the API's `cursor` parameter turns it back into that place)."""
     place = [int(fold.get("last_at", 0)), *(str(fold.get(k) or "") for k in FOLD_SIGNATURE)]
     return base64.urlsafe_b64encode(json.dumps(place).encode()).decode().rstrip("=")
-
-
-def parse_fold_cursor(raw: str) -> tuple[Any, ...] | None:
-    """The place a cursor names (None for no cursor); a cursor we did not write is a 400."""
-    raw = raw.strip()
-    if not raw:
-        return None
-    try:
-        place = json.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)))
-    except (ValueError, TypeError):
-        place = None
-    if (
-        not isinstance(place, list)
-        or len(place) != 1 + len(FOLD_SIGNATURE)
-        or type(place[0]) is not int
-        or not all(isinstance(v, str) for v in place[1:])
-    ):
-        raise RouterError(400, "cursor is not one this API wrote", param="cursor")
-    return (-place[0], *place[1:])
 
 
 def merge_folds(
@@ -688,8 +721,7 @@ def merge_folds(
     rows = 0
     truncated: list[str] = []
     for node_key, doc in per_node.items():
-        node_folds = [f for f in doc.get("folds", []) if isinstance(f, dict)]
-        folds.extend(node_folds)
+        folds.extend(f for f in doc.get("folds", []) if isinstance(f, dict))
         rows += int(doc.get("rows", 0))
         if doc.get("truncated"):
             truncated.append(node_key)
@@ -697,8 +729,7 @@ def merge_folds(
     first = offset
     if after is not None:
         first += bisect.bisect_right([_fold_order(f) for f in folds], after)
-    page = folds[first : first + limit]
-    more = first + limit < len(folds)
+    page, more = folds[first : first + limit], first + limit < len(folds)
     return {
         "folds": page,
         "offset": offset,
