@@ -12,7 +12,8 @@ import pytest
 import yaml
 from django.test import AsyncClient
 
-from lending.decisions import FOLD_SIGNATURE
+from lending.api.views import _fold_place
+from lending.decisions import FOLD_SIGNATURE, merge_folds
 from proxy.node import Node, build_node, set_node
 from registry.nodeclient import AllowList, NodeClient
 from routerproject.config import load_config
@@ -126,3 +127,17 @@ async def test_a_cursor_this_api_did_not_write_is_a_400_naming_cursor(master: No
     response = await AsyncClient().get(URL, {"cursor": "bm90IGEgY3Vyc29y"})
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "cursor"
+
+
+def test_folds_of_one_time_page_in_signature_order_and_a_cursor_neither_repeats_nor_skips() -> None:
+    mine = {"folds": [fold("a", 5000, owner=o) for o in ("z", "b", "m")], "rows": 6}
+    theirs = {"folds": [fold("b", 5000, owner="a")], "rows": 2}
+    page = merge_folds({"a": mine, "b": theirs}, offset=0, limit=2)
+    assert [(f["node_id"], f["owner_model_id"]) for f in page["folds"]] == [("a", "b"), ("a", "m")]
+    # A fold that turns up on top before the next page shifts nothing after the cursor.
+    mine["folds"].append(fold("a", 9000, owner="new"))
+    rest = merge_folds(
+        {"a": mine, "b": theirs}, offset=0, limit=5, after=_fold_place(page["next_cursor"])
+    )
+    assert [(f["node_id"], f["owner_model_id"]) for f in rest["folds"]] == [("a", "z"), ("b", "a")]
+    assert rest["next_cursor"] is None
