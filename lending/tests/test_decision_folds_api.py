@@ -130,12 +130,13 @@ async def test_a_cursor_this_api_did_not_write_is_a_400_naming_cursor(master: No
 
 
 def test_folds_of_one_time_page_in_signature_order_and_a_cursor_neither_repeats_nor_skips() -> None:
-    mine = {"folds": [fold("a", 5000, owner=o) for o in ("z", "b", "m")], "rows": 6}
+    folds = [fold("a", 5000, owner=o) for o in ("z", "b", "m")]
+    mine: dict[str, Any] = {"folds": folds, "rows": 6}
     theirs = {"folds": [fold("b", 5000, owner="a")], "rows": 2}
     page = merge_folds({"a": mine, "b": theirs}, offset=0, limit=2)
     assert [(f["node_id"], f["owner_model_id"]) for f in page["folds"]] == [("a", "b"), ("a", "m")]
     # A fold that turns up on top before the next page shifts nothing after the cursor.
-    mine["folds"].append(fold("a", 9000, owner="new"))
+    folds.append(fold("a", 9000, owner="new"))
     rest = merge_folds(
         {"a": mine, "b": theirs}, offset=0, limit=5, after=_fold_place(page["next_cursor"])
     )
