@@ -1,16 +1,21 @@
 """The Lending tab's decision log on a large log: what one page costs as the table grows.
 
 Starts a real node, fills its `offload_decisions` table with `--rows` rows as a busy cluster
-writes them (plan rows over a few owner/helper pairs and reasons, lent and returned rows with
-request IDs, varying numbers, spread over the last hour), then times the requests the page
-makes: one page of folds for the last hour (`decisions/folded?since_ms&limit=50`), the same
-filtered by model, and the next page; beside them the raw rows the page used to fetch
+writes them (in time order: plan rows over a few owner/helper pairs and reasons, lent and
+returned rows with request IDs, varying numbers, spread over the last hour), then times the
+requests the page makes: one page of folds for the last hour
+(`decisions/folded?since_ms&limit=50`), the next page by `cursor` and by `offset`, the page
+filtered by model and by model and outcome; beside them the raw rows the page used to fetch
 (`decisions?limit=1000`). Median of five calls each, after one warm-up.
 
-Target: a page of folds over the hour in under 300 ms at 1,000,000 rows, on SQLite and on
-PostgreSQL (`DATABASE_URL=postgres://...` runs the node on a throwaway database of its own,
+Target: every page of folds over the hour in 300 ms or less at 1,000,000 rows, on SQLite and
+on PostgreSQL (`DATABASE_URL=postgres://...` runs the node on a throwaway database of its own,
 dropped after). The load average is printed with the figures: on a shared machine they scale
-with it.
+with it. Measured (2 CPUs shared, median ms; fill includes the triggers):
+
+    database     rows  load  fill s  page 1  next: cursor  offset  model  +outcome  verdict
+    SQLite      1,000,000  4.7     159     178           214     169     51        25  PASS
+    PostgreSQL     50,000  2.7      14     127           151     137     52        34  PASS
 
 Prints a table and, last, one JSON line. Run: `.venv/bin/python bench/decision_log.py
 [--rows 200000]`.
@@ -42,6 +47,7 @@ from lending.decisions import DECISION_FIELDS, NULLABLE_FIELDS, TEXT_FIELDS
 from tests.harness import RouterNode, start_node, text_model
 
 TARGET_MS = 300.0
+NARROW = {"model_id": "owner-1", "outcome": "granted"}
 SITE = "/router/v1/site/offload"
 REASONS = ["cost_rejected", "helper_claimed", "owner_unpriced", "helper_recently_busy", ""]
 
@@ -87,6 +93,10 @@ def rows(n: int, now_ms: int, rng: random.Random) -> list[tuple[Any, ...]]:
                 request_id=f"req-{i:08x}",
             )
         out.append(tuple(row.get(f, default(f)) for f in DECISION_FIELDS))
+    # In the order a node writes them: by time (rows scattered in time across the table would
+    # cost every query of a time range a page read per row).
+    at = DECISION_FIELDS.index("recorded_at")
+    out.sort(key=lambda values: values[at])
     return out
 
 
@@ -96,15 +106,26 @@ def fill(node: RouterNode, values: list[tuple[Any, ...]]) -> None:
     if node.db is not None:
         import psycopg
 
-        marks = ", ".join(["%s"] * len(DECISION_FIELDS))
+        # COPY rather than INSERTs: the same row triggers, without a round trip per row. A COPY
+        # runs its rows' AFTER triggers at its end: in batches, that queue stays short.
         with psycopg.connect(node.db.url) as pg, pg.cursor() as cursor:
-            cursor.executemany(
-                f"INSERT INTO offload_decisions ({columns}) VALUES ({marks})", values
-            )
+            for start in range(0, len(values), 20_000):
+                with cursor.copy(f"COPY offload_decisions ({columns}) FROM STDIN") as copy:
+                    for row in values[start : start + 20_000]:
+                        copy.write_row(row)
         return
     marks = ", ".join(["?"] * len(DECISION_FIELDS))
     with sqlite3.connect(node.store / "router.sqlite3", timeout=60) as db:
         db.executemany(f"INSERT INTO offload_decisions ({columns}) VALUES ({marks})", values)
+
+
+def shows(doc: Any) -> str:
+    """What one answer covers, in a table cell."""
+    if "folds" in doc:
+        return f"{len(doc['folds'])} of {doc['total_folds']} lines, {doc['total_rows']} rows"
+    records = doc["records"]
+    minutes = (records[0]["recorded_at"] - records[-1]["recorded_at"]) / 60000
+    return f"{len(records)} rows covering {minutes:.1f} min"
 
 
 def median_ms(client: httpx.Client, path: str, params: dict[str, str]) -> tuple[float, Any]:
@@ -132,32 +153,23 @@ def main() -> int:
             fill(node, rows(args.rows, now_ms, random.Random(7)))
             fill_secs = time.perf_counter() - started
             hour = {"since_ms": str(now_ms - 3_600_000)}
-            cases = [
-                ("folds, last hour, page 1", "/decisions/folded", {**hour, "limit": "50"}),
-                (
-                    "folds, last hour, page 2",
-                    "/decisions/folded",
-                    {**hour, "limit": "50", "offset": "50"},
-                ),
-                (
-                    "folds, last hour, one model",
-                    "/decisions/folded",
-                    {**hour, "limit": "50", "model_id": "owner-1"},
-                ),
-                ("raw rows, last hour, 1000", "/decisions", {**hour, "limit": "1000"}),
-            ]
+            page = {**hour, "limit": "50"}
             results: list[dict[str, Any]] = []
             with node.client(timeout=120) as client:
+                first = client.get(SITE + "/decisions/folded", params=page).json()
+                cases = [
+                    ("folds, last hour, page 1", "/decisions/folded", page),
+                    ("folds, page 2 by cursor", "/decisions/folded", {**page, "cursor": ""}),
+                    ("folds, page 2 by offset", "/decisions/folded", {**page, "offset": "50"}),
+                    ("folds, one model", "/decisions/folded", {**page, "model_id": "owner-1"}),
+                    ("folds, one model, granted", "/decisions/folded", {**page, **NARROW}),
+                    ("raw rows, last hour, 1000", "/decisions", {**hour, "limit": "1000"}),
+                ]
                 for name, path, params in cases:
+                    if "cursor" in params:
+                        params = {**params, "cursor": first["next_cursor"]}
                     ms, doc = median_ms(client, SITE + path, params)
-                    if "folds" in doc:
-                        covered = f"{len(doc['folds'])} of {doc['total_folds']} lines, "
-                        covered += f"{doc['total_rows']} rows"
-                    else:
-                        records = doc["records"]
-                        minutes = (records[0]["recorded_at"] - records[-1]["recorded_at"]) / 60000
-                        covered = f"{len(records)} rows covering {minutes:.1f} min"
-                    results.append({"case": name, "median_ms": round(ms, 1), "shows": covered})
+                    results.append({"case": name, "median_ms": round(ms, 1), "shows": shows(doc)})
         finally:
             node.cleanup()
     load = os.getloadavg()[0]
@@ -167,12 +179,18 @@ def main() -> int:
     print(f"decision log of {args.rows} rows ({backend}, one node), median of 5 calls")
     print(f"filling the table took {fill_secs:.1f} s (the rollup's triggers included)")
     print(f"load average (1 min) {load:.1f} on {os.cpu_count()} CPUs")
-    print(f"{'case':<30} {'median ms':>10}  shows")
+    print(f"{'case':<30} {'median ms':>10} {'target':>7}  {'':4}  shows")
     for r in results:
-        print(f"{r['case']:<30} {r['median_ms']:>10.1f}  {r['shows']}")
-    page = float(results[0]["median_ms"])
-    ok = page < TARGET_MS
-    print(f"target: page 1 under {TARGET_MS:.0f} ms: {'met' if ok else 'NOT met'}")
+        # The raw rows are shown beside the folds; the target is on a page of folds.
+        folds = r["case"].startswith("folds")
+        r["pass"] = r["median_ms"] <= TARGET_MS if folds else None
+        verdict = "" if r["pass"] is None else "PASS" if r["pass"] else "FAIL"
+        target = f"{TARGET_MS:.0f}" if folds else ""
+        print(f"{r['case']:<30} {r['median_ms']:>10.1f} {target:>7}  {verdict:4}  {r['shows']}")
+    ok = all(r["pass"] is not False for r in results)
+    print(
+        f"target: every page of folds in {TARGET_MS:.0f} ms or less: {'met' if ok else 'NOT met'}"
+    )
     summary = {
         "rows": args.rows,
         "database": backend,

@@ -11,6 +11,9 @@ counted in ``dropped`` instead of vanishing silently.
 from __future__ import annotations
 
 import asyncio
+import base64
+import bisect
+import json
 import logging
 import re
 from collections import Counter, deque
@@ -30,6 +33,7 @@ __all__ = [
     "DecisionLog",
     "decisions_fold",
     "decisions_query",
+    "fold_cursor",
     "merge_folds",
     "merge_node_records",
     "parse_decision_filters",
@@ -422,6 +426,99 @@ MAX_FOLDS_PER_NODE = 2000
 # The rollup's minute (migration 0004 writes the same arithmetic into its triggers).
 FOLD_BUCKET_MS = 60_000
 REQUEST_ID_SAMPLE = 10
+FOLD_TABLE = "offload_decision_folds"
+SIGNATURE_TABLE = "offload_decision_signatures"
+# The text columns a fold samples: its list, the decision column and the rollup's range name.
+_SAMPLED: tuple[tuple[str, str, str], ...] = (
+    ("router_versions", "router_version", "version"),
+    ("service_sources", "service_source", "source"),
+    ("request_ids", "request_id", "request"),
+    ("key_names", "key_name", "key"),
+)
+# A group (one signature and trigger) is one tuple, laid out alike whether it came from the
+# rows or the rollup: the signature, trigger, row count, first and last time, then a (min,
+# max) pair per sampled column and per measure. Plain tuples from a cursor, not ORM dicts: a
+# page folds a few hundred groups, and building model values for them cost more than the SQL.
+_SIG = len(FOLD_SIGNATURE)
+_TRIGGER, _N, _FIRST, _LAST = _SIG, _SIG + 1, _SIG + 2, _SIG + 3
+_SAMPLES_AT = _SIG + 4
+_MEASURES_AT = _SAMPLES_AT + 2 * len(_SAMPLED)
+
+
+def _q(name: str) -> str:
+    return f'"{name}"'  # `trigger` is a keyword to SQLite
+
+
+def _ranges(columns: Iterable[tuple[str, str]], table: str = "") -> list[str]:
+    return [f"MIN({table}{_q(lo)}), MAX({table}{_q(hi)})" for lo, hi in columns]
+
+
+def _keys(table: str = "") -> str:
+    return ", ".join(f"{table}{_q(c)}" for c in (*FOLD_SIGNATURE, "trigger"))
+
+
+_ROW_PICKS = ", ".join(
+    [
+        _keys(),
+        'COUNT(*), MIN("recorded_at"), MAX("recorded_at")',
+        *_ranges((column, column) for _, column, _ in _SAMPLED),
+        *_ranges((m, m) for m in FOLD_MEASURES),
+    ]
+)
+
+
+_ROLLUP_AGGREGATES = ", ".join(
+    [
+        'SUM(r."n"), MIN(r."first_at"), MAX(r."last_at")',
+        *_ranges(((f"{name}_min", f"{name}_max") for _, _, name in _SAMPLED), "r."),
+        *_ranges(((f"{m}_min", f"{m}_max") for m in FOLD_MEASURES), "r."),
+    ]
+)
+_ROLLUP_MATCH = " AND ".join(f"r.{_q(c)} = s.{_q(c)}" for c in (*FOLD_SIGNATURE, "trigger"))
+
+
+class _Fold:
+    """One signature's groups added up: count, span, triggers, measure ranges, samples."""
+
+    __slots__ = ("count", "first_at", "highs", "last_at", "lows", "samples", "triggers")
+
+    def __init__(self, g: tuple[Any, ...]) -> None:
+        self.count = 0
+        self.first_at: int = g[_FIRST]
+        self.last_at: int = g[_LAST]
+        self.triggers: dict[str, int] = {}
+        self.lows: list[Any] = list(g[_MEASURES_AT::2])
+        self.highs: list[Any] = list(g[_MEASURES_AT + 1 :: 2])
+        self.samples: list[list[str]] = [[] for _ in _SAMPLED]
+
+    def add(self, g: tuple[Any, ...]) -> None:
+        n = int(g[_N])  # PostgreSQL sums a bigint to a numeric
+        self.count += n
+        self.first_at = min(self.first_at, g[_FIRST])
+        self.last_at = max(self.last_at, g[_LAST])
+        if g[_TRIGGER]:
+            self.triggers[g[_TRIGGER]] = self.triggers.get(g[_TRIGGER], 0) + n
+        self.lows = list(map(min, self.lows, g[_MEASURES_AT::2]))
+        self.highs = list(map(max, self.highs, g[_MEASURES_AT + 1 :: 2]))
+        for i, seen in enumerate(self.samples):
+            for value in g[_SAMPLES_AT + 2 * i : _SAMPLES_AT + 2 * i + 2]:
+                if value and value not in seen:
+                    seen.append(value)
+
+    def doc(self, key: tuple[Any, ...]) -> dict[str, Any]:
+        out: dict[str, Any] = dict(zip(FOLD_SIGNATURE, key, strict=True))
+        out.update(count=self.count, first_at=self.first_at, last_at=self.last_at)
+        out["triggers"] = self.triggers
+        # Measures that were 0 throughout say nothing about this decision.
+        out["measures"] = {
+            m: [lo, hi]
+            for m, lo, hi in zip(FOLD_MEASURES, self.lows, self.highs, strict=True)
+            if lo != 0 or hi != 0
+        }
+        # Versions and sources are few; request IDs and keys differ row by row: a sample.
+        for (field, column, _), seen in zip(_SAMPLED, self.samples, strict=True):
+            out[field] = sorted(seen)[:REQUEST_ID_SAMPLE] if column in NULLABLE_FIELDS else seen
+        return out
 
 
 def decisions_fold(
@@ -439,61 +536,136 @@ def decisions_fold(
     """This database's decision rows folded by FOLD_SIGNATURE, in the database (GROUP BY).
 
     Each fold has the signature fields, its row `count`, `first_at`/`last_at`, the count of
-    each trigger, and per measure its `[min, max]`; folds come newest `last_at` first.
+    each trigger, and per measure its `[min, max]`; folds come newest `last_at` first (then by
+    signature, so equal times keep one order).
 
     Whole minutes of the window are read from the rollup (`offload_decision_folds`, one row
     per signature, trigger and minute, kept by the database as rows are written); the window's
     first minute (the oldest rows, the ones pruning takes) and a partial last minute from the
     rows themselves. Asked for one request, the rows themselves (its index finds them).
     """
-    narrow = {"lane": lane, "outcome": outcome, "kind": kind, "model_id": model_id}
-    narrow["node_id"] = node_id
+    narrow = dict(lane=lane, outcome=outcome, kind=kind, model_id=model_id, node_id=node_id)
     # One group per signature and trigger; the triggers are folded together below, so the
     # limit is on those finer groups, newest first.
     cap = max_folds * 4
     if request_id:
-        fine = _row_groups(since_ms, until_ms, cap, request_id=request_id, **narrow)
+        narrow["request_id"] = request_id
+        fine = _row_groups((since_ms, until_ms), narrow, cap)
         fine, truncated = fine[:cap], len(fine) > cap
     else:
-        fine, truncated = _rollup_and_edges(since_ms, until_ms, cap, narrow)
-    folds: dict[tuple[Any, ...], dict[str, Any]] = {}
+        fine, truncated = _window_groups(since_ms, until_ms, cap, narrow)
+    folds: dict[tuple[Any, ...], _Fold] = {}
     for g in fine:
-        _fold_in(folds, g)
-    out = sorted(folds.values(), key=lambda f: (-f["last_at"], f["node_id"]))
-    if len(out) > max_folds:
-        out, truncated = out[:max_folds], True
-    for fold in out:
-        # Measures that were 0 throughout say nothing about this decision.
-        fold["measures"] = {m: v for m, v in fold["measures"].items() if v != [0, 0]}
-        fold["request_ids"] = sorted(fold["request_ids"])[:REQUEST_ID_SAMPLE]
-        fold["key_names"] = sorted(fold["key_names"])[:REQUEST_ID_SAMPLE]
-    total = sum(f["count"] for f in out)
-    return {"folds": out, "rows": total, "truncated": truncated}
+        key = g[:_SIG]
+        if key not in folds:
+            folds[key] = _Fold(g)
+        folds[key].add(g)
+    ordered = sorted(folds.items(), key=lambda kv: (-kv[1].last_at, kv[0]))
+    if len(ordered) > max_folds:
+        ordered, truncated = ordered[:max_folds], True
+    out = [fold.doc(key) for key, fold in ordered]
+    return {"folds": out, "rows": sum(f["count"] for f in out), "truncated": truncated}
 
 
 def _row_groups(
-    since_ms: int | None, until_ms: int | None, cap: int, **narrow: Any
-) -> list[dict[str, Any]]:
-    """Groups by signature and trigger of the decision rows themselves, newest first."""
-    rows = _filtered(since_ms=since_ms, until_ms=until_ms, **narrow)
-    grouped = (
-        rows.values(*FOLD_SIGNATURE, "trigger")
-        .annotate(**_fold_aggregates())
-        .order_by("-last_at")[: cap + 1]
+    span: tuple[int | None, int | None], narrow: Mapping[str, Any], cap: int
+) -> list[tuple[Any, ...]]:
+    """Groups by signature and trigger of the rows recorded in `span` (inclusive), newest
+    first, at most `cap` + 1 (one more says the cap cut some)."""
+    from django.db import connection
+
+    conditions, params = [], []
+    for bound, op in zip(span, (">=", "<="), strict=True):
+        if bound is not None:
+            conditions.append(f'"recorded_at" {op} %s')
+            params.append(bound)
+    narrowing, narrow_params = _narrowing(narrow, "")
+    conditions += narrowing
+    params += narrow_params
+    where = f"WHERE {' AND '.join(conditions)}" if conditions else ""
+    sql = (
+        f"SELECT {_ROW_PICKS} FROM {TABLE} {where} GROUP BY {_keys()} "
+        f"ORDER BY {_LAST + 1} DESC LIMIT %s"
     )
-    return list(grouped)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*params, cap + 1])
+        return [tuple(row) for row in cursor.fetchall()]
 
 
-def _rollup_and_edges(
+def _narrowing(narrow: Mapping[str, Any], table: str) -> tuple[list[str], list[Any]]:
+    """The filters as SQL conditions on `table`'s signature columns, with their parameters."""
+    conditions, params = [], []
+    for name in ("lane", "outcome", "kind", "node_id", "request_id"):
+        if narrow.get(name):
+            conditions.append(f"{table}{_q(name)} = %s")
+            params.append(narrow[name])
+    if narrow.get("model_id"):
+        owner, helper = f"{table}{_q('owner_model_id')}", f"{table}{_q('helper_model_id')}"
+        conditions.append(f"({owner} = %s OR {helper} = %s)")
+        params += [narrow["model_id"]] * 2
+    return conditions, params
+
+
+def _bucket_groups(
+    first: int, last: int, narrow: Mapping[str, Any], cap: int
+) -> list[tuple[Any, ...]]:
+    """Groups by signature and trigger of the rollup's minutes `first` to `last` (inclusive),
+    newest first, at most `cap` + 1."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(*_bucket_groups_sql(first, last, narrow, cap))
+        return [tuple(row) for row in cursor.fetchall()]
+
+
+def _bucket_groups_sql(
+    first: int, last: int, narrow: Mapping[str, Any], cap: int
+) -> tuple[str, list[Any]]:
+    """The query of `_bucket_groups`, as this database runs it best.
+
+    PostgreSQL hashes the window's rollup rows into groups. SQLite has no hash aggregate: its
+    GROUP BY sorts every rollup row of the window, every column the aggregates read. There the
+    query walks the signatures (`s`) instead, each one's minutes a seek into the rollup's (`r`)
+    unique index, which holds them in group order: no sort, and a signature whose newest row
+    is older than the window is skipped.
+    """
+    from django.db import connection
+
+    order = f"ORDER BY {_LAST + 1} DESC LIMIT %s"
+    if connection.vendor != "sqlite":
+        narrowing, params = _narrowing(narrow, "r.")
+        where = " AND ".join(["r.bucket_ms >= %s", "r.bucket_ms <= %s", *narrowing])
+        sql = (
+            f"SELECT {_keys('r.')}, {_ROLLUP_AGGREGATES} FROM {FOLD_TABLE} r WHERE {where} "
+            f"GROUP BY {_keys('r.')} {order}"
+        )
+        return sql, [first, last, *params, cap + 1]
+    narrowing, params = _narrowing(narrow, "s.")
+    # CROSS JOIN: SQLite keeps the signatures as the outer loop.
+    conditions = ["s.last_at >= %s", *narrowing, _ROLLUP_MATCH, "r.bucket_ms >= %s"]
+    conditions.append("r.bucket_ms <= %s")
+    sql = (
+        f"SELECT {_keys('s.')}, {_ROLLUP_AGGREGATES} FROM {SIGNATURE_TABLE} s "
+        f"CROSS JOIN {FOLD_TABLE} r WHERE {' AND '.join(conditions)} GROUP BY s.id {order}"
+    )
+    return sql, [first, *params, first, last, cap + 1]
+
+
+def _window_groups(
     since_ms: int | None, until_ms: int | None, cap: int, narrow: dict[str, Any]
-) -> tuple[list[dict[str, Any]], bool]:
+) -> tuple[list[tuple[Any, ...]], bool]:
     """The groups of a window: its first minute and a partial last one from the rows, the
-    whole minutes between from the rollup; and whether either was cut at `cap`."""
-    from django.db.models import Min
+    whole minutes between from the rollup; and whether any part was cut at `cap`."""
+    from django.db import connection
 
-    from lending.models import OffloadDecision
-
-    oldest = OffloadDecision.objects.aggregate(at=Min("recorded_at"))["at"]
+    with connection.cursor() as cursor:
+        # Two subqueries: each MIN or MAX alone is one step down the index, both in one
+        # SELECT would scan it on SQLite.
+        cursor.execute(
+            f'SELECT (SELECT MIN("recorded_at") FROM {TABLE}), '
+            f'(SELECT MAX("recorded_at") FROM {TABLE})'
+        )
+        oldest, newest = cursor.fetchone()
     if oldest is None:
         return [], False
     start = oldest if since_ms is None else max(since_ms, oldest)
@@ -501,150 +673,70 @@ def _rollup_and_edges(
     # the rollup, and pruning always takes the oldest minute.
     first_whole = (start // FOLD_BUCKET_MS + 1) * FOLD_BUCKET_MS
     head_until = first_whole - 1 if until_ms is None else min(until_ms, first_whole - 1)
-    groups = _row_groups(since_ms, head_until, cap, **narrow)
-    truncated = len(groups) > cap
-    groups = groups[:cap]
-    if until_ms is not None and until_ms < first_whole:
-        return groups, truncated
-    # Whole minutes up to the last one the window covers entirely.
-    end = None if until_ms is None else (until_ms + 1) // FOLD_BUCKET_MS * FOLD_BUCKET_MS
-    middle = _bucket_groups(first_whole, end, cap, narrow)
-    truncated |= len(middle) > cap
-    groups += middle[:cap]
-    if end is not None and until_ms is not None and end <= until_ms:
-        tail = _row_groups(end, until_ms, cap, **narrow)
-        truncated |= len(tail) > cap
-        groups += tail[:cap]
-    return groups, truncated
+    parts = [_row_groups((start, head_until), narrow, cap)]
+    if until_ms is None or until_ms >= first_whole:
+        # Whole minutes up to the last one the window covers entirely; with no end, up to the
+        # newest row's (a bound on every seek into the rollup's index).
+        if until_ms is None:
+            end = (newest // FOLD_BUCKET_MS + 1) * FOLD_BUCKET_MS
+        else:
+            end = (until_ms + 1) // FOLD_BUCKET_MS * FOLD_BUCKET_MS
+        if end > first_whole:
+            parts.append(_bucket_groups(first_whole, end - FOLD_BUCKET_MS, narrow, cap))
+        if until_ms is not None and end <= until_ms:
+            parts.append(_row_groups((end, until_ms), narrow, cap))
+    truncated = any(len(part) > cap for part in parts)
+    return [g for part in parts for g in part[:cap]], truncated
 
 
-def _bucket_groups(
-    first: int, end: int | None, cap: int, narrow: dict[str, Any]
-) -> list[dict[str, Any]]:
-    """Groups by signature and trigger of the rollup's minutes in [first, end)."""
-    from django.db.models import Max, Min, Q, Sum
-
-    from lending.models import OffloadDecisionFold
-
-    rows = OffloadDecisionFold.objects.filter(bucket_ms__gte=first)
-    if end is not None:
-        rows = rows.filter(bucket_ms__lt=end)
-    for name in ("lane", "outcome", "kind", "node_id"):
-        if narrow.get(name):
-            rows = rows.filter(**{name: narrow[name]})
-    if narrow.get("model_id"):
-        model = narrow["model_id"]
-        rows = rows.filter(Q(owner_model_id=model) | Q(helper_model_id=model))
-    # Aliased: an annotation may not take the name of a rollup column.
-    aggregates: dict[str, Any] = {"g_n": Sum("n"), "g_first_at": Min("first_at")}
-    aggregates["g_last_at"] = Max("last_at")
-    for name in ("version", "source", "request", "key"):
-        aggregates[f"g_{name}_min"] = Min(f"{name}_min")
-        aggregates[f"g_{name}_max"] = Max(f"{name}_max")
-    for m in FOLD_MEASURES:
-        aggregates[f"{m}__min"] = Min(f"{m}_min")
-        aggregates[f"{m}__max"] = Max(f"{m}_max")
-    grouped = (
-        rows.values(*FOLD_SIGNATURE, "trigger").annotate(**aggregates).order_by("-g_last_at")
-    )[: cap + 1]
-    out = []
-    for g in grouped:
-        row = {k.removeprefix("g_") if k.startswith("g_") else k: v for k, v in g.items()}
-        row["n"] = int(row["n"])  # PostgreSQL sums a bigint to a numeric
-        out.append(row)
-    return out
+def _fold_order(fold: Mapping[str, Any]) -> tuple[Any, ...]:
+    """Newest `last_at` first, then by signature: one order for any set of folds, which a
+    cursor can point into."""
+    return (-int(fold.get("last_at", 0)), *(str(fold.get(k) or "") for k in FOLD_SIGNATURE))
 
 
-def _fold_aggregates() -> dict[str, Any]:
-    """What the database computes for each group of rows."""
-    from django.db.models import Count, Max, Min
-
-    aggregates: dict[str, Any] = {
-        "n": Count("id"),
-        "first_at": Min("recorded_at"),
-        "last_at": Max("recorded_at"),
-        "version_min": Min("router_version"),
-        "version_max": Max("router_version"),
-        "source_min": Min("service_source"),
-        "source_max": Max("service_source"),
-        # Request IDs differ row by row: a fold keeps a sample (the lowest and highest of each
-        # finer group); the log's request_id filter shows every row of one request.
-        "request_min": Min("request_id"),
-        "request_max": Max("request_id"),
-        # Likewise the keys the fold's requests came with: a sample, not part of the signature
-        # (a decision is the same whichever key asked; the log's rows name each one).
-        "key_min": Min("key_name"),
-        "key_max": Max("key_name"),
-    }
-    for m in FOLD_MEASURES:
-        aggregates[f"{m}__min"] = Min(m)
-        aggregates[f"{m}__max"] = Max(m)
-    return aggregates
-
-
-def _fold_in(folds: dict[tuple[Any, ...], dict[str, Any]], g: Mapping[str, Any]) -> None:
-    """Add one group (one signature and trigger) to the fold of its signature."""
-    key = tuple(g[k] for k in FOLD_SIGNATURE)
-    fold = folds.get(key)
-    if fold is None:
-        fold = {k: g[k] for k in FOLD_SIGNATURE}
-        fold.update(
-            count=0,
-            first_at=g["first_at"],
-            last_at=g["last_at"],
-            triggers={},
-            measures={},
-            router_versions=[],
-            service_sources=[],
-            request_ids=[],
-            key_names=[],
-        )
-        folds[key] = fold
-    fold["count"] += g["n"]
-    fold["first_at"] = min(fold["first_at"], g["first_at"])
-    fold["last_at"] = max(fold["last_at"], g["last_at"])
-    if g["trigger"]:
-        fold["triggers"][g["trigger"]] = fold["triggers"].get(g["trigger"], 0) + g["n"]
-    for m in FOLD_MEASURES:
-        lo, hi = g[f"{m}__min"], g[f"{m}__max"]
-        have = fold["measures"].get(m)
-        fold["measures"][m] = [lo, hi] if have is None else [min(have[0], lo), max(have[1], hi)]
-    fields = (
-        ("router_versions", "version"),
-        ("service_sources", "source"),
-        ("request_ids", "request"),
-        ("key_names", "key"),
-    )
-    for field, names in fields:
-        for value in (g[f"{names}_min"], g[f"{names}_max"]):
-            if value and value not in fold[field]:
-                fold[field].append(value)
+def fold_cursor(fold: Mapping[str, Any]) -> str:
+    """The opaque cursor of the page that starts after `fold`: its place in `_fold_order`
+    (the API's `cursor` parameter turns it back into that place)."""
+    place = [int(fold.get("last_at", 0)), *(str(fold.get(k) or "") for k in FOLD_SIGNATURE)]
+    return base64.urlsafe_b64encode(json.dumps(place).encode()).decode().rstrip("=")
 
 
 def merge_folds(
-    per_node: Mapping[str, Mapping[str, Any]], *, offset: int, limit: int
+    per_node: Mapping[str, Mapping[str, Any]],
+    *,
+    offset: int,
+    limit: int,
+    after: tuple[Any, ...] | None = None,
 ) -> dict[str, Any]:
     """Several nodes' folds as one page, newest `last_at` first.
 
     The node is part of the signature, so folds from two nodes never merge: the page is a
     slice of all of them, with the totals an operator needs to know what is not shown.
+    `after` (a parsed cursor) starts the page after that place in the order rather than at a
+    count of folds: a fold that turned up on top since the last page moves nothing, so the
+    next page neither repeats a line nor skips one. `offset` then counts from there.
     """
     folds: list[dict[str, Any]] = []
     rows = 0
     truncated: list[str] = []
     for node_key, doc in per_node.items():
-        node_folds = [f for f in doc.get("folds", []) if isinstance(f, dict)]
-        folds.extend(node_folds)
+        folds.extend(f for f in doc.get("folds", []) if isinstance(f, dict))
         rows += int(doc.get("rows", 0))
         if doc.get("truncated"):
             truncated.append(node_key)
-    folds.sort(key=lambda f: (-int(f.get("last_at", 0)), str(f.get("node_id", ""))))
+    folds.sort(key=_fold_order)
+    first = offset
+    if after is not None:
+        first += bisect.bisect_right([_fold_order(f) for f in folds], after)
+    page, more = folds[first : first + limit], first + limit < len(folds)
     return {
-        "folds": folds[offset : offset + limit],
+        "folds": page,
         "offset": offset,
         "total_folds": len(folds),
         "total_rows": rows,
         "truncated_nodes": sorted(truncated),
+        "next_cursor": fold_cursor(page[-1]) if page and more else None,
     }
 
 

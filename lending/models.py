@@ -231,3 +231,50 @@ class OffloadDecisionFold(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind}/{self.outcome} x{self.n} @{self.bucket_ms}"
+
+
+class OffloadDecisionSignature(models.Model):
+    """Each fold signature and trigger the decision log holds: its rows and its newest row.
+
+    Kept by the same triggers as the rollup (migration 0005). A page of folds walks these few
+    rows and reads each one's minutes of the window from the rollup's unique index, instead of
+    sorting every rollup row of the window into groups.
+    """
+
+    node_id = models.CharField(max_length=64, default="")
+    kind = models.CharField(max_length=16, default="")
+    lane = models.CharField(max_length=8, default="")
+    owner_node_id = models.CharField(max_length=64, default="")
+    owner_model_id = models.CharField(max_length=255, default="")
+    helper_node_id = models.CharField(max_length=64, default="")
+    helper_model_id = models.CharField(max_length=255, default="")
+    outcome = models.CharField(max_length=32, default="")
+    reason = models.CharField(max_length=64, default="")
+    trigger = models.CharField(max_length=32, default="")
+    n = models.BigIntegerField(default=0)
+    last_at = models.BigIntegerField(
+        default=0, help_text="Unix ms of the newest row (not lowered when rows are deleted)."
+    )
+
+    class Meta:
+        db_table = "offload_decision_signatures"
+        constraints = [
+            models.UniqueConstraint(
+                fields=[
+                    "node_id",
+                    "kind",
+                    "lane",
+                    "owner_node_id",
+                    "owner_model_id",
+                    "helper_node_id",
+                    "helper_model_id",
+                    "outcome",
+                    "reason",
+                    "trigger",
+                ],
+                name="uniq_decision_signature",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind}/{self.outcome}/{self.trigger} x{self.n}"

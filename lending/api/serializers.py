@@ -304,6 +304,10 @@ class DecisionFoldsSerializer(serializers.Serializer):
         help_text="Nodes with more distinct decisions in the window than they answer; their "
         "oldest folds are not counted. Narrow the time range to see them.",
     )
+    next_cursor = serializers.CharField(
+        allow_null=True,
+        help_text="Pass as `cursor` for the next page; null on the last page.",
+    )
     node_errors = _node_errors("Nodes that did not answer.")
 
 

@@ -7,6 +7,8 @@ every slave. The views are async (adrf) because they read and push the router's 
 
 from __future__ import annotations
 
+import base64
+import json
 import time
 from functools import partial
 from typing import Any, ClassVar
@@ -26,6 +28,7 @@ from lending import links as link_svc
 from lending import selectors, services
 from lending.api import serializers as s
 from lending.decisions import (
+    FOLD_SIGNATURE,
     decisions_fold,
     decisions_query,
     merge_folds,
@@ -390,7 +393,18 @@ class DecisionFoldsView(SiteAPIView):
         "`node_errors`.",
         parameters=[
             *_FILTER_PARAMETERS,
-            OpenApiParameter("offset", int, default=0, description="Skip this many folds."),
+            OpenApiParameter(
+                "cursor",
+                str,
+                description="Start after the fold this names: the `next_cursor` of the page "
+                "before (keyset paging: lines that turned up on top since then shift nothing).",
+            ),
+            OpenApiParameter(
+                "offset",
+                int,
+                default=0,
+                description="Skip this many folds (counted after `cursor`, when given).",
+            ),
             OpenApiParameter(
                 "limit",
                 int,
@@ -409,6 +423,7 @@ class DecisionFoldsView(SiteAPIView):
         )
         limit = filters.pop("limit")
         offset = _offset(request.query_params.get("offset", ""))
+        after = _fold_place(request.query_params.get("cursor", ""))
         node = running_node()
         wanted = set(request.query_params.getlist("node_id")) or None
         per_node: dict[str, dict[str, Any]] = {}
@@ -423,10 +438,30 @@ class DecisionFoldsView(SiteAPIView):
         for node_id, doc in answers.items():
             if isinstance(doc, dict):
                 per_node[node_id] = doc
-        body = merge_folds(per_node, offset=offset, limit=limit)
+        body = merge_folds(per_node, offset=offset, limit=limit, after=after)
         if errors:
             body["node_errors"] = errors
         return Response(body)
+
+
+def _fold_place(raw: str) -> tuple[Any, ...] | None:
+    """The place in the folds' order a cursor (`fold_cursor`) names; None for no cursor, and
+    a cursor we did not write is a 400."""
+    raw = raw.strip()
+    if not raw:
+        return None
+    try:
+        place = json.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)))
+    except (ValueError, TypeError):
+        place = None
+    if (
+        not isinstance(place, list)
+        or len(place) != 1 + len(FOLD_SIGNATURE)
+        or type(place[0]) is not int
+        or not all(isinstance(v, str) for v in place[1:])
+    ):
+        raise RouterError(400, "cursor is not one this API wrote", param="cursor")
+    return (-place[0], *place[1:])
 
 
 def _offset(raw: str) -> int:

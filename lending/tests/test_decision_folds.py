@@ -15,8 +15,14 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from lending.decisions import FOLD_BUCKET_MS, FOLD_MEASURES, FOLD_SIGNATURE, decisions_fold
-from lending.models import OffloadDecision, OffloadDecisionFold
+from lending.decisions import (
+    FOLD_BUCKET_MS,
+    FOLD_MEASURES,
+    FOLD_SIGNATURE,
+    _bucket_groups_sql,
+    decisions_fold,
+)
+from lending.models import OffloadDecision, OffloadDecisionFold, OffloadDecisionSignature
 from lending.services import decisions_prune
 from lending.tests.factories import OffloadDecisionFactory
 
@@ -164,3 +170,57 @@ def test_the_migration_fills_the_rollup_as_the_triggers_keep_it() -> None:
     with connection.cursor() as cursor:
         cursor.execute(MIGRATION._fill_sql())
     assert sorted(OffloadDecisionFold.objects.values_list(*columns)) == kept
+
+
+SIGNATURES = importlib.import_module("lending.migrations.0005_decision_signatures")
+SIGNATURE_KEY = (*FOLD_SIGNATURE, "trigger")
+
+
+def signatures_of(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    """Each signature and trigger with its row count and newest row, straight from the rows."""
+    out: dict[tuple[Any, ...], list[int]] = {}
+    for r in rows:
+        seen = out.setdefault(tuple(r[k] for k in SIGNATURE_KEY), [0, 0])
+        seen[0] += 1
+        seen[1] = max(seen[1], r["recorded_at"])
+    return sorted((*key, n, last) for key, (n, last) in out.items())
+
+
+def signatures_kept() -> list[tuple[Any, ...]]:
+    return sorted(OffloadDecisionSignature.objects.values_list(*SIGNATURE_KEY, "n", "last_at"))
+
+
+@pytest.mark.django_db
+def test_the_signatures_count_their_rows_as_rows_come_and_go() -> None:
+    rows = random_rows(random.Random(5), 400)
+    store(rows)
+    assert signatures_kept() == signatures_of(rows)
+    cutoff = T0_MS + 3 * FOLD_BUCKET_MS
+    decisions_prune(now_ms=cutoff, retention_ms=0)
+    kept = [r for r in rows if r["recorded_at"] >= cutoff]
+    # Pruning takes the oldest rows: the newest of each signature stays as it was, and a
+    # signature left without rows goes.
+    assert signatures_kept() == signatures_of(kept)
+    OffloadDecision.objects.all().delete()
+    assert signatures_kept() == []
+
+
+@pytest.mark.django_db
+def test_the_migration_fills_the_signatures_as_the_triggers_keep_them() -> None:
+    store(random_rows(random.Random(4), 300))
+    kept = signatures_kept()
+    OffloadDecisionSignature.objects.all().delete()
+    with connection.cursor() as cursor:
+        cursor.execute(SIGNATURES._fill_sql())
+    assert signatures_kept() == kept
+
+
+@pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite's plan")
+@pytest.mark.django_db
+def test_the_rollup_is_read_by_seeks_into_its_index_without_sorting_the_window() -> None:
+    sql, params = _bucket_groups_sql(T0_MS, T0_MS + SPAN_MS, {"lane": "text"}, 10)
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN QUERY PLAN {sql}", params)
+        plan = " / ".join(str(step[-1]) for step in cursor.fetchall())
+    assert "SEARCH r USING INDEX" in plan and "bucket_ms>? AND bucket_ms<?" in plan, plan
+    assert "GROUP BY" not in plan, plan
