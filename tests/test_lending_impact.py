@@ -81,7 +81,9 @@ def run_schedule(c: Cluster) -> tuple[float, float]:
     clients = [c.slaves["o"].client(timeout=120) for _ in range(BURSTS * PER_BURST)]
     for client in clients:
         assert client.get("/v1/models").status_code == 200
-    start = time.monotonic() + 0.2
+    # The first burst too comes after a quiet gap: the replay tells bursts apart by their gaps,
+    # and one that followed the previous run's last requests closely would join that burst.
+    start = time.monotonic() + BURST_GAP_S
 
     def call(client: httpx.Client, burst: int, at: float) -> None:
         # The schedule itself: each request leaves at its planned moment.
@@ -152,8 +154,15 @@ def runs(cluster: Cluster) -> Runs:
     since = now_ms()
     waited_linked, makespan_linked = run_schedule(cluster)
     until = now_ms()
-    # The owner's `lent` rows reach the log with its next flush.
+    # The owner's `lent` rows reach the log with its next flush, and the helper's rows of the
+    # requests it ran for the owner with the helper's own next analytics flush.
     wait_for(lambda: any(r["outcome"] == "lent" for r in decisions(cluster, since)), timeout=30)
+
+    def every_request_recorded() -> bool:
+        owners = impact(cluster, since_ms=since, until_ms=until).json().get("owners") or [{}]
+        return bool(owners[0].get("requests") == BURSTS * PER_BURST)
+
+    wait_for(every_request_recorded, timeout=30)
     return Runs(waited_alone, makespan_alone, waited_linked, makespan_linked, since, until)
 
 
