@@ -152,6 +152,22 @@ class OffloadDecision(models.Model):
         return f"{self.kind}/{self.outcome} {self.owner_model_id}→{self.helper_model_id}"
 
 
+# A fold's signature and trigger: what the rollup and the signatures table are unique on (the
+# rollup per minute bucket besides). lending.decisions.FOLD_SIGNATURE is the same less `trigger`.
+_FOLD_KEY = (
+    "node_id",
+    "kind",
+    "lane",
+    "owner_node_id",
+    "owner_model_id",
+    "helper_node_id",
+    "helper_model_id",
+    "outcome",
+    "reason",
+    "trigger",
+)
+
+
 class OffloadDecisionFold(models.Model):
     """The decision log rolled up: one row per fold signature, trigger and minute.
 
@@ -211,19 +227,7 @@ class OffloadDecisionFold(models.Model):
         db_table = "offload_decision_folds"
         constraints = [
             models.UniqueConstraint(
-                fields=[
-                    "node_id",
-                    "kind",
-                    "lane",
-                    "owner_node_id",
-                    "owner_model_id",
-                    "helper_node_id",
-                    "helper_model_id",
-                    "outcome",
-                    "reason",
-                    "trigger",
-                    "bucket_ms",
-                ],
+                fields=[*_FOLD_KEY, "bucket_ms"],
                 name="uniq_decision_fold",
             )
         ]
@@ -260,18 +264,7 @@ class OffloadDecisionSignature(models.Model):
         db_table = "offload_decision_signatures"
         constraints = [
             models.UniqueConstraint(
-                fields=[
-                    "node_id",
-                    "kind",
-                    "lane",
-                    "owner_node_id",
-                    "owner_model_id",
-                    "helper_node_id",
-                    "helper_model_id",
-                    "outcome",
-                    "reason",
-                    "trigger",
-                ],
+                fields=list(_FOLD_KEY),
                 name="uniq_decision_signature",
             )
         ]
