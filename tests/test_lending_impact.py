@@ -70,7 +70,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         c.cleanup()
 
 
-def run_schedule(c: Cluster) -> tuple[float, float]:
+def run_schedule(c: Cluster, lead_s: float = 0.2) -> tuple[float, float]:
     """Send the schedule to the owner; returns (waiting, makespan) in ms as the clients saw
     them: each request's send to answer, summed, and each burst's first send to last answer,
     summed."""
@@ -81,9 +81,7 @@ def run_schedule(c: Cluster) -> tuple[float, float]:
     clients = [c.slaves["o"].client(timeout=120) for _ in range(BURSTS * PER_BURST)]
     for client in clients:
         assert client.get("/v1/models").status_code == 200
-    # The first burst too comes after a quiet gap: the replay tells bursts apart by their gaps,
-    # and one that followed the previous run's last requests closely would join that burst.
-    start = time.monotonic() + BURST_GAP_S
+    start = time.monotonic() + lead_s
 
     def call(client: httpx.Client, burst: int, at: float) -> None:
         # The schedule itself: each request leaves at its planned moment.
@@ -152,7 +150,9 @@ def runs(cluster: Cluster) -> Runs:
     waited_alone, makespan_alone = run_schedule(cluster)
     link(cluster)
     since = now_ms()
-    waited_linked, makespan_linked = run_schedule(cluster)
+    # The linked run's first burst comes after a quiet gap: the replay tells bursts apart by
+    # their gaps, and one that closely followed the run alone would join its last burst.
+    waited_linked, makespan_linked = run_schedule(cluster, lead_s=BURST_GAP_S)
     until = now_ms()
     # The owner's `lent` rows reach the log with its next flush, and the helper's rows of the
     # requests it ran for the owner with the helper's own next analytics flush.
