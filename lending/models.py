@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from django.db import models
 
+from lending.decisions import FOLD_SIGNATURE
+
 
 class LinkBase(models.Model):
     """One-way link: the owner may lend held requests to the helper. The reverse is separate."""
@@ -152,20 +154,9 @@ class OffloadDecision(models.Model):
         return f"{self.kind}/{self.outcome} {self.owner_model_id}→{self.helper_model_id}"
 
 
-# A fold's signature and trigger: what the rollup and the signatures table are unique on (the
-# rollup per minute bucket besides). lending.decisions.FOLD_SIGNATURE is the same less `trigger`.
-_FOLD_KEY = (
-    "node_id",
-    "kind",
-    "lane",
-    "owner_node_id",
-    "owner_model_id",
-    "helper_node_id",
-    "helper_model_id",
-    "outcome",
-    "reason",
-    "trigger",
-)
+# What the rollup and the signatures table are unique on (the rollup per minute bucket
+# besides): a fold's signature, and the trigger each fold counts apart.
+_FOLD_KEY = (*FOLD_SIGNATURE, "trigger")
 
 
 class OffloadDecisionFold(models.Model):
