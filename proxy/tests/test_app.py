@@ -252,8 +252,10 @@ async def test_a_streamed_answer_arrives_as_several_body_messages(
     samples = _capture_samples(monkeypatch, node)
     app = ProxyApp(fallback, node_getter=lambda: node)
 
+    # 25 ms between tokens: at 5 ms a loaded machine can deliver the whole
+    # stream in one read, which is coalescing, not buffering.
     answer = await request(
-        app, "POST", "/v1/chat/completions", _chat("chat", max_tokens=6, stream=True)
+        app, "POST", "/v1/chat/completions", _chat("slow", max_tokens=6, stream=True)
     )
 
     assert answer.status == 200
