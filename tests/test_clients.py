@@ -332,13 +332,13 @@ def test_asking_a_chat_model_for_an_image_says_it_makes_none(oai: openai.OpenAI)
     with pytest.raises(openai.NotFoundError) as refused:
         oai.images.generate(model="chat", prompt="a cat")
     assert refused.value.status_code == 404
-    message = refused.value.body["message"]  # type: ignore[index]
+    message = refused.value.body["message"]
     assert message.startswith('model "chat" was not found') and "makes no images" in message
     with pytest.raises(openai.NotFoundError) as unknown:
         oai.images.generate(model="nope", prompt="a cat")
     # The image models are listed, by the names requests use.
     expected = 'model "nope" was not found; the models here are: painter'
-    assert unknown.value.body["message"] == expected  # type: ignore[index]
+    assert unknown.value.body["message"] == expected
 
 
 def test_kobold_discovery_needs_the_inference_key_like_every_client_path(
