@@ -349,8 +349,9 @@ def test_a_suffixed_model_is_named_by_its_served_id_on_the_slave_and_back(
     job = master.post("/sdcpp/v1/img_gen", json=small(model=public))
     assert job.status_code == 200, job.text
     assert job.json()["model"] == public
-    assert image_backend_seen(master, node_id)[-1]["model"] == served
+    # The sim records a job when it completes, not when it is submitted.
     assert finished_job(master, job.json()["id"])["model"] == public
+    assert image_backend_seen(master, node_id)[-1]["model"] == served
     edit = master.post("/v1/images/edits", **form(public))
     assert edit.status_code == 200, edit.text
     assert image_backend_seen(master, node_id)[-1]["model"] == served
