@@ -1,4 +1,5 @@
-"""The lending bench's overhead per lent job, on hand-made timestamps (no cluster)."""
+"""The lending bench: its overhead per lent job on hand-made timestamps (no cluster), and the
+burst gap it shares with the impact replay."""
 
 from __future__ import annotations
 
@@ -33,3 +34,10 @@ def test_idle_counts_only_a_free_helper_with_the_job_already_waiting() -> None:
 
 def test_a_run_without_lent_jobs_shows_a_dash() -> None:
     assert overhead_cell(overhead([], started_wall_ms=0.0)) == "-"
+
+
+def test_the_bench_spaces_its_runs_by_the_gap_the_impact_replay_splits_bursts_at() -> None:
+    from bench.lending_scenarios import BURST_GAP_SECS as bench_gap
+    from lending.api.impact import BURST_GAP_SECS
+
+    assert bench_gap == BURST_GAP_SECS
