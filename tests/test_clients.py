@@ -14,11 +14,9 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import anthropic
 import ollama
-import openai
 import pytest
 
 from tests.harness import (
@@ -31,6 +29,15 @@ from tests.harness import (
     text_model,
     wait_for,
 )
+from tests.lazy import LazyModule
+
+if TYPE_CHECKING:
+    import anthropic
+    import openai
+else:
+    anthropic = LazyModule("anthropic")
+    openai = LazyModule("openai")
+
 
 pytestmark = pytest.mark.integration
 

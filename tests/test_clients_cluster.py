@@ -5,12 +5,18 @@ message, its event stream, a tool call, and errors in Anthropic's envelope from 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import anthropic
 import pytest
 
 from tests.harness import Cluster, start_cluster, text_model
+from tests.lazy import LazyModule
+
+if TYPE_CHECKING:
+    import anthropic
+else:
+    anthropic = LazyModule("anthropic")
+
 
 pytestmark = pytest.mark.integration
 
