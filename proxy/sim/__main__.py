@@ -8,7 +8,14 @@ import time
 # close to process start as Python allows, like a real server's would.
 _STARTED_AT = time.monotonic()
 
+import os  # noqa: E402
 import sys  # noqa: E402
+
+# The simulator speaks plain HTTP and opens no TLS connection, yet importing aiohttp builds two
+# client TLS contexts, each parsing the system's CA bundle: a quarter of a sim's start (the
+# test suite starts a few hundred). With no bundle to read, the contexts are built empty.
+os.environ["SSL_CERT_FILE"] = os.devnull
+os.environ["SSL_CERT_DIR"] = os.devnull
 
 from proxy.sim.server import main  # noqa: E402
 
