@@ -179,3 +179,23 @@ def test_flags_set_in_the_tab_are_saved_and_a_same_weights_save_needs_no_acknowl
             client.delete(
                 "/router/v1/site/text-routing-groups", params={"node_id": "o", "model_id": "big"}
             ).raise_for_status()
+
+
+def test_picking_another_model_clears_the_candidates_until_its_links_arrive(
+    cluster: Cluster, tab: Any
+) -> None:
+    pick(tab, "text", "o", "big")
+    tab.locator('#link-candidates tr[data-candidate="h/fast"]').wait_for()
+    # h/fast's links are held back: until they come, o/big's candidates must not be on show
+    # (a tick there would be lost when h/fast's table replaces them).
+    held: list[Any] = []
+    tab.route("**/text-routing-groups?node_id=h*", lambda route: held.append(route))
+    tab.select_option("#link-node", "h")
+    tab.select_option("#link-model", "fast")
+    tab.wait_for_function("document.querySelector('#link-editor').innerText.includes('Loading')")
+    assert tab.locator("#link-candidates").count() == 0
+    assert "Loading the links of h/fast" in tab.locator("#link-editor").inner_text()
+    for route in held:
+        route.continue_()
+    tab.unroute("**/text-routing-groups?node_id=h*")
+    tab.locator('#link-candidates tr[data-candidate="o/big"]').wait_for()
