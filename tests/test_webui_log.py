@@ -215,3 +215,20 @@ def _local(tab: Any, ms: int) -> str:
         ms,
     )
     return value
+
+
+def test_a_refresh_that_brings_the_same_lines_leaves_them_as_they_were(tab: Any) -> None:
+    # Redrawn on every refresh, a click pressed on a line and released on its replacement would
+    # open nothing: the page's own refresh must keep the very same rows.
+    tab.evaluate("document.querySelector('#decisions tr.group').dataset.kept = 'yes'")
+    # The next periodic refresh: its log answer, then its end (the status line's new time).
+    with tab.expect_response(lambda r: "/offload/decisions/folded" in r.url, timeout=15000):
+        pass
+    before = tab.locator("#status").inner_text()
+    tab.wait_for_function(
+        "(before) => document.querySelector('#status').innerText !== before",
+        arg=before,
+        timeout=15000,
+    )
+    kept = tab.evaluate("document.querySelector('#decisions tr.group').dataset.kept")
+    assert kept == "yes"
