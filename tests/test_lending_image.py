@@ -133,7 +133,8 @@ def test_the_image_fits_price_work_by_megapixel_steps(cluster: Cluster) -> None:
         "o": overhead_ms(cluster, "o", OWNER_MS_PER_MP_STEP),
         "h": overhead_ms(cluster, "h", HELPER_MS_PER_MP_STEP),
     }
-    # The fit has learned each backend's time for the burst's image, within a tenth.
+    # The fit has learned each backend's time for the burst's image (with this machine's own
+    # overhead on it), within a tenth.
     work = SIDE * SIDE * BURST_STEPS
     for fit, expected in ((owner, 200.0 + extra["o"]), (helper, 40.0 + extra["h"])):
         predicted = fit["base_ms"] + sum(s * work for s in fit["slopes_ms"])

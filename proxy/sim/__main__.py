@@ -12,7 +12,7 @@ import os  # noqa: E402
 import sys  # noqa: E402
 
 # The simulator speaks plain HTTP and opens no TLS connection, yet importing aiohttp builds two
-# client TLS contexts, each parsing the system's CA bundle: a quarter of a sim's start (the
+# client TLS contexts, each parsing the system's CA bundle: a fifth of a sim's start (the
 # test suite starts a few hundred). With no bundle to read, the contexts are built empty.
 os.environ["SSL_CERT_FILE"] = os.devnull
 os.environ["SSL_CERT_DIR"] = os.devnull
