@@ -33,8 +33,8 @@ _current: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_i
 # then 74 random bits. Unique without coordination between nodes, sortable by when the request
 # arrived, and appended at the end of the indexes that hold it. A random ID lands on a different
 # index page each time: batches of 80 analytics rows (a 50 ms flush under load) into a table of
-# 500,000 cost 20 us of CPU a row with random IDs and 6 us with these (SQLite, WAL; 12 us
-# against 6 at 20,000 rows; bench/request_ids.py), and the gap grows with the table.
+# 500,000 cost 18-20 us of CPU a row with random IDs and 6 us with these (SQLite, WAL; 11-12
+# us against 6 at 20,000 rows; bench/request_ids.py), and the gap grows with the table.
 _VERSION_7 = 0x7 << 76
 _VARIANT = 0b10 << 62
 _RAND_A_MASK = (1 << 12) - 1
