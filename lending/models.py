@@ -159,15 +159,9 @@ class OffloadDecision(models.Model):
 _FOLD_KEY = (*FOLD_SIGNATURE, "trigger")
 
 
-class OffloadDecisionFold(models.Model):
-    """The decision log rolled up: one row per fold signature, trigger and minute.
+class _FoldSignature(models.Model):
+    """The columns that name a fold: what the rollup and the signature table are keyed by."""
 
-    Kept by the database itself (triggers on `offload_decisions`, migration 0004), so every
-    writer keeps it in step: the router's flush, an import, a test's factory. A page of folds
-    reads these rows instead of grouping a million decision rows.
-    """
-
-    bucket_ms = models.BigIntegerField(help_text="Start of the minute (Unix ms) of the rows.")
     node_id = models.CharField(max_length=64, default="")
     kind = models.CharField(max_length=16, default="")
     lane = models.CharField(max_length=8, default="")
@@ -178,6 +172,20 @@ class OffloadDecisionFold(models.Model):
     outcome = models.CharField(max_length=32, default="")
     reason = models.CharField(max_length=64, default="")
     trigger = models.CharField(max_length=32, default="")
+
+    class Meta:
+        abstract = True
+
+
+class OffloadDecisionFold(_FoldSignature):
+    """The decision log rolled up: one row per fold signature, trigger and minute.
+
+    Kept by the database itself (triggers on `offload_decisions`, migration 0004), so every
+    writer keeps it in step: the router's flush, an import, a test's factory. A page of folds
+    reads these rows instead of grouping a million decision rows.
+    """
+
+    bucket_ms = models.BigIntegerField(help_text="Start of the minute (Unix ms) of the rows.")
     n = models.BigIntegerField(default=0)
     first_at = models.BigIntegerField(default=0)
     last_at = models.BigIntegerField(default=0)
@@ -228,7 +236,7 @@ class OffloadDecisionFold(models.Model):
         return f"{self.kind}/{self.outcome} x{self.n} @{self.bucket_ms}"
 
 
-class OffloadDecisionSignature(models.Model):
+class OffloadDecisionSignature(_FoldSignature):
     """Each fold signature and trigger the decision log holds: its rows and its newest row.
 
     Kept by the same triggers as the rollup (migration 0005). A page of folds walks these few
@@ -236,16 +244,6 @@ class OffloadDecisionSignature(models.Model):
     sorting every rollup row of the window into groups.
     """
 
-    node_id = models.CharField(max_length=64, default="")
-    kind = models.CharField(max_length=16, default="")
-    lane = models.CharField(max_length=8, default="")
-    owner_node_id = models.CharField(max_length=64, default="")
-    owner_model_id = models.CharField(max_length=255, default="")
-    helper_node_id = models.CharField(max_length=64, default="")
-    helper_model_id = models.CharField(max_length=255, default="")
-    outcome = models.CharField(max_length=32, default="")
-    reason = models.CharField(max_length=64, default="")
-    trigger = models.CharField(max_length=32, default="")
     n = models.BigIntegerField(default=0)
     last_at = models.BigIntegerField(
         default=0, help_text="Unix ms of the newest row (not lowered when rows are deleted)."
