@@ -611,6 +611,7 @@ _SHORT = {
     "granted": "G",
     "probe": "P",
     "skipped": "S",
+    "kept": "K",
 }
 
 

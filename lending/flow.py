@@ -320,7 +320,9 @@ def report_enqueued(node: ServingNode, lane: str, entry: Entry) -> None:
     if entry.state is not State.ADMITTED and not entry.borrowed:
         # A lent slot left free under the live lease (nothing was held when it freed) takes
         # this request now, not a master round trip later; the master still hears of it.
-        node.owner.refill(lane, entry.model_id)
+        # One the hold kept with a lent slot free is already on its way (`lend_held`).
+        if entry.state is not State.HELD:
+            node.owner.refill(lane, entry.model_id)
         node.owner.report(lane, entry.model_id, "enqueued")
 
 

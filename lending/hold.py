@@ -8,6 +8,11 @@ plus this one), the request keeps waiting and goes to the helper on the master's
 The queue consults this only for a slot behind a running job of the same model, so the owner
 never idles because of a hold.
 
+The same comparison with a lent slot free sends the request to the helper at once rather than
+into the owner's second slot: a steady stream a little faster than the owner then goes to the
+faster helper as it arrives, under a lease the master keeps while the owner runs
+(lending/carry.py), instead of two requests in three waiting behind the owner's jobs.
+
 A held request is released once the helper has taken longer than its predicted finish plus one
 job: a timer re-runs admission at that moment, so the release does not wait for another queue
 event.
@@ -16,13 +21,43 @@ event.
 from __future__ import annotations
 
 import asyncio
+import statistics
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from analytics.fitting import CostFit
+from lending.planner import uncached
 from lending.pricing import helper_finish_ms, owner_finish_ms, section_fit
 from lending.queue import Entry, LaneQueue
 
 if TYPE_CHECKING:
     from lending.ports import ServingNode
+
+
+def entry_prices(
+    fit: CostFit | None, entry: Entry, job_ms: float, service_ms: float
+) -> tuple[float, float]:
+    """(owner, helper) price of this request rather than of the mean request a lease priced.
+
+    The lease carries both prices for the mean; this request is priced with the owner's own
+    fit and the helper's price scaled by the same ratio, so a long request goes to a faster
+    helper and a short one does not wait behind a long lent job for nothing. The owner's price
+    leaves out the prompt prefix its backend holds in cache; the helper's keeps it (it holds
+    no cache for it), so a second turn the owner has cached stays home, whatever traffic the
+    lease was priced on.
+    """
+    whole = fit.predict(entry.work) if fit is not None and entry.work else None
+    if whole is None or fit is None or job_ms <= 0:
+        return job_ms, service_ms
+    own = fit.predict(uncached(entry.work, entry.cached)) if entry.cached else whole
+    return (whole if own is None else own), service_ms * whole / job_ms
+
+
+def own_job_ms(fit: CostFit | None, admitted: Sequence[Entry], job_ms: float) -> float:
+    """The owner's mean price of its admitted jobs, each priced as itself (`entry_prices`)."""
+    if not admitted:
+        return job_ms
+    return statistics.fmean(entry_prices(fit, e, job_ms, 0.0)[0] for e in admitted)
 
 
 class HoldPolicy:
@@ -43,13 +78,13 @@ class HoldPolicy:
         # Slots are per helper: requests still out with a helper the lease moved away from
         # do not keep this one's slots busy.
         lent = queue.lent_to(entry.model_id, (lease.helper_node_id, lease.helper_model_id))
-        if len(lent) < max(1, lease.helper_slots):
-            return None  # a free lent slot: lending, not holding, is the answer
         admitted = queue.admitted(entry.model_id)
         starts = [e.admitted_at * 1000.0 for e in admitted if e.admitted_at is not None]
-        job = lease.owner_job_ms or 0.0
+        costs = lending.costs
+        fit = section_fit(costs.models, self.lane, entry.model_id) if costs is not None else None
         service = lease.helper_service_ms or 0.0
-        own_price, helper_price = self._entry_prices(entry, job, service)
+        own_price, helper_price = entry_prices(fit, entry, lease.owner_job_ms or 0.0, service)
+        job = own_job_ms(fit, admitted, lease.owner_job_ms or 0.0)
         last = lending.last_completion_ms.get((self.lane, entry.model_id))
         owner = owner_finish_ms(
             now_ms=now_ms,
@@ -68,20 +103,6 @@ class HoldPolicy:
         )
         return owner, helper
 
-    def _entry_prices(self, entry: Entry, job_ms: float, service_ms: float) -> tuple[float, float]:
-        """(owner, helper) price of this request rather than of the mean held request.
-
-        The lease carries both prices for the mean; this request is priced with the owner's
-        own fit and the helper's price scaled by the same ratio, so a long request is held for
-        a faster helper and a short one is not held behind a long lent job for nothing.
-        """
-        costs = self.node.lending.costs
-        fit = section_fit(costs.models, self.lane, entry.model_id) if costs is not None else None
-        price = fit.predict(entry.work) if fit is not None and entry.work else None
-        if price is None or job_ms <= 0:
-            return job_ms, service_ms
-        return price, service_ms * price / job_ms
-
     def __call__(self, entry: Entry, queue: LaneQueue, now: float) -> bool:
         now_ms = now * 1000.0
         deadline = self.deadline_ms.get(id(entry))
@@ -94,7 +115,8 @@ class HoldPolicy:
         return helper < owner
 
     def on_held(self, entry: Entry, now: float) -> None:
-        """First hold of an entry: log it and arm its release timer."""
+        """First hold of an entry: log it and arm its release timer; with a lent slot free,
+        lend it as soon as this admission pass is over."""
         queue = self.node.lending.queue(self.lane)
         now_ms = now * 1000.0
         predicted = self._predict(entry, queue, now_ms)
@@ -104,6 +126,17 @@ class HoldPolicy:
         owner, helper = predicted
         service = lease.helper_service_ms or 0.0
         self.deadline_ms[id(entry)] = helper + service
+        lent = queue.lent_to(entry.model_id, (lease.helper_node_id, lease.helper_model_id))
+        loop = asyncio.get_running_loop()
+        if len(lent) < max(1, lease.helper_slots):
+            # Not a wait: the helper has room and finishes it first, so it goes there now
+            # (its `lent` row says why) instead of into the owner's second slot. The queue
+            # must not change during admission, hence the next turn of the loop. Should it
+            # not be lent after all, the owner's running job ending admits it.
+            loop.call_soon(self.node.owner.lend_held, self.lane, entry.model_id)
+            return
+        delay = max(0.0, (helper + service - now_ms) / 1000.0) + 0.001
+        self._timers[id(entry)] = loop.call_later(delay, self._release, id(entry))
         self.node.decisions.record(
             kind="dispatch",
             lane=self.lane,
@@ -123,9 +156,6 @@ class HoldPolicy:
             request_id=entry.request_id,
             key_name=entry.tenant or None,
         )
-        delay = max(0.0, (helper + service - now_ms) / 1000.0) + 0.001
-        loop = asyncio.get_running_loop()
-        self._timers[id(entry)] = loop.call_later(delay, self._release, id(entry))
 
     def _release(self, key: int) -> None:
         from lending.runtime import _wake

@@ -4,10 +4,11 @@ On every owner event (coalesced per owner model), on the tick and when a probe f
 master polls every node's runtime status concurrently (a node that does not answer in time
 contributes nothing, and later plans skip it until it answers again), merges the cost fits the
 nodes publish, builds the planner's view of each lane from the registry and the link set, runs
-the pure planner (lending/planner.py), replaces its lease book with the result, logs one `plan`
-row per evaluated pair, re-arms the probe timer, and delivers every lease: to the asking owner
-as the answer to its event, to the others through `offload/grant`. A live lease the plan
-dropped is cleared at its owner through the same route (`cleared: true`).
+the pure planner (lending/planner.py), replaces its lease book with the result and the live
+leases it keeps for owners still running their own work (lending/carry.py), logs one `plan`
+row per evaluated pair and kept lease, re-arms the probe timer, and delivers every lease: to
+the asking owner as the answer to its event, to the others through `offload/grant`. A live
+lease the plan dropped is cleared at its owner through the same route (`cleared: true`).
 
 Lent requests come back through the master (`offload/request`): it checks its own live lease,
 rewrites the model to the helper's own ID and forwards to the helper, or serves in-process
@@ -38,6 +39,7 @@ import aiohttp
 
 from access.keyheader import key_name_header
 from analytics.fitting import fits_from_wire
+from lending.carry import kept_leases
 from lending.planner import Endpoint, Lease, LinkTarget, PlanResult, Settings, plan_lane
 from lending.pricing import LANES, CostTable, Lane
 from registry.bodies import set_body_model
@@ -163,8 +165,9 @@ class MasterLending:
             costs = self._costs(statuses)
             results: dict[str, PlanResult] = {}
             settings = self._settings()
+            owners_by_lane: dict[str, list[tuple[Endpoint, list[LinkTarget]]]] = {}
             for lane in LANES:
-                owners = self._owners(lane, statuses)
+                owners = owners_by_lane[lane] = self._owners(lane, statuses)
                 results[lane] = plan_lane(
                     lane=lane, trigger=trigger, owners=owners, costs=costs, settings=settings
                 )
@@ -180,6 +183,9 @@ class MasterLending:
                     self.node.decisions.record(kind="plan", **row.as_fields())
                 if result.probe_due_ms is not None:
                     due.append(result.probe_due_ms)
+            for key, kept in kept_leases(held, book, owners_by_lane, now, trigger).items():
+                book[key] = (kept.lease, kept.expires)
+                self.node.decisions.record(kind="plan", **kept.row.as_fields())
             self.book = book
             self.last_costs = costs
             self.last_statuses = statuses

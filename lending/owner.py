@@ -21,9 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from lending.hold import entry_prices, own_job_ms
 from lending.planner import Lease
 from lending.pricing import helper_finish_ms, owner_finish_ms, section_fit
-from lending.queue import Entry
+from lending.queue import Entry, State
 
 if TYPE_CHECKING:
     from lending.ports import ServingNode
@@ -32,6 +33,9 @@ logger = logging.getLogger(__name__)
 
 # Reason on a `lent` row written when a finished lent request's slot was filled at once.
 REFILLED = "refilled"
+# Reason on a `lent` row for a request sent to a helper with a free slot instead of into the
+# owner's second slot, because the helper finishes it first.
+HELPER_FINISHES_SOONER = "helper_finishes_sooner"
 
 
 @dataclass
@@ -93,39 +97,60 @@ class OwnerLending:
         if self._helper_drains_sooner(lane, model_id, lease):
             self.lend(lane, model_id, reason=REFILLED)
 
+    def _holds(self, lane: str, model_id: str) -> bool:
+        queue = self.node.lending.queues.get(lane)
+        return queue is not None and any(e.state is State.HELD for e in queue.pending(model_id))
+
+    def lend_held(self, lane: str, model_id: str) -> None:
+        """Lend a request the hold kept for a helper with a free slot (`lending/hold.py`);
+        lending it lets admission go on behind it."""
+        if self._holds(lane, model_id):  # not admitted or lent meanwhile
+            self.lend(lane, model_id, reason=HELPER_FINISHES_SOONER)
+
     def _helper_drains_sooner(self, lane: str, model_id: str, lease: Lease) -> bool:
         lending = self.node.lending
         queue = lending.queues.get(lane)
         if queue is None:
             return False
-        pending = queue.stats(model_id).pending_count
-        if pending <= 0:
+        waiting = [e for e in queue.pending(model_id) if not e.borrowed]
+        if not waiting:
             return False
         now_ms = lending.clock() * 1000.0
         job = lease.owner_job_ms or 0.0
+        service = lease.helper_service_ms or 0.0
+        costs = lending.costs
+        fit = section_fit(costs.models, lane, model_id) if costs is not None else None
+        # Each request priced as itself: a lease priced on other traffic (uncached first
+        # turns, say) must not send out a request the owner's cache makes cheap at home.
+        prices = [entry_prices(fit, e, job, service) for e in waiting]
+        drain = sum(own for own, _ in prices)
         admitted = queue.admitted(model_id)
         starts = [e.admitted_at * 1000.0 for e in admitted if e.admitted_at is not None]
         if starts:
-            # The first held request follows the admitted jobs; the rest follow it.
+            # The held requests follow the admitted jobs.
             owner = (
                 owner_finish_ms(
                     now_ms=now_ms,
                     oldest_admitted_start_ms=min(starts),
                     last_own_completion_ms=lending.last_completion_ms.get((lane, model_id)),
                     in_flight=len(admitted),
-                    job_ms=job,
+                    job_ms=own_job_ms(fit, admitted, job),
+                    this_job_ms=0.0,
                 )
-                + (pending - 1) * job
+                + drain
             )
         else:
-            owner = now_ms + pending * job
+            owner = now_ms + drain
+        # The largest lendable request goes first (`LaneQueue.withdraw`).
+        lendable = [h for (_, h), e in zip(prices, waiting, strict=True) if not e.pinned]
         helper = helper_finish_ms(
             now_ms=now_ms,
             lent_at_ms=[
                 e.lent_at * 1000.0 for e in self.lent_to(lane, lease) if e.lent_at is not None
             ],
             switch_ms=lease.helper_switch_ms or 0.0,
-            service_ms=lease.helper_service_ms or 0.0,
+            service_ms=service,
+            this_job_ms=max(lendable, default=service),
         )
         return helper < owner
 

@@ -14,7 +14,10 @@ which runs it.
 
 The hold for a faster helper follows lending/hold.py: a slot behind a running job stays empty
 while a priced lease's lent slots are all busy and the helper is predicted to finish the next
-request sooner; the request held goes first when a lent slot frees (lending/queue.py).
+request sooner; the request held goes first when a lent slot frees (lending/queue.py). With a
+lent slot free, such a request is lent at once. A lease the planner does not renew is kept
+while the master would keep it (lending/carry.py: nothing lendable held, the helper accepting)
+and dropped otherwise, as the master's answer drops it.
 Not modelled: network time between nodes, restores.
 """
 
@@ -26,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from analytics.fitting import CostFit
+from lending.carry import kept_leases
 from lending.planner import Endpoint, Lease, LinkTarget, Settings, plan_lane
 from lending.pricing import CostTable, helper_finish_ms, owner_finish_ms
 
@@ -224,6 +228,13 @@ class _Sim:
             # Requests that came back go first, then the oldest.
             job = min(self.held, key=lambda j: (not j.returned, j.request.at_ms, j.seq))
             if self.admitted and self._hold(job):
+                lease = self.lease
+                waiting = len(self.held)
+                if lease is not None and self._out() < max(1, lease.helper_slots):
+                    # With a lent slot free the held request goes to the helper at once.
+                    self._lend()
+                if len(self.held) < waiting:
+                    continue
                 break
             if self.holding is job:
                 self.holding = None
@@ -247,8 +258,6 @@ class _Sim:
         ):
             return False
         out = self._out_jobs()
-        if len(out) < max(1, lease.helper_slots):
-            return False
         job_ms = lease.owner_job_ms or 0.0
         service = lease.helper_service_ms or 0.0
         own_price, helper_price = job_ms, service
@@ -407,13 +416,29 @@ class _Sim:
             self.lease_until = self.now + self.lease.ttl_ms
             self.leases[self.current_burst] = self.leases.get(self.current_burst, 0) + 1
             self._lend()
-        elif self.now >= self.lease_until or owner.pending_count == 0:
+        elif self.lease is not None and not self._kept(owner, target):
             self.lease = None
         if result.probe_due_ms is not None:
             due = self.now + max(1.0, result.probe_due_ms)
             if self.probe_at is None or due < self.probe_at:
                 self.probe_at = due
                 self._push(due, "probe", None)
+
+    def _kept(self, owner: Endpoint, target: LinkTarget) -> bool:
+        """Whether the master keeps the live lease this plan did not renew (lending/carry.py;
+        its clock in seconds, the replay's in ms)."""
+        lease = self.lease
+        if lease is None:
+            return False
+        key = (self.pair.lane, owner.node_id, owner.model_id)
+        kept = kept_leases(
+            {key: (lease, self.lease_until / 1000.0)},
+            {},
+            {self.pair.lane: [(owner, [target] if self.settings.linked else [])]},
+            self.now / 1000.0,
+            "replay",
+        )
+        return key in kept
 
     def _lend(self) -> None:
         lease = self.lease

@@ -121,9 +121,11 @@ def test_new_conversations_are_lent_and_cached_second_turns_stay_home(cluster: C
     since = int(time.time() * 1000)
     cached = burst(cluster, [turn(f"old{i}", 2) for i in range(3)])
     assert [r.status_code for r in cached] == [200] * 3
-    rows = plans(cluster, since)
+    # The first burst's lease may show as kept (with its own prices) until the planner, seeing
+    # the second turns held, drops it.
+    rows = [r for r in plans(cluster, since) if r["outcome"] != "kept"]
     assert rows and not [r for r in rows if r["outcome"] == "granted"], rows
-    assert {r["reason"] for r in rows} == {"cost_rejected"}
+    assert {r["reason"] for r in rows} == {"cost_rejected"}, rows
     # o prices each second turn from its cache: well under what the helper must spend.
     assert all(r["owner_job_ms"] * 2 < r["service_ms"] for r in rows), rows
     # The answers show the prefix really was reused where they ran.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 from typing import Any
 
@@ -40,6 +41,27 @@ def lease(**overrides: Any) -> Lease:
     return Lease(**base)
 
 
+class FakeOwner:
+    """The owner's live lease, and the requests the hold asked it to lend at once."""
+
+    def __init__(self, live: Lease | None) -> None:
+        self.lease = live
+        self.lend_held_calls: list[tuple[str, str]] = []
+
+    def live(self, lane: str, model: str) -> Lease | None:
+        return self.lease
+
+    def lend_held(self, lane: str, model: str) -> None:
+        self.lend_held_calls.append((lane, model))
+
+
+def lent_at_once(policy: HoldPolicy) -> list[tuple[str, str]]:
+    """What the hold asked the (fake) owner to lend at once."""
+    owner = policy.node.owner
+    assert isinstance(owner, FakeOwner)
+    return owner.lend_held_calls
+
+
 def setup(
     live: Lease | None, *, hold_setting: bool = True, costs: Any = None
 ) -> tuple[HoldPolicy, LaneQueue, list[float], FakeLog]:
@@ -55,7 +77,7 @@ def setup(
     )
     node = SimpleNamespace(
         lending=lending,
-        owner=SimpleNamespace(live=lambda lane, model: live),
+        owner=FakeOwner(live),
         decisions=log,
         node_id="o",
     )
@@ -67,6 +89,8 @@ def setup(
 
 def busy_pipe(queue: LaneQueue) -> Entry:
     """Two admitted jobs of model a, one more lent (the one lent slot busy), one slot freed."""
+    hold = queue.hold
+    queue.set_hold(None)
     queue.enqueue(Entry("a", 0.0))
     second = Entry("a", 0.0)
     queue.enqueue(second)
@@ -74,6 +98,7 @@ def busy_pipe(queue: LaneQueue) -> Entry:
     queue.enqueue(lent)
     assert queue.withdraw("a", 1, helper=("h", "b")) == [lent]
     queue.complete(second)  # the owner's first job (admitted at t=0, 1000 ms) still runs
+    queue.set_hold(hold)
     return lent
 
 
@@ -107,12 +132,42 @@ def test_it_never_holds_for_a_probe_or_unmeasured_lease_or_when_switched_off() -
         assert candidate.state.value == "admitted"
 
 
-def test_it_does_not_hold_while_a_lent_slot_is_free() -> None:
-    _policy, queue, _, _ = setup(lease(helper_slots=2))
+async def test_with_a_lent_slot_free_the_second_slots_request_goes_to_the_faster_helper() -> None:
+    # One of two lent slots busy: the owner finishes this at 2000 ms, the helper at 400.
+    policy, queue, now, log = setup(lease(helper_slots=2))
     busy_pipe(queue)
+    now[0] = 0.1
     candidate = Entry("a", 0.05)
+
     queue.enqueue(candidate)
-    assert candidate.state.value == "admitted"
+
+    assert candidate.state.value == "held"
+    await asyncio.sleep(0)  # the lend is asked for once the admission pass is over
+    assert lent_at_once(policy) == [("text", "a")]
+    # Not a wait for the helper: the `lent` row tells it, no `held_for_helper` row.
+    assert log.rows == []
+    policy.forget(candidate)
+
+
+@pytest.mark.parametrize(("owner_job_ms", "state"), [(150.0, "admitted"), (151.0, "held")])
+async def test_with_a_lent_slot_free_the_owner_keeps_what_it_finishes_first(
+    owner_job_ms: float, state: str
+) -> None:
+    # Nothing lent, the owner's job admitted at t=0; asked at t=0.1. Owner: 0 + job + job;
+    # helper: 100 + 200 = 300 ms, strictly sooner only from a 151 ms job on.
+    policy, queue, now, _ = setup(lease(helper_slots=2, owner_job_ms=owner_job_ms))
+    queue.set_hold(None)
+    queue.enqueue(Entry("a", 0.0))
+    queue.set_hold(policy)
+    now[0] = 0.1
+    candidate = Entry("a", 0.1)
+
+    queue.enqueue(candidate)
+
+    assert candidate.state.value == state
+    await asyncio.sleep(0)
+    assert lent_at_once(policy) == ([("text", "a")] if state == "held" else [])
+    policy.forget(candidate)
 
 
 def test_a_slower_helper_is_not_waited_for() -> None:
@@ -142,6 +197,8 @@ async def test_a_held_request_is_released_past_the_predicted_finish_plus_one_job
 
 def pipe_with_a_late_lent_job(queue: LaneQueue, now: list[float]) -> None:
     """The owner's job runs since t=0 (1000 ms); the helper got a job at t=0.85 (500 ms)."""
+    hold = queue.hold
+    queue.set_hold(None)
     queue.enqueue(Entry("a", 0.0))
     second = Entry("a", 0.0)
     queue.enqueue(second)
@@ -150,6 +207,7 @@ def pipe_with_a_late_lent_job(queue: LaneQueue, now: list[float]) -> None:
     now[0] = 0.85
     assert queue.withdraw("a", 1, helper=("h", "b")) == [lent]
     queue.complete(second)
+    queue.set_hold(hold)
     now[0] = 0.9
 
 
@@ -181,15 +239,19 @@ async def test_the_hold_weighs_this_requests_price_not_the_means(
     policy.forget(candidate)
 
 
-def test_slots_busy_with_another_helper_leave_this_leases_slot_free() -> None:
-    # The lease moved to helper c; the request still out with b does not fill c's slot.
-    _policy, queue, _, _ = setup(lease(helper_node_id="c", helper_model_id="d"))
+async def test_slots_busy_with_another_helper_leave_this_leases_slot_free() -> None:
+    # The lease moved to helper c; the request still out with b does not fill c's slot, so
+    # the request goes to c at once.
+    policy, queue, _, log = setup(lease(helper_node_id="c", helper_model_id="d"))
     busy_pipe(queue)
     candidate = Entry("a", 0.05)
 
     queue.enqueue(candidate)
 
-    assert candidate.state.value == "admitted"
+    await asyncio.sleep(0)
+    assert lent_at_once(policy) == [("text", "a")]
+    assert log.rows == []
+    policy.forget(candidate)
 
 
 @pytest.mark.parametrize(("service_ms", "holds"), [(1249.0, True), (1250.0, False)])
@@ -198,6 +260,7 @@ def test_the_owner_is_timed_from_its_oldest_admitted_job(service_ms: float, hold
     # busy since t=0: the owner finishes this job at max(0 + 1000, 600) + 1000 + 1000 = 3000
     # ms (timed from the newer start, 3500). The helper: 500 + 2 x service.
     policy, queue, now, _ = setup(lease(helper_service_ms=service_ms))
+    queue.set_hold(None)
     queue.enqueue(Entry("a", 0.0))
     now[0] = 0.5
     queue.enqueue(Entry("a", 0.5))
@@ -207,3 +270,30 @@ def test_the_owner_is_timed_from_its_oldest_admitted_job(service_ms: float, hold
     now[0] = 0.6
 
     assert policy(Entry("a", 0.6), queue, 0.6) is holds
+
+
+@pytest.mark.parametrize(("cached", "state"), [((), "held"), ((90.0, 0.0), "admitted")])
+async def test_a_prompt_the_owner_has_cached_is_priced_without_it_and_stays_home(
+    cached: tuple[float, ...], state: str
+) -> None:
+    from analytics.fitting import CostFit
+
+    # 10 ms a prompt token. The owner's job (200 ms) runs since t=0; asked at t=0.1 with a
+    # lent slot free. 100 prompt tokens: the helper 100 + 100 x 1000 / 200 = 600 ms; the
+    # owner 200 + 1000 = 1200 ms, or 200 + 100 = 300 ms with 90 of them in its cache.
+    fit = CostFit(base_ms=0.0, slopes_ms=(10.0, 0.0), samples=5)
+    costs = SimpleNamespace(models={("a", "llm"): fit})
+    policy, queue, now, _ = setup(
+        lease(helper_slots=2, owner_job_ms=200.0, helper_service_ms=100.0), costs=costs
+    )
+    queue.set_hold(None)
+    queue.enqueue(Entry("a", 0.0))
+    queue.set_hold(policy)
+    now[0] = 0.1
+    candidate = Entry("a", 0.1, work=(100.0, 0.0), cached=cached)
+
+    queue.enqueue(candidate)
+
+    assert candidate.state.value == state
+    await asyncio.sleep(0)
+    policy.forget(candidate)

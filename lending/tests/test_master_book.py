@@ -7,6 +7,7 @@ place of the master's monotonic time and a fake node client in place of its call
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ import yaml
 
 from lending import master as master_module
 from lending.master import MasterLending
-from lending.planner import Lease, PlanResult
+from lending.planner import Endpoint, Lease, LinkTarget, PlanResult
 from proxy.node import Node, build_node
 from registry.httpclient import close_session
 from registry.nodeclient import NodeCallError
@@ -285,6 +286,44 @@ async def test_no_clear_for_the_asking_owner_a_lapsed_lease_or_one_granted_again
     # The asker learns it from its answer; the lapsed one lapsed on the owner's clock too.
     assert answer is None
     assert site.client.grants == []
+
+
+def owner_with_nothing_held(monkeypatch: pytest.MonkeyPatch, site: Site) -> None:
+    """The plans see owner o's model big with nothing held, one job running, linked to h."""
+    owner = Endpoint("o", "big", "big.kcpps", True, False, 0.0, 4096, backlog_count=1)
+    helper = Endpoint("h", "fast", "fast.kcpps", True, True, 500.0, 4096)
+
+    def owners(lane: str, statuses: Any) -> list[tuple[Endpoint, list[LinkTarget]]]:
+        return [(owner, [LinkTarget(helper, True, False)])] if lane == "text" else []
+
+    monkeypatch.setattr(site.master, "_owners", owners)
+
+
+async def test_a_lease_of_an_owner_with_nothing_held_is_kept_until_its_expiry(
+    site: Site, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    owner_with_nothing_held(monkeypatch, site)
+    planner_grants(monkeypatch, {"text": [lease()]})
+    await site.master.plan("enqueued")
+    site.clock.now += 10.0
+    planner_grants(monkeypatch, {})
+
+    answer = await site.master.on_event(
+        {"lane": "text", "owner_node_id": "o", "model_id": "big", "trigger": "completed"}
+    )
+    await settled(site)
+
+    # The owner is told the lease with the 20 s it has left, so both sides end it together.
+    assert answer == dataclasses.replace(lease(), ttl_ms=20_000)
+    assert site.master.book[("text", "o", "big")][1] == START_SECS + 30.0
+    assert site.client.grants == []  # not cleared
+    kept = [r for r in site.rows if r.get("outcome") == "kept"]
+    assert [(r["kind"], r["reason"], r["trigger"]) for r in kept] == [
+        ("plan", "nothing_held", "completed")
+    ]
+    site.clock.now = START_SECS + 30.0
+    await site.master.plan("tick")
+    assert site.master.lease_for("text", "o", "big") is None
 
 
 # -- event coalescing ---------------------------------------------------------------------------

@@ -21,7 +21,7 @@ class FakeLog:
 
 
 def make(
-    *, owner_job_ms: float, service_ms: float, probe: bool = False
+    *, owner_job_ms: float, service_ms: float, probe: bool = False, costs: Any = None
 ) -> tuple[OwnerLending, LaneQueue, list[float], FakeLog]:
     now = [0.0]
     queue = LaneQueue("text", depth=2, clock=lambda: now[0])
@@ -31,7 +31,7 @@ def make(
         queues={"text": queue},
         queue=lambda lane: queue,
         last_completion_ms={},
-        costs=None,
+        costs=costs,
         is_owner=lambda lane, model: True,
     )
     node = SimpleNamespace(
@@ -210,3 +210,31 @@ def test_a_request_admitted_on_arrival_is_neither_lent_nor_reported() -> None:
 
     assert entry.state is State.ADMITTED
     assert (refilled(log), reports) == ([], [])
+
+
+@pytest.mark.parametrize(("cached", "refills"), [((), True), ((90.0, 0.0), False)])
+def test_each_held_request_is_priced_as_itself_so_a_cached_one_stays_home(
+    cached: tuple[float, ...], refills: bool
+) -> None:
+    from analytics.fitting import CostFit
+
+    # A lease priced on 1000 ms requests (the helper 1200 ms), now over requests of 100
+    # prompt tokens at 10 ms a token. One admitted at t=0 (1000 ms), one held, one lent and
+    # back at t=0.1. Owner: 1000 + 1000 = 2000 ms, or 1000 + 100 = 1100 ms with 90 of the
+    # tokens in its cache; helper: 100 + 1200 = 1300 ms.
+    fit = CostFit(base_ms=0.0, slopes_ms=(10.0, 0.0), samples=5)
+    owner, queue, now, log = make(
+        owner_job_ms=1000.0, service_ms=1200.0, costs=SimpleNamespace(models={("a", "llm"): fit})
+    )
+    work = (100.0, 0.0)
+    queue.enqueue(Entry("a", 0.0, work=work))
+    queue.set_depth(1)  # one backend slot, so the next two wait
+    queue.enqueue(Entry("a", 0.0, work=work, cached=cached))
+    queue.enqueue(Entry("a", 0.0, work=work))
+    (lent,) = queue.withdraw("a", 1, helper=("h", "b"))
+    now[0] = 0.1
+    queue.lent_finished(lent, admit=False)
+
+    owner.refill("text", "a")
+
+    assert (len(refilled(log)) == 1) is refills
