@@ -41,3 +41,21 @@ def test_the_bench_spaces_its_runs_by_the_gap_the_impact_replay_splits_bursts_at
     from lending.api.impact import BURST_GAP_SECS
 
     assert bench_gap == BURST_GAP_SECS
+
+
+def test_the_optimum_of_a_run_sent_in_two_parts_starts_its_helper_at_the_second() -> None:
+    from bench.lending_optimum import partition_optimum
+    from bench.lending_scenarios import tail_release_ms
+    from bench.lending_support import Answer, Run
+
+    answers = [Answer(200, "A", sent, sent + 500) for sent in (0.0, 0.4, 14.6, 13.8, 15.2)]
+    run = Run(0, answers, None)
+
+    assert tail_release_ms(run, 2) == 14.0
+    assert tail_release_ms(run, 0) == 0.0
+    # Two pinned 100 ms jobs on the owner, three 50 ms jobs lent: 14 + 150 ms, not 150.
+    release = tail_release_ms(run, 2)
+    split = partition_optimum([100] * 5, [50] * 5, release, [True, True, False, False, False])
+    assert split.makespan_ms == 200
+    split = partition_optimum([100] * 5, [80] * 5, release, [True, True, False, False, False])
+    assert split.makespan_ms == 254
