@@ -13,6 +13,7 @@ from lending.models import (
     OffloadSetting,
     TextLink,
 )
+from lending.planner import Lease
 
 
 class ImageLinkFactory(DjangoModelFactory[ImageLink]):
@@ -59,3 +60,24 @@ class LegacyRoutingGroupMemberFactory(DjangoModelFactory[LegacyRoutingGroupMembe
     group_id = "group"
     node_id = "node-a"
     model_id = factory.Sequence(lambda n: f"model-{n}")
+
+
+class LeaseFactory(factory.Factory[Lease]):
+    """A priced text lease of o/a on h/b; a test overrides what its numbers depend on."""
+
+    class Meta:
+        model = Lease
+
+    lane = "text"
+    owner_node_id = "o"
+    owner_model_id = "a"
+    helper_node_id = "h"
+    helper_model_id = "b"
+    load_helper_model = True
+    restore_helper_model = False
+    helper_slots = 1
+    probe = False
+    ttl_ms = 30_000
+    owner_job_ms = 1000.0
+    helper_switch_ms = 0.0
+    helper_service_ms = 200.0

@@ -10,6 +10,7 @@ import pytest
 from lending.carry import OUTCOME_KEPT, REASON_NOTHING_HELD, kept_leases
 from lending.decisions import OUTCOME_TEXT, REASON_TEXT
 from lending.planner import Endpoint, Lease, LinkTarget
+from lending.tests.factories import LeaseFactory
 
 NOW = 100.0
 EXPIRES = 112.5  # 12.5 s left
@@ -30,23 +31,16 @@ def endpoint(node: str, model: str, **fields: Any) -> Endpoint:
 
 
 def lease(**overrides: Any) -> Lease:
-    base: dict[str, Any] = dict(
-        lane="text",
-        owner_node_id="o",
-        owner_model_id="A",
-        helper_node_id="h",
-        helper_model_id="B",
-        load_helper_model=True,
-        restore_helper_model=False,
-        helper_slots=2,
-        probe=False,
-        ttl_ms=30_000,
-        owner_job_ms=400.0,
-        helper_switch_ms=0.0,
-        helper_service_ms=100.0,
+    return LeaseFactory.build(
+        **{
+            "owner_model_id": "A",
+            "helper_model_id": "B",
+            "helper_slots": 2,
+            "owner_job_ms": 400.0,
+            "helper_service_ms": 100.0,
+            **overrides,
+        }
     )
-    base.update(overrides)
-    return Lease(**base)
 
 
 KEY = ("text", "o", "A")

@@ -11,6 +11,7 @@ import pytest
 from lending.hold import HoldPolicy
 from lending.planner import Lease
 from lending.queue import Entry, LaneQueue
+from lending.tests.factories import LeaseFactory
 
 
 class FakeLog:
@@ -22,23 +23,7 @@ class FakeLog:
 
 
 def lease(**overrides: Any) -> Lease:
-    base: dict[str, Any] = dict(
-        lane="text",
-        owner_node_id="o",
-        owner_model_id="a",
-        helper_node_id="h",
-        helper_model_id="b",
-        load_helper_model=True,
-        restore_helper_model=False,
-        helper_slots=1,
-        probe=False,
-        ttl_ms=30_000,
-        owner_job_ms=1000.0,
-        helper_switch_ms=0.0,
-        helper_service_ms=200.0,
-    )
-    base.update(overrides)
-    return Lease(**base)
+    return LeaseFactory.build(**overrides)
 
 
 class FakeOwner:
