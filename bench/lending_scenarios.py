@@ -863,8 +863,11 @@ def _sized(
     owner_ms = [owner_cost.job_ms(body(owner_model, s), s[1]) for s in order]
     helper_ms = [helper_cost.job_ms(body(helper_model, s), s[1]) for s in order]
     release = tail_release_ms(measured.run, depth)
+    # The jobs the owner itself ran of those sent first (one that arrived while it ran may
+    # have gone to the helper at once).
+    pinned = measured.run.owner_ran
     optimum = partition_optimum(
-        owner_ms, helper_ms, release, [i < depth for i in range(len(order))]
+        owner_ms, helper_ms, release, [i < pinned for i in range(len(order))]
     )
     summary = summarize_decisions(measured.chosen_rows, "o")
     row = one_helper_row(label, measured, alone_run, optimum, summary)
@@ -877,6 +880,7 @@ def _sized(
             "warm": warm,
             "fits_before": fits,
             "helper_release_ms": round(release, 1),
+            "owner_ran_of_first": pinned,
         }
     )
     return Result([row], detail)

@@ -149,6 +149,8 @@ class Run:
     answers: list[Answer]
     # What the side coroutine of the run (own traffic, a fault, a tracer) returned.
     side: Any = None
+    # Of the jobs sent first (``run_jobs(first=)``), how many the owner ran itself.
+    owner_ran: int = 0
 
     @property
     def makespan_ms(self) -> float:
@@ -204,17 +206,25 @@ async def _send(session: aiohttp.ClientSession, base: str, job: Job, t0: float) 
     return Answer(status, model, sent, done, error, request_id)
 
 
-async def _admitted(session: aiohttp.ClientSession, base: str, count: int) -> None:
-    """Until ``count`` requests hold the node's runtimes (bounded)."""
+async def _placed(session: aiohttp.ClientSession, base: str, count: int) -> int:
+    """Until ``count`` requests are placed, each in the node's runtimes or lent to a helper
+    (the owner may send one that arrives while it runs to a faster helper); how many of them
+    the node runs itself (bounded)."""
     deadline = time.monotonic() + ADMITTED_TIMEOUT_SECS
     url = base + "/router/v1/node/runtime-status"
     while time.monotonic() < deadline:
         async with session.get(url, headers=AUTH_HEADERS) as resp:
             doc = await resp.json()
-        if int(doc.get("active_requests", 0)) >= count:
-            return
+        active = int(doc.get("active_requests", 0))
+        lent = sum(
+            int(q.get("lent_count", 0))
+            for lane in ("text_queue", "image_queue")
+            for q in doc.get(lane, []) or []
+        )
+        if active + lent >= count:
+            return min(active, count)
         await asyncio.sleep(ADMITTED_POLL_SECS)
-    raise RuntimeError(f"{count} requests were not admitted within {ADMITTED_TIMEOUT_SECS:.0f}s")
+    raise RuntimeError(f"{count} requests were not placed within {ADMITTED_TIMEOUT_SECS:.0f}s")
 
 
 Side = Callable[[float, asyncio.Event], Awaitable[Any]]
@@ -274,14 +284,13 @@ async def run_jobs(
             return await _send(session, target.base_url, job, t0)
 
         head = [asyncio.ensure_future(timed(node, job)) for job in jobs[:first]]
-        if first:
-            await _admitted(session, node.base_url, first)
+        owner_ran = await _placed(session, node.base_url, first) if first else 0
         tail = [asyncio.ensure_future(timed(node, job)) for job in jobs[first:]]
         others = [asyncio.ensure_future(timed(target, job)) for target, job in also]
         answers = list(await asyncio.gather(*head, *tail, *others))
         done.set()
         side_result = await side if side is not None else None
-    return Run(started_wall_ms, answers, side_result)
+    return Run(started_wall_ms, answers, side_result, owner_ran)
 
 
 def run_sync(node: RouterNode, jobs: Sequence[Job], *, first: int = 0) -> Run:
