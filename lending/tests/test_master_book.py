@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from lending import master as master_module
+from lending.incremental import LanePlanner
 from lending.master import MasterLending
 from lending.planner import Lease, PlanResult
 from proxy.node import Node, build_node
@@ -179,10 +180,10 @@ def lease(
 def planner_grants(monkeypatch: pytest.MonkeyPatch, by_lane: dict[str, list[Lease]]) -> None:
     """The next plans grant exactly these leases (the planner has tests of its own)."""
 
-    def plan_lane(*, lane: str, **_: Any) -> PlanResult:
-        return PlanResult(leases=list(by_lane.get(lane, [])))
+    def plan(self: LanePlanner, **_: Any) -> PlanResult:
+        return PlanResult(leases=list(by_lane.get(self.lane, [])))
 
-    monkeypatch.setattr(master_module, "plan_lane", plan_lane)
+    monkeypatch.setattr(LanePlanner, "plan", plan)
 
 
 # -- the lease book ---------------------------------------------------------------------------
