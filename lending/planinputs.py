@@ -33,6 +33,22 @@ Key = tuple[str, str]  # (node_id, model_id)
 Owners = list[tuple[Endpoint, list[LinkTarget]]]
 
 
+def _queue(lane: str, model_id: str, status: Mapping[str, Any]) -> Mapping[str, Any]:
+    return next(
+        (
+            q
+            for q in status.get(f"{lane}_queue", []) or []
+            if isinstance(q, dict) and q.get("model_id") == model_id
+        ),
+        {},
+    )
+
+
+def _lendable(queue: Mapping[str, Any]) -> int:
+    # An owner build that does not report it counts every held request as lendable.
+    return int(queue.get("lendable_count", queue.get("pending_count", 0)) or 0)
+
+
 def endpoint_of(
     lane: str, record: Mapping[str, Any], model_id: str, status: Mapping[str, Any]
 ) -> Endpoint:
@@ -42,14 +58,7 @@ def endpoint_of(
     active_image = status.get("active_image_config", "")
     loaded = config == (active_image if lane == "image" else active_text)
     held = [c for c in (active_text, active_image) if isinstance(c, str) and c and c != config]
-    queue = next(
-        (
-            q
-            for q in status.get(f"{lane}_queue", []) or []
-            if isinstance(q, dict) and q.get("model_id") == model_id
-        ),
-        {},
-    )
+    queue = _queue(lane, model_id, status)
     context = record.get("context_size")
     return Endpoint(
         node_id=str(record.get("node_id", "")),
@@ -61,8 +70,7 @@ def endpoint_of(
         context_capacity=context if isinstance(context, int) else 0,
         eligible=lane != "text" or record_text_ineligible_reason(record) is None,
         pending_count=int(queue.get("pending_count", 0)),
-        # An owner build that does not report it counts every held request as lendable.
-        lendable_count=int(queue.get("lendable_count", queue.get("pending_count", 0)) or 0),
+        lendable_count=_lendable(queue),
         pending_work=tuple(queue.get("pending_work", ())),
         pending_context=int(queue.get("pending_context", 0)),
         sized_count=int(queue.get("sized_count", 0)),
@@ -174,8 +182,8 @@ class LaneInputs:
         return nodes
 
     def owners(self, statuses: Mapping[str, Mapping[str, Any]]) -> Owners:
-        """Every owner with a status and at least one helper with a status, targets in link
-        order (as the planner wants them)."""
+        """Every owner with something to lend, a status and at least one helper with a status,
+        targets in link order (as the planner wants them)."""
         changed = [
             node
             for node in statuses.keys() | self._statuses.keys()
@@ -204,6 +212,11 @@ class LaneInputs:
 
     def _rebuild(self, owner: Key, statuses: Mapping[str, Mapping[str, Any]]) -> None:
         self._owners.pop(owner, None)
+        status = statuses.get(owner[0])
+        if status is None or _lendable(_queue(self.lane, owner[1], status)) <= 0:
+            # Nothing to lend: the planner passes it over (planned_owners), so neither its
+            # endpoint nor its helpers' are built. At a thousand nodes most owners are idle.
+            return
         endpoint = self._endpoint(owner, statuses)
         if endpoint is None:
             return

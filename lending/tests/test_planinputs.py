@@ -1,8 +1,9 @@
 """The master's plan inputs, rebuilt only where they changed, equal what a fresh build gives.
 
 ``reference_owners`` builds a lane's owners from scratch, link by link, the way the master
-did before it kept anything between plans; ``LaneInputs`` must give the same owners, targets
-in the same order, after any sequence of status, link and record changes.
+did before it kept anything between plans (less the owners with nothing to lend, which the
+planner passes over); ``LaneInputs`` must give the same owners, targets in the same order,
+after any sequence of status, link and record changes.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ def reference_owners(
             mine = endpoint_of(lane, endpoints[owner].record, owner[1], statuses[owner[0]])
             owners[owner] = (mine, [])
         owners[owner][1].append(target)
-    return owners
+    # The planner passes over an owner with nothing to lend: LaneInputs leaves it out.
+    return {key: item for key, item in owners.items() if (item[0].lendable_count or 0) > 0}
 
 
 def _record(rng: random.Random, node: str, model: str) -> dict[str, Any]:
