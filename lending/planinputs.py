@@ -124,17 +124,22 @@ class CostCache:
 
 
 class LaneInputs:
-    """One lane's owners and link targets, rebuilt where a node's status or the links changed."""
+    """One lane's owners and link targets, rebuilt where a node's status, a registry record or
+    the links changed."""
 
     def __init__(self, lane: Lane) -> None:
         self.lane = lane
         self._records: Sequence[Mapping[str, Any]] | None = None
         self._links: Sequence[Mapping[str, Any]] | None = None
-        # owner -> [(helper, load_if_unloaded, restore_after_borrow)], in link order.
-        self._targets: dict[Key, list[tuple[Key, bool, bool]]] = {}
-        self._record_of: dict[Key, Mapping[str, Any]] = {}
+        # owner -> [(helper, load_if_unloaded, restore_after_borrow)] of every link, in order.
+        self._linked: dict[Key, list[tuple[Key, bool, bool]]] = {}
+        self._linked_from: dict[Key, set[Key]] = {}  # helper -> the owners linking to it
         self._owners_on: dict[str, set[Key]] = {}  # node -> the owners it holds
         self._helped_from: dict[str, set[Key]] = {}  # helper node -> the owners linking to it
+        # The same, less the links whose models are not both in the registry and eligible.
+        self._targets: dict[Key, list[tuple[Key, bool, bool]]] = {}
+        self._registry: dict[Key, Any] = {}  # the lane's models (lending.links.lane_endpoints)
+        self._stale: set[Key] = set()  # owners whose records changed since the last owners()
         self._statuses: dict[str, Mapping[str, Any]] = {}
         self._endpoints: dict[str, dict[str, Endpoint]] = {}  # node -> model -> endpoint
         self._owners: dict[Key, tuple[Endpoint, list[LinkTarget]]] = {}
@@ -142,40 +147,75 @@ class LaneInputs:
     def index(
         self, records: Sequence[Mapping[str, Any]], links: Sequence[Mapping[str, Any]]
     ) -> None:
-        """Take the registry's records and the lane's links; everything is rebuilt when they
-        changed (equal contents in new objects change nothing)."""
-        if records is self._records and links is self._links:
+        """Take the registry's records and the lane's links (equal contents in new objects
+        change nothing). New links rebuild everything; a changed record (a model loaded, a
+        node's health) only the owners of that model or linked to it."""
+        if links is not self._links and links != self._links:
+            self._relink(links)
+        self._links = links
+        if records is self._records or records == self._records:
+            self._records = records
             return
-        if records == self._records and links == self._links:
-            self._records, self._links = records, links
-            return
-        from lending.links import lane_endpoints, pair_ineligible_reason
+        from lending.links import lane_endpoints
 
-        endpoints = lane_endpoints(records, self.lane)
-        targets: dict[Key, list[tuple[Key, bool, bool]]] = {}
+        self._records = records
+        registry = lane_endpoints(records, self.lane)
+        old = self._registry
+        changed = [
+            key
+            for key in registry.keys() | old.keys()
+            if key not in registry or key not in old or registry[key].record != old[key].record
+        ]
+        self._registry = registry
+        for key in changed:
+            self._endpoints.get(key[0], {}).pop(key[1], None)
+            if key in self._linked:
+                self._stale.add(key)
+            self._stale.update(self._linked_from.get(key, ()))
+        for owner in self._stale:
+            self._retarget(owner)
+
+    def _relink(self, links: Sequence[Mapping[str, Any]]) -> None:
+        linked: dict[Key, list[tuple[Key, bool, bool]]] = {}
         for link in links:
             owner = (str(link["owner_node_id"]), str(link["owner_model_id"]))
             helper = (str(link["helper_node_id"]), str(link["helper_model_id"]))
-            if owner not in endpoints or helper not in endpoints:
-                continue
-            if pair_ineligible_reason(self.lane, endpoints[owner], endpoints[helper]):
-                # A config that became ineligible is skipped at the next plan, not just at save.
-                continue
             flags = (bool(link["load_if_unloaded"]), bool(link["restore_after_borrow"]))
-            targets.setdefault(owner, []).append((helper, *flags))
-        self._records, self._links, self._targets = records, links, targets
-        self._record_of = {key: end.record for key, end in endpoints.items()}
+            linked.setdefault(owner, []).append((helper, *flags))
+        self._linked, self._linked_from = linked, {}
         self._owners_on, self._helped_from = {}, {}
-        for owner, helpers in targets.items():
+        for owner, helpers in linked.items():
             self._owners_on.setdefault(owner[0], set()).add(owner)
-            for (node, _), _, _ in helpers:
-                self._helped_from.setdefault(node, set()).add(owner)
-        self._statuses, self._endpoints, self._owners = {}, {}, {}
+            for helper, _, _ in helpers:
+                self._linked_from.setdefault(helper, set()).add(owner)
+                self._helped_from.setdefault(helper[0], set()).add(owner)
+        self._targets, self._owners = {}, {}
+        self._stale = set(linked)
+        for owner in linked:
+            self._retarget(owner)
+
+    def _retarget(self, owner: Key) -> None:
+        """The owner's links whose two models are in the registry and may be linked."""
+        from lending.links import pair_ineligible_reason
+
+        registry = self._registry
+        targets = []
+        mine = registry.get(owner)
+        for helper, load, restore in self._linked.get(owner, ()) if mine is not None else ():
+            theirs = registry.get(helper)
+            assert mine is not None
+            # A config that became ineligible is skipped at the next plan, not just at save.
+            if theirs is not None and not pair_ineligible_reason(self.lane, mine, theirs):
+                targets.append((helper, load, restore))
+        if targets:
+            self._targets[owner] = targets
+        else:
+            self._targets.pop(owner, None)
 
     def neighbourhood(self, owner: Key) -> set[str]:
         """The nodes a plan for ``owner`` can involve: the owner's, its helpers', and those of
         the owners that link to a helper on the same nodes (they claim the same helpers)."""
-        helper_nodes = {node for (node, _), _, _ in self._targets.get(owner, [])}
+        helper_nodes = {node for (node, _), _, _ in self._linked.get(owner, [])}
         nodes = {owner[0], *helper_nodes}
         for node in helper_nodes:
             nodes.update(other[0] for other in self._helped_from.get(node, ()))
@@ -189,7 +229,7 @@ class LaneInputs:
             for node in statuses.keys() | self._statuses.keys()
             if statuses.get(node) is not self._statuses.get(node)
         ]
-        dirty: set[Key] = set()
+        dirty, self._stale = self._stale, set()
         for node in changed:
             dirty.update(self._owners_on.get(node, ()))
             dirty.update(self._helped_from.get(node, ()))
@@ -207,13 +247,18 @@ class LaneInputs:
             status = statuses.get(node)
             if status is None:
                 return None
-            made = on_node[model] = endpoint_of(self.lane, self._record_of[key], model, status)
+            record = self._registry[key].record
+            made = on_node[model] = endpoint_of(self.lane, record, model, status)
         return made
 
     def _rebuild(self, owner: Key, statuses: Mapping[str, Mapping[str, Any]]) -> None:
         self._owners.pop(owner, None)
         status = statuses.get(owner[0])
-        if status is None or _lendable(_queue(self.lane, owner[1], status)) <= 0:
+        if (
+            owner not in self._targets
+            or status is None
+            or _lendable(_queue(self.lane, owner[1], status)) <= 0
+        ):
             # Nothing to lend: the planner passes it over (planned_owners), so neither its
             # endpoint nor its helpers' are built. At a thousand nodes most owners are idle.
             return
