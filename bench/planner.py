@@ -8,6 +8,10 @@ some helpers refuse borrowed work, some links forbid loading, some text helpers 
 windows, and about a fifth of the owners hold nothing. Inputs are built once; only
 ``plan_lane`` is timed (both lanes = one plan).
 
+Then the same planning through ``lending.incremental.LanePlanner``, after one owner's queue
+changed by one request before each run (the master's case on an owner event): its median,
+how many owners it planned afresh, and a check that it answered exactly what ``plan_lane`` did.
+
 Prints a table and, last, one JSON line. Run: `.venv/bin/python bench/planner.py`.
 """
 
@@ -32,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 # ruff: noqa: E402  (imports below need the path fix above)
 
 from analytics.fitting import CostFit
+from lending.incremental import LanePlanner
 from lending.planner import Endpoint, LinkTarget, PlanResult, Settings, plan_lane
 from lending.pricing import CostTable
 
@@ -159,6 +164,47 @@ def plan_all(owners: dict[str, Owners], costs: CostTable) -> list[PlanResult]:
     ]
 
 
+def one_more_held(rng: random.Random, owners: dict[str, Owners]) -> dict[str, Owners]:
+    """The cluster after one owner's queue grew by one request (that endpoint replaced
+    everywhere it appears, as the master builds one endpoint per model for both roles)."""
+    lane = rng.choice(sorted(owners))
+    old = rng.choice(owners[lane])[0]
+    new = replace(old, pending_count=old.pending_count + 1, backlog_count=old.backlog_count + 1)
+
+    def swap(endpoint: Endpoint) -> Endpoint:
+        return new if endpoint is old else endpoint
+
+    changed = [
+        (swap(owner), [replace(t, helper=swap(t.helper)) if t.helper is old else t for t in ts])
+        for owner, ts in owners[lane]
+    ]
+    return {**owners, lane: changed}
+
+
+def incremental(
+    rng: random.Random, owners: dict[str, Owners], costs: CostTable, runs: int
+) -> tuple[list[float], list[int]]:
+    """Milliseconds per plan of both lanes through LanePlanner, one owner changed before each
+    run, and how many owners each plan planned afresh; every plan checked against plan_lane."""
+    planners = {lane: LanePlanner(lane) for lane in owners}
+    times: list[float] = []
+    replanned: list[int] = []
+    for run in range(runs + 1):
+        owners = one_more_held(rng, owners)
+        start = time.perf_counter()
+        results = [
+            planners[lane].plan(trigger="enqueued", owners=o, costs=costs, settings=SETTINGS)
+            for lane, o in owners.items()
+        ]
+        elapsed = (time.perf_counter() - start) * 1000.0
+        if results != plan_all(owners, costs):
+            raise AssertionError("the incremental planner differs from plan_lane")
+        if run:  # the first plan of a LanePlanner plans everything
+            times.append(elapsed)
+            replanned.append(sum(p.replanned for p in planners.values()))
+    return times, replanned
+
+
 def describe(results: Sequence[PlanResult]) -> tuple[int, int, Counter[str]]:
     rows = [row for result in results for row in result.rows]
     leases = sum(len(result.leases) for result in results)
@@ -187,6 +233,8 @@ def main() -> int:
     # shares the CPU at that moment, and is reported so that a real outlier stays visible.
     passed = median_ms <= TARGET_MS
     rows, leases, reasons = describe(results)
+    inc_times, replanned = incremental(rng, owners, costs, args.runs)
+    inc_ms = statistics.median(inc_times)
 
     print(
         f"{args.nodes} nodes, {args.links} links per lane (image + text), "
@@ -195,6 +243,8 @@ def main() -> int:
     print(f"{'what':<28}{'value':>12}")
     print(f"{'median ms':<28}{median_ms:>12.3f}")
     print(f"{'max ms':<28}{max_ms:>12.3f}")
+    print(f"{'incremental median ms':<28}{inc_ms:>12.3f}")
+    print(f"{'replanned owners median':<28}{statistics.median(replanned):>12g}")
     print(f"{'plan rows':<28}{rows:>12}")
     print(f"{'leases':<28}{leases:>12}")
     for key, count in sorted(reasons.items()):
@@ -208,6 +258,8 @@ def main() -> int:
                 "runs": args.runs,
                 "median_ms": round(median_ms, 4),
                 "max_ms": round(max_ms, 4),
+                "incremental_median_ms": round(inc_ms, 4),
+                "replanned_median": statistics.median(replanned),
                 "target_ms": TARGET_MS,
                 "pass": passed,
             }

@@ -17,13 +17,15 @@ settings, as slaves are after a master restart). Then it measures:
    master's poll rounds and the slaves' key pulls run;
 5. lending: 5 % of the owners hold a backlog and report it (`offload/event`), one after the
    other; each event's answer time is one plan (the master polls every node's runtime status,
-   then plans both lanes over every link);
+   or under `--event-poll linked` only the nodes that owner's plan can involve, then plans both
+   lanes, re-planning only the owners whose inputs changed), and the master's own planning
+   time per event past its polls (`router_cluster_plan_compute_seconds_total` over its rounds);
 6. the master's RSS (its whole process group), and answer times of `site/nodes/state`, one
    node's state through the master, and the folded decision log (which asks every node).
 
 Prints a table and, last, one JSON line. Run one size at a time (the machine is shared):
 
-    .venv/bin/python -m bench.scale --nodes 100
+    .venv/bin/python -m bench.scale --nodes 100 [--event-poll linked]
 """
 
 from __future__ import annotations
@@ -66,6 +68,10 @@ TARGETS = {
     "master_rss_mb": 1024.0,
     "nodes_state_ms": 300.0,
 }
+PLAN_METRICS = (
+    "router_cluster_plan_rounds_total",
+    "router_cluster_plan_compute_seconds_total",
+)
 BODY = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
 
 
@@ -78,7 +84,9 @@ class Figures(dict[str, Any]):
         super().__setitem__(key, value)
 
 
-def write_master(root: Path, port: int, slave_urls: list[str], concurrency: int) -> Path:
+def write_master(
+    root: Path, port: int, slave_urls: list[str], concurrency: int, event_poll: str = "all"
+) -> Path:
     """The master's config; its database migrated, with the links and the changed setting."""
     store = root / "store"
     (root / "kcpps").mkdir(parents=True, exist_ok=True)
@@ -94,6 +102,7 @@ def write_master(root: Path, port: int, slave_urls: list[str], concurrency: int)
             "health_interval": f"{HEALTH_INTERVAL_SECS:g}s",
             "sync_interval": "60s",
             "sync_concurrency": concurrency,
+            "lending_event_poll": event_poll,
         },
         "models": {"config_dir": str(root / "kcpps")},
         "backend": {"mode": "sim"},
@@ -239,6 +248,18 @@ def poll_rounds(times: list[float], gap: float) -> list[float]:
     return [group[-1] - group[0] for group in rounds[1:]]
 
 
+async def plan_counters(session: aiohttp.ClientSession, master: str) -> tuple[float, float]:
+    """The master's planned rounds and the seconds their planning took past the polls."""
+    async with session.get(master + "/metrics") as resp:
+        text = await resp.text()
+    found = dict.fromkeys(PLAN_METRICS, 0.0)
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in found:
+            found[name] = float(value)
+    return found[PLAN_METRICS[0]], found[PLAN_METRICS[1]]
+
+
 async def lending_events(farm: SlaveFarm) -> tuple[list[float], int]:
     """5 % of the owners report a backlog, one after the other: each answer's ms, and leases."""
     count = max(1, round(len(farm.slaves) * BACKLOGGED_SHARE))
@@ -265,7 +286,9 @@ async def measure(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     master_port = free_port()
     master = f"http://127.0.0.1:{master_port}"
     farm.master_url = master
-    config = write_master(root / "master", master_port, farm.urls, args.sync_concurrency)
+    config = write_master(
+        root / "master", master_port, farm.urls, args.sync_concurrency, args.event_poll
+    )
     links = seed_links(
         root / "master" / "store" / "router.sqlite3",
         [s.node_id for s in farm.slaves],
@@ -321,10 +344,17 @@ async def measure(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             result["key_pulls_per_s"] = round(farm.key_pulls / elapsed, 1)
 
             asks_before = farm.status_asks
+            planned_before = await plan_counters(session, master)
             times, leases = await lending_events(farm)
+            planned = await plan_counters(session, master)
             result["events"] = len(times)
             result["plan_per_event_p50_ms"] = round(statistics.median(times), 1)
             result["plan_per_event_max_ms"] = round(max(times), 1)
+            plan_rounds = planned[0] - planned_before[0]
+            if plan_rounds > 0:
+                compute_ms = (planned[1] - planned_before[1]) * 1000.0 / plan_rounds
+                result["plan_compute_per_round_ms"] = round(compute_ms, 2)
+            result["plan_rounds"] = plan_rounds
             result["leases"] = leases
             result["status_polls_per_event"] = round((farm.status_asks - asks_before) / len(times))
 
@@ -387,6 +417,12 @@ def main() -> None:
         "--sync-concurrency", type=int, default=4, help="the master's cluster.sync_concurrency"
     )
     parser.add_argument("--no-key-pull", action="store_true", help="slaves do not pull keys")
+    parser.add_argument(
+        "--event-poll",
+        choices=("all", "linked"),
+        default="all",
+        help="the master's cluster.lending_event_poll",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the master's files")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bench-scale-"))
@@ -395,6 +431,7 @@ def main() -> None:
     result = asyncio.run(measure(args, root))
     result["sync_concurrency"] = args.sync_concurrency
     result["key_pull"] = not args.no_key_pull
+    result["event_poll"] = args.event_poll
     met = verdict(result)
     result["targets"] = TARGETS
     result["met"] = met

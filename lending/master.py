@@ -2,13 +2,16 @@
 
 On every owner event (coalesced per owner model), on the tick and when a probe falls due, the
 master polls every node's runtime status concurrently (a node that does not answer in time
-contributes nothing, and later plans skip it until it answers again), merges the cost fits the
-nodes publish, builds the planner's view of each lane from the registry and the link set, runs
-the pure planner (lending/planner.py), replaces its lease book with the result and the live
-leases it keeps for owners still running their own work (lending/carry.py), logs one `plan`
-row per evaluated pair and kept lease, re-arms the probe timer, and delivers every lease: to
-the asking owner as the answer to its event, to the others through `offload/grant`. A live
-lease the plan dropped is cleared at its owner through the same route (`cleared: true`).
+contributes nothing, and later plans skip it until it answers again; calls that arrive while a
+round polls share the next round; under `cluster.lending_event_poll: linked` an event's round
+polls only the nodes its owner's plan can involve), merges the cost fits the nodes publish,
+builds the planner's view of each lane from the registry and the link set (lending/planinputs.py,
+rebuilt where a status changed), runs the pure planner (lending/incremental.py over
+lending/planner.py), replaces its lease book with the result and the live leases it keeps for
+owners with nothing to lend (lending/carry.py), logs one `plan` row per evaluated pair and kept
+lease, re-arms the probe timer, and delivers every lease: to the asking owner as the answer to
+its event, to the others through `offload/grant`. A live lease the plan dropped is cleared at
+its owner through the same route (`cleared: true`).
 
 Lent requests come back through the master (`offload/request`): it checks its own live lease,
 rewrites the model to the helper's own ID and forwards to the helper, or serves in-process
@@ -38,12 +41,12 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 
 from access.keyheader import key_name_header
-from analytics.fitting import fits_from_wire
-from lending.carry import kept_leases
-from lending.planner import Endpoint, Lease, LinkTarget, PlanResult, Settings, plan_lane
-from lending.pricing import LANES, CostTable, Lane
+from lending.carry import Kept, kept_leases
+from lending.incremental import LanePlanner
+from lending.planinputs import CostCache, LaneInputs
+from lending.planner import Endpoint, Lease, LinkTarget, PlanResult, Settings
+from lending.pricing import LANES, CostTable
 from registry.bodies import set_body_model
-from registry.eligibility import record_text_ineligible_reason
 from registry.httpclient import get_session
 from registry.nodeclient import NodeCallError, NodeClient
 
@@ -72,6 +75,23 @@ def _for_helper(body: bytes, helper_model_id: str) -> bytes:
         return body  # not JSON: the helper sees the body as the owner sent it
 
 
+class _Round:
+    """One poll round and plan, and the callers it answers."""
+
+    def __init__(self, trigger: str) -> None:
+        # The plan rows of a shared round carry the trigger of the call that opened it.
+        self.trigger = trigger
+        self.asking: set[tuple[str, str, str]] = set()
+        self.everyone = False  # a call for no owner (tick, probe): every node is polled
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def join(self, asking: tuple[str, str, str] | None) -> None:
+        if asking is None:
+            self.everyone = True
+        else:
+            self.asking.add(asking)
+
+
 class MasterLending:
     def __init__(self, node: ServingNode) -> None:
         self.node = node
@@ -82,6 +102,13 @@ class MasterLending:
         """Every node's fits as the last plan saw them: the cluster view of /metrics."""
         """(lane, owner node, owner model) → (lease, expires_at on the master's clock)."""
         self._plan_lock = asyncio.Lock()
+        self._next_round: _Round | None = None
+        self._planners = {lane: LanePlanner(lane) for lane in LANES}
+        self._inputs = {lane: LaneInputs(lane) for lane in LANES}
+        self._cost_cache = CostCache()
+        self.rounds = 0
+        self.plan_compute_secs = 0.0
+        """Rounds planned, and the time their planning took past the polls (the bench's view)."""
         self._inflight: dict[tuple[str, str, str], asyncio.Future[Lease | None]] = {}
         self._queued: dict[tuple[str, str, str], tuple[str, asyncio.Future[Lease | None]]] = {}
         self._probe_timer: asyncio.TimerHandle | None = None
@@ -160,43 +187,109 @@ class MasterLending:
     # -- planning -------------------------------------------------------------------------
 
     async def plan(self, trigger: str, *, asking: tuple[str, str, str] | None = None) -> None:
-        async with self._plan_lock:
-            statuses = await self._statuses()
-            costs = self._costs(statuses)
-            results: dict[str, PlanResult] = {}
-            settings = self._settings()
-            owners_by_lane: dict[str, list[tuple[Endpoint, list[LinkTarget]]]] = {}
-            for lane in LANES:
-                owners = owners_by_lane[lane] = self._owners(lane, statuses)
-                results[lane] = plan_lane(
-                    lane=lane, trigger=trigger, owners=owners, costs=costs, settings=settings
-                )
-            now = time.monotonic()
-            book: dict[tuple[str, str, str], tuple[Lease, float]] = {}
-            held = self.book
-            due: list[float] = []
-            for planned_lane, result in results.items():
-                for lease in result.leases:
-                    key = (planned_lane, lease.owner_node_id, lease.owner_model_id)
-                    book[key] = (lease, now + lease.ttl_ms / 1000.0)
-                for row in result.rows:
-                    self.node.decisions.record(kind="plan", **row.as_fields())
-                if result.probe_due_ms is not None:
-                    due.append(result.probe_due_ms)
-            for key, kept in kept_leases(held, book, owners_by_lane, now, trigger).items():
-                book[key] = (kept.lease, kept.expires)
-                self.node.decisions.record(kind="plan", **kept.row.as_fields())
-            self.book = book
-            self.last_costs = costs
-            self.last_statuses = statuses
-            self._arm_probe(min(due) if due else None)
-        self._deliver(results, asking)
+        """Plan in the next poll round that starts from now on: a round already polling began
+        before this call, so its answers may be older than what this caller reports. Every
+        call that arrives while a round is in flight shares the one after it."""
+        round_ = self._next_round
+        if round_ is None:
+            round_ = self._next_round = _Round(trigger)
+            self._spawn(self._run_round())
+        round_.join(asking)
+        await asyncio.shield(round_.done)
+
+    async def _run_round(self) -> None:
+        round_: _Round | None = None
+        try:
+            async with self._plan_lock:
+                round_, self._next_round = self._next_round, None
+                assert round_ is not None  # one runner is spawned per round
+                await self._plan_round(round_)
+            round_.done.set_result(None)
+        except Exception as exc:
+            if round_ is not None:
+                round_.done.set_exception(exc)
+        finally:
+            if round_ is None:
+                # Cancelled before the round began (the master closes): its callers end too.
+                round_, self._next_round = self._next_round, None
+            if round_ is not None and not round_.done.done():
+                round_.done.cancel()
+
+    async def _plan_round(self, round_: _Round) -> None:
+        statuses = await self._statuses(self._poll_targets(round_))
+        started = time.perf_counter()
+        results = self._plan_all(round_.trigger, statuses)
+        now = time.monotonic()
+        book: dict[tuple[str, str, str], tuple[Lease, float]] = {}
+        held = self.book
+        due: list[float] = []
+        for planned_lane, result in results.items():
+            for lease in result.leases:
+                key = (planned_lane, lease.owner_node_id, lease.owner_model_id)
+                book[key] = (lease, now + lease.ttl_ms / 1000.0)
+            for row in result.rows:
+                self.node.decisions.record(kind="plan", **row.as_fields())
+            if result.probe_due_ms is not None:
+                due.append(result.probe_due_ms)
+        for key, kept in self._kept(held, book, round_.trigger, statuses, now).items():
+            book[key] = (kept.lease, kept.expires)
+            self.node.decisions.record(kind="plan", **kept.row.as_fields())
+        self.book = book
+        self.last_statuses = statuses
+        self._arm_probe(min(due) if due else None)
+        self.rounds += 1
+        self.plan_compute_secs += time.perf_counter() - started
+        self._deliver(results, round_.asking)
         # A live lease this plan dropped: its owner would keep refilling under it (and each
         # refill be refused, `no_live_lease`, and run late) until its TTL; it is told now. The
-        # asking owner learns it from the answer to its event.
+        # asking owners learn it from the answer to their events.
         for key, (_, expires) in held.items():
-            if key not in book and key != asking and expires > now:
+            if key not in book and key not in round_.asking and expires > now:
                 self._spawn(self._clear(key))
+
+    def _plan_all(
+        self, trigger: str, statuses: Mapping[str, Mapping[str, Any]]
+    ) -> dict[str, PlanResult]:
+        costs = self.last_costs = self._cost_cache.table(statuses)
+        settings = self._settings()
+        results: dict[str, PlanResult] = {}
+        for lane in LANES:
+            inputs = self._inputs[lane]
+            inputs.index(self.node.cluster.view.records, self.node.lending.links.get(lane, []))
+            results[lane] = self._planners[lane].plan(
+                trigger=trigger, owners=inputs.owners(statuses), costs=costs, settings=settings
+            )
+        return results
+
+    def _kept(
+        self,
+        held: Mapping[tuple[str, str, str], tuple[Lease, float]],
+        book: Mapping[tuple[str, str, str], tuple[Lease, float]],
+        trigger: str,
+        statuses: Mapping[str, Mapping[str, Any]],
+        now: float,
+    ) -> dict[tuple[str, str, str], Kept]:
+        """The live leases this round keeps although it did not grant them (lending/carry.py)."""
+        owners: dict[str, list[tuple[Endpoint, list[LinkTarget]]]] = {}
+        for key, (_, expires) in held.items():
+            lane = key[0]
+            if key in book or expires <= now or lane not in self._inputs:
+                continue
+            built = self._inputs[lane].owner((key[1], key[2]), statuses)
+            if built is not None:
+                owners.setdefault(lane, []).append(built)
+        return kept_leases(held, book, owners, now, trigger) if owners else {}
+
+    def _poll_targets(self, round_: _Round) -> set[str] | None:
+        """The nodes this round polls; None: every node (the spec's rule, and the tick's)."""
+        if self.node.config.cluster.lending_event_poll == "all" or round_.everyone:
+            return None
+        nodes: set[str] = set()
+        for lane, owner_node, model_id in round_.asking:
+            inputs = self._inputs[lane]  # type: ignore[index]
+            inputs.index(self.node.cluster.view.records, self.node.lending.links.get(lane, []))
+            nodes |= inputs.neighbourhood((owner_node, model_id))
+        return nodes
 
     def _settings(self) -> Settings:
         s = self.node.lending.settings
@@ -208,7 +301,9 @@ class MasterLending:
             grant_ttl_ms=int(s.grant_ttl_secs * 1000),
         )
 
-    async def _statuses(self) -> dict[str, dict[str, Any]]:
+    async def _statuses(self, only: set[str] | None = None) -> dict[str, dict[str, Any]]:
+        """Every answering node's runtime status: polled now, or, for a node outside ``only``,
+        as the last round polled it."""
         node = self.node
         statuses: dict[str, dict[str, Any]] = {node.node_id: node.runtime_status()}
         client = node.client
@@ -227,11 +322,15 @@ class MasterLending:
                 return node_id, exc
             return node_id, doc
 
-        targets = [
-            (n.node_id, n.node_url)
-            for n in node.cluster.nodes.values()
-            if n.healthy and n.node_id not in self.silent
+        live = [
+            n for n in node.cluster.nodes.values() if n.healthy and n.node_id not in self.silent
         ]
+        if only is not None:
+            for n in live:
+                kept = self.last_statuses.get(n.node_id)
+                if n.node_id not in only and kept is not None:
+                    statuses[n.node_id] = kept
+        targets = [(n.node_id, n.node_url) for n in live if n.node_id not in statuses]
         for node_id, doc in await asyncio.gather(*(one(nid, url) for nid, url in targets)):
             if isinstance(doc, NodeCallError):
                 self.node_slow(node_id, f"runtime status: {doc}")
@@ -343,60 +442,6 @@ class MasterLending:
                 continue
             self.node_answers(node_id)
 
-    @staticmethod
-    def _costs(statuses: Mapping[str, Mapping[str, Any]]) -> CostTable | None:
-        fits: dict[tuple[str, str, str], Any] = {}
-        loads: dict[tuple[str, str], float] = {}
-        seen = False
-        for node_id, status in statuses.items():
-            wire = status.get("costs")
-            if not isinstance(wire, dict):
-                continue
-            seen = True
-            models, node_loads, _tokens = fits_from_wire(wire)
-            for (model_id, section), fit in models.items():
-                fits[(node_id, model_id, section)] = fit
-            for config, ms in node_loads.items():
-                loads[(node_id, config)] = ms
-        return CostTable(fits=fits, loads=loads) if seen else None
-
-    def _owners(
-        self, lane: Lane, statuses: Mapping[str, Mapping[str, Any]]
-    ) -> list[tuple[Endpoint, list[LinkTarget]]]:
-        from lending.links import lane_endpoints, pair_ineligible_reason
-
-        records = self.node.cluster.records()
-        endpoints = lane_endpoints(records, lane)
-        built: dict[tuple[str, str], Endpoint] = {}
-
-        def endpoint(key: tuple[str, str]) -> Endpoint | None:
-            if key in built:
-                return built[key]
-            end = endpoints.get(key)
-            status = statuses.get(key[0])
-            if end is None or status is None:
-                return None
-            made = _endpoint(lane, end.record, key[1], status)
-            built[key] = made
-            return made
-
-        owners: dict[tuple[str, str], list[LinkTarget]] = {}
-        for link in self.node.lending.links.get(lane, []):
-            owner_key = (link["owner_node_id"], link["owner_model_id"])
-            helper_key = (link["helper_node_id"], link["helper_model_id"])
-            owner, helper = endpoint(owner_key), endpoint(helper_key)
-            if owner is None or helper is None:
-                continue
-            if pair_ineligible_reason(lane, endpoints[owner_key], endpoints[helper_key]):
-                # A config that became ineligible is skipped at the next plan, not just at save.
-                continue
-            owners.setdefault(owner_key, []).append(
-                LinkTarget(
-                    helper, bool(link["load_if_unloaded"]), bool(link["restore_after_borrow"])
-                )
-            )
-        return [(built[key], targets) for key, targets in owners.items()]
-
     def _arm_probe(self, due_ms: float | None) -> None:
         if self._probe_timer is not None:
             self._probe_timer.cancel()
@@ -413,12 +458,12 @@ class MasterLending:
         task.add_done_callback(self._tasks.discard)
 
     def _deliver(
-        self, results: Mapping[str, PlanResult], asking: tuple[str, str, str] | None
+        self, results: Mapping[str, PlanResult], asking: set[tuple[str, str, str]]
     ) -> None:
         for result in results.values():
             for lease in result.leases:
                 key = (lease.lane, lease.owner_node_id, lease.owner_model_id)
-                if key == asking:
+                if key in asking:
                     continue  # it gets the lease as the answer to its event
                 self._spawn(self._grant(lease))
 
@@ -695,49 +740,6 @@ def _settle(waiter: asyncio.Future[Lease | None], task: asyncio.Task[Lease | Non
         waiter.set_exception(task.exception())  # type: ignore[arg-type]
     else:
         waiter.set_result(task.result())
-
-
-def _endpoint(
-    lane: str, record: Mapping[str, Any], model_id: str, status: Mapping[str, Any]
-) -> Endpoint:
-    config = str(record.get("filename", ""))
-    active_text = status.get("active_text_config", "")
-    active_image = status.get("active_image_config", "")
-    loaded = config == (active_image if lane == "image" else active_text)
-    held = [c for c in (active_text, active_image) if isinstance(c, str) and c and c != config]
-    queue = next(
-        (
-            q
-            for q in status.get(f"{lane}_queue", []) or []
-            if isinstance(q, dict) and q.get("model_id") == model_id
-        ),
-        {},
-    )
-    context = record.get("context_size")
-    return Endpoint(
-        node_id=str(record.get("node_id", "")),
-        model_id=model_id,
-        config_filename=config,
-        loaded=loaded,
-        accepting_borrowed=bool(status.get(f"accepting_borrowed_{lane}")),
-        idle_for_ms=float(status.get("idle_for_ms", 0) or 0),
-        context_capacity=context if isinstance(context, int) else 0,
-        eligible=lane != "text" or record_text_ineligible_reason(record) is None,
-        pending_count=int(queue.get("pending_count", 0)),
-        # An owner build that does not report it counts every held request as lendable.
-        lendable_count=int(queue.get("lendable_count", queue.get("pending_count", 0)) or 0),
-        pending_work=tuple(queue.get("pending_work", ())),
-        pending_context=int(queue.get("pending_context", 0)),
-        sized_count=int(queue.get("sized_count", 0)),
-        sized_work=tuple(queue.get("sized_work", ())),
-        sized_context=int(queue.get("sized_context", 0)),
-        backlog_count=int(queue.get("backlog_count", 0)),
-        backlog_work=tuple(queue.get("backlog_work", ())),
-        # An owner build that does not report them has no cached prefixes to take out.
-        sized_cached=tuple(queue.get("sized_cached", ())),
-        backlog_cached=tuple(queue.get("backlog_cached", ())),
-        displaced_configs=() if loaded else tuple(dict.fromkeys(held)),
-    )
 
 
 def get_master(node: ServingNode) -> MasterLending:

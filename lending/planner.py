@@ -19,25 +19,33 @@ Where we deliberately differ from the reference:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from analytics.fitting import CostFit
 from lending.pricing import LANE_IMAGE, LANE_TEXT, CostTable, owner_demand, service_price
+from lending.wire import wire_bool, wire_int, wire_ms, wire_str
 
 __all__ = [
     "OUTCOME_GRANTED",
     "OUTCOME_PROBE",
     "OUTCOME_SKIPPED",
+    "Claim",
     "Endpoint",
+    "HelperCost",
     "Lease",
     "LinkTarget",
+    "OwnerPlan",
     "PlanResult",
     "PlanRow",
+    "Progress",
     "Settings",
+    "check_lane",
+    "merge",
     "plan_lane",
+    "plan_owner",
+    "planned_owners",
 ]
 
 OUTCOME_GRANTED = "granted"
@@ -112,34 +120,6 @@ class Settings:
     grant_ttl_ms: int
 
 
-def _wire_str(doc: Mapping[str, Any], key: str) -> str:
-    value = doc.get(key)
-    return value if isinstance(value, str) else ""
-
-
-def _wire_bool(doc: Mapping[str, Any], key: str) -> bool:
-    value = doc.get(key)
-    return value if isinstance(value, bool) else False
-
-
-def _wire_int(doc: Mapping[str, Any], key: str, default: int) -> int:
-    value = doc.get(key)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return default
-    if not math.isfinite(value):
-        return default
-    return int(value)
-
-
-def _wire_ms(doc: Mapping[str, Any], key: str) -> float | None:
-    value = doc.get(key)
-    # bool is an int subclass, but true/false is never a measurement.
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    result = float(value)
-    return result if math.isfinite(result) and result >= 0 else None
-
-
 @dataclass(frozen=True)
 class Lease:
     """Permission for an owner to keep up to ``helper_slots`` held requests lent to a helper."""
@@ -195,23 +175,23 @@ class Lease:
         if not isinstance(doc, Mapping):
             raise ValueError("a lease must be a JSON object")
         for key in ("owner_model_id", "helper_node_id", "helper_model_id"):
-            if not _wire_str(doc, key):
+            if not wire_str(doc, key):
                 raise ValueError(f"lease has no {key}")
         return cls(
-            lane=_wire_str(doc, "lane"),
-            owner_node_id=_wire_str(doc, "owner_node_id"),
-            owner_model_id=_wire_str(doc, "owner_model_id"),
-            helper_node_id=_wire_str(doc, "helper_node_id"),
-            helper_model_id=_wire_str(doc, "helper_model_id"),
-            load_helper_model=_wire_bool(doc, "load_helper_model"),
-            restore_helper_model=_wire_bool(doc, "restore_helper_model"),
+            lane=wire_str(doc, "lane"),
+            owner_node_id=wire_str(doc, "owner_node_id"),
+            owner_model_id=wire_str(doc, "owner_model_id"),
+            helper_node_id=wire_str(doc, "helper_node_id"),
+            helper_model_id=wire_str(doc, "helper_model_id"),
+            load_helper_model=wire_bool(doc, "load_helper_model"),
+            restore_helper_model=wire_bool(doc, "restore_helper_model"),
             # A lease always lets at least one request out (reference 3.9: <1 is treated as 1).
-            helper_slots=max(1, _wire_int(doc, "helper_slots", 1)),
-            probe=_wire_bool(doc, "probe"),
-            ttl_ms=max(0, _wire_int(doc, "ttl_ms", 0)),
-            owner_job_ms=_wire_ms(doc, "owner_job_ms"),
-            helper_switch_ms=_wire_ms(doc, "helper_switch_ms"),
-            helper_service_ms=_wire_ms(doc, "helper_service_ms"),
+            helper_slots=max(1, wire_int(doc, "helper_slots", 1)),
+            probe=wire_bool(doc, "probe"),
+            ttl_ms=max(0, wire_int(doc, "ttl_ms", 0)),
+            owner_job_ms=wire_ms(doc, "owner_job_ms"),
+            helper_switch_ms=wire_ms(doc, "helper_switch_ms"),
+            helper_service_ms=wire_ms(doc, "helper_service_ms"),
         )
 
 
@@ -286,7 +266,7 @@ class _Demand:
 
 
 @dataclass(slots=True)
-class _HelperCost:
+class HelperCost:
     """The part of a helper's price that does not depend on the owner (once per plan)."""
 
     endpoint: Endpoint
@@ -315,7 +295,7 @@ class _Candidate:
 
 
 @dataclass(frozen=True, slots=True)
-class _Claim:
+class Claim:
     """What a plan already granted on one helper node."""
 
     model_id: str
@@ -386,8 +366,8 @@ def _restore_ms(helper: Endpoint, costs: CostTable) -> float | None:
     return total
 
 
-def _helper_cost(lane: str, helper: Endpoint, costs: CostTable, settings: Settings) -> _HelperCost:
-    return _HelperCost(
+def _helper_cost(lane: str, helper: Endpoint, costs: CostTable, settings: Settings) -> HelperCost:
+    return HelperCost(
         endpoint=helper,
         fit=costs.fit(helper.node_id, helper.model_id, lane),
         switch_ms=0.0 if helper.loaded else costs.load_ms(helper.node_id, helper.config_filename),
@@ -397,7 +377,7 @@ def _helper_cost(lane: str, helper: Endpoint, costs: CostTable, settings: Settin
 
 
 def _first_ineligibility(
-    lane: str, demand: _Demand, target: LinkTarget, claim: _Claim | None, shared: bool
+    lane: str, demand: _Demand, target: LinkTarget, claim: Claim | None, shared: bool
 ) -> str:
     """The first check this helper fails before any price is looked at ("" when none)."""
     helper = target.helper
@@ -431,8 +411,8 @@ def _evaluate(
     lane: str,
     demand: _Demand,
     target: LinkTarget,
-    cost: _HelperCost,
-    claimed: Mapping[str, _Claim],
+    cost: HelperCost,
+    claimed: Mapping[str, Claim],
 ) -> _Candidate:
     helper = target.helper
     claim = claimed.get(helper.node_id)
@@ -498,14 +478,14 @@ def _grant(
     demand: _Demand,
     best: _Candidate,
     choice: _Choice,
-    claimed: dict[str, _Claim],
+    claimed: dict[str, Claim],
     settings: Settings,
 ) -> Lease:
     """The lease of the chosen candidate; its helper node is claimed for the rest of the plan,
     with every slot granted on it so far."""
     chosen = best.target.helper
     before = claimed.get(chosen.node_id)
-    claimed[chosen.node_id] = _Claim(
+    claimed[chosen.node_id] = Claim(
         chosen.model_id,
         choice.slots + (before.slots if before is not None else 0),
         choice.outcome == OUTCOME_PROBE,
@@ -574,8 +554,8 @@ def _candidates(
     targets: Sequence[LinkTarget],
     costs: CostTable,
     settings: Settings,
-    claimed: Mapping[str, _Claim],
-    helper_costs: dict[int, _HelperCost],
+    claimed: Mapping[str, Claim],
+    helper_costs: dict[int, HelperCost],
 ) -> list[_Candidate]:
     out: list[_Candidate] = []
     for target in targets:
@@ -691,6 +671,73 @@ def _probe_wait(candidates: Sequence[_Candidate]) -> float | None:
     return min(positive) if positive else None
 
 
+@dataclass(frozen=True, slots=True)
+class OwnerPlan:
+    """What planning one owner gave: its lease or none, its rows, and its probe wait."""
+
+    lease: Lease | None
+    rows: list[PlanRow]
+    # Until a helper held back only by its idle time may take a probe; only when no lease.
+    probe_wait_ms: float | None
+
+
+@dataclass(slots=True)
+class Progress:
+    """What one plan carries from one owner to the next: the claims granted so far, and the
+    helpers already priced (the planner's result does not depend on the latter)."""
+
+    claimed: dict[str, Claim] = field(default_factory=dict)
+    helper_costs: dict[int, HelperCost] = field(default_factory=dict)
+
+
+def planned_owners(
+    owners: Sequence[tuple[Endpoint, Sequence[LinkTarget]]],
+) -> list[tuple[Endpoint, Sequence[LinkTarget]]]:
+    """The owners a plan considers, in the order it grants them: the deepest backlog first."""
+    return sorted(
+        (item for item in owners if _lendable(item[0]) > 0 and item[0].eligible),
+        key=lambda item: (-_backlog_magnitude(item[0]), item[0].node_id, item[0].model_id),
+    )
+
+
+def plan_owner(
+    lane: str,
+    trigger: str,
+    owner: tuple[Endpoint, Sequence[LinkTarget]],
+    costs: CostTable,
+    settings: Settings,
+    progress: Progress,
+) -> OwnerPlan | None:
+    """Plan one owner after the owners before it; None when none of its helpers is eligible.
+
+    Reads ``progress.claimed`` only for its own helpers' nodes, and adds its grant's claim.
+    """
+    endpoint, targets = owner
+    demand = _demand(lane, endpoint, costs)
+    candidates = _candidates(
+        lane, demand, targets, costs, settings, progress.claimed, progress.helper_costs
+    )
+    if not candidates:
+        return None
+    reasons = [_cost_reason(candidate, demand) for candidate in candidates]
+    choice = _choose(candidates, reasons, demand, settings)
+    rows = _rows(
+        trigger=trigger,
+        lane=lane,
+        owner=endpoint,
+        demand=demand,
+        candidates=candidates,
+        reasons=reasons,
+        choice=choice,
+    )
+    if choice.index is None:
+        # Nothing granted: wake the master again once some helper has idled long enough.
+        return OwnerPlan(None, rows, _probe_wait(candidates))
+    best = candidates[choice.index]
+    lease = _grant(lane, endpoint, demand, best, choice, progress.claimed, settings)
+    return OwnerPlan(lease, rows, None)
+
+
 def plan_lane(
     *,
     lane: str,
@@ -710,44 +757,31 @@ def plan_lane(
     if costs is None:
         # No cost source yet: the reference plans nothing at all, not even probes.
         return PlanResult()
+    check_lane(lane)
+    progress = Progress()
+    planned = [
+        plan_owner(lane, trigger, item, costs, settings, progress)
+        for item in planned_owners(owners)
+    ]
+    return merge(planned)
+
+
+def check_lane(lane: str) -> None:
     if lane not in _LANE_WORK_TERMS:
         raise ValueError(f"unknown lane {lane!r}")
 
-    planned = sorted(
-        (item for item in owners if _lendable(item[0]) > 0 and item[0].eligible),
-        key=lambda item: (-_backlog_magnitude(item[0]), item[0].node_id, item[0].model_id),
-    )
+
+def merge(planned: Sequence[OwnerPlan | None]) -> PlanResult:
+    """One lane's result from its owners' plans, in plan order."""
     leases: list[Lease] = []
     rows: list[PlanRow] = []
-    probe_due: float | None = None
-    claimed: dict[str, _Claim] = {}
-    helper_costs: dict[int, _HelperCost] = {}
-
-    for owner, targets in planned:
-        demand = _demand(lane, owner, costs)
-        candidates = _candidates(lane, demand, targets, costs, settings, claimed, helper_costs)
-        if not candidates:
+    waits: list[float] = []
+    for one in planned:
+        if one is None:
             continue
-        reasons = [_cost_reason(candidate, demand) for candidate in candidates]
-        choice = _choose(candidates, reasons, demand, settings)
-        rows.extend(
-            _rows(
-                trigger=trigger,
-                lane=lane,
-                owner=owner,
-                demand=demand,
-                candidates=candidates,
-                reasons=reasons,
-                choice=choice,
-            )
-        )
-        if choice.index is not None:
-            best = candidates[choice.index]
-            leases.append(_grant(lane, owner, demand, best, choice, claimed, settings))
-            continue
-        # Nothing granted: wake the master again once some helper has idled long enough.
-        wait = _probe_wait(candidates)
-        if wait is not None and (probe_due is None or wait < probe_due):
-            probe_due = wait
-
-    return PlanResult(leases=leases, rows=rows, probe_due_ms=probe_due)
+        rows.extend(one.rows)
+        if one.lease is not None:
+            leases.append(one.lease)
+        if one.probe_wait_ms is not None:
+            waits.append(one.probe_wait_ms)
+    return PlanResult(leases=leases, rows=rows, probe_due_ms=min(waits) if waits else None)

@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from lending import master as master_module
+from lending.incremental import LanePlanner
 from lending.master import MasterLending
 from lending.planner import Endpoint, Lease, LinkTarget, PlanResult
 from proxy.node import Node, build_node
@@ -180,10 +181,10 @@ def lease(
 def planner_grants(monkeypatch: pytest.MonkeyPatch, by_lane: dict[str, list[Lease]]) -> None:
     """The next plans grant exactly these leases (the planner has tests of its own)."""
 
-    def plan_lane(*, lane: str, **_: Any) -> PlanResult:
-        return PlanResult(leases=list(by_lane.get(lane, [])))
+    def plan(self: LanePlanner, **_: Any) -> PlanResult:
+        return PlanResult(leases=list(by_lane.get(self.lane, [])))
 
-    monkeypatch.setattr(master_module, "plan_lane", plan_lane)
+    monkeypatch.setattr(LanePlanner, "plan", plan)
 
 
 # -- the lease book ---------------------------------------------------------------------------
@@ -293,10 +294,10 @@ def owner_with_nothing_held(monkeypatch: pytest.MonkeyPatch, site: Site) -> None
     owner = Endpoint("o", "big", "big.kcpps", True, False, 0.0, 4096, backlog_count=1)
     helper = Endpoint("h", "fast", "fast.kcpps", True, True, 500.0, 4096)
 
-    def owners(lane: str, statuses: Any) -> list[tuple[Endpoint, list[LinkTarget]]]:
-        return [(owner, [LinkTarget(helper, True, False)])] if lane == "text" else []
+    def built(key: tuple[str, str], statuses: Any) -> tuple[Endpoint, list[LinkTarget]] | None:
+        return (owner, [LinkTarget(helper, True, False)]) if key == ("o", "big") else None
 
-    monkeypatch.setattr(site.master, "_owners", owners)
+    monkeypatch.setattr(site.master._inputs["text"], "owner", built)
 
 
 async def test_a_lease_of_an_owner_with_nothing_held_is_kept_until_its_expiry(

@@ -569,7 +569,18 @@ class NodeCollector(Collector):
                 ),
                 lease.helper_slots,
             )
-        yield from (pending, lent, leases)
+        rounds = CounterMetricFamily(
+            "router_cluster_plan_rounds",
+            "Poll rounds the master planned leases in (events that arrive during one share the "
+            "next).",
+        )
+        rounds.add_metric((), master.rounds)
+        compute = CounterMetricFamily(
+            "router_cluster_plan_compute_seconds",
+            "Time the master spent planning those rounds after their polls were answered.",
+        )
+        compute.add_metric((), master.plan_compute_secs)
+        yield from (pending, lent, leases, rounds, compute)
 
 
 def exposition(node: Node) -> bytes:

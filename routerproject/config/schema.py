@@ -196,6 +196,9 @@ class SecurityConfig(_Section):
 
 
 ClusterRole = Literal["standalone", "master", "slave"]
+# Which nodes the master polls for an owner's event: every node (the spec's rule), or only the
+# nodes a plan for that owner can involve.
+EventPoll = Literal["all", "linked"]
 
 
 def _validate_node_id(value: Any) -> str:
@@ -260,6 +263,10 @@ class ClusterConfig(_Section):
     `offload_lent_stall_timeout`, at most this far apart)."""
     lending_event_timeout: PositiveDuration = _yaml_default("10s")
     """How long an owner waits for the master's answer to a queue event."""
+    lending_event_poll: Annotated[EventPoll, choice(EventPoll)] = "all"
+    """`all`: an owner's event polls every node. `linked` (for large clusters): only the owner,
+    its helpers and the owners linked to those helpers' nodes; the others keep the status the
+    last round saw. The tick and a due probe still poll every node."""
 
     # Lending settings (lending.keys.LENDING_KEYS): None when the file does not set them.
     scheduling_refresh_interval: LendingValue = None

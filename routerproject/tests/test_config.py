@@ -81,6 +81,7 @@ def test_an_empty_file_gives_every_default(tmp_path: Path) -> None:
     assert cfg.cluster.lending_reprobe_timeout == 10.0
     assert cfg.cluster.lending_stall_check_interval == 5.0
     assert cfg.cluster.lending_event_timeout == 10.0
+    assert cfg.cluster.lending_event_poll == "all"
     assert cfg.cluster.lending_file_values() == {}
     assert cfg.models.config_dir == (tmp_path / "kcpps").resolve()
     assert cfg.models.startup_model == "" and cfg.models.shared_dir == ""
@@ -257,6 +258,11 @@ def test_a_section_that_is_not_a_mapping_is_an_error(tmp_path: Path) -> None:
         ("cluster:\n  routing_affinity_entries: 0\n", "cluster.routing_affinity_entries", "1"),
         ("cluster:\n  routing_affinity_ttl: 0s\n", "cluster.routing_affinity_ttl", "greater"),
         ("cluster:\n  lending_event_timeout: 0s\n", "cluster.lending_event_timeout", "greater"),
+        (
+            "cluster:\n  lending_event_poll: some\n",
+            "cluster.lending_event_poll",
+            "must be one of all, linked (got 'some')",
+        ),
     ],
 )
 def test_a_wrong_type_is_an_error(tmp_path: Path, text: str, key: str, fragment: str) -> None:
@@ -483,6 +489,7 @@ def test_the_lending_timers_are_durations_and_no_lending_settings(tmp_path: Path
           lending_reprobe_timeout: 1m
           lending_stall_check_interval: 2s
           lending_event_timeout: 3s
+          lending_event_poll: linked
         """,
     )
     timers = cfg.cluster
@@ -491,6 +498,7 @@ def test_the_lending_timers_are_durations_and_no_lending_settings(tmp_path: Path
     assert timers.lending_reprobe_timeout == 60.0
     assert timers.lending_stall_check_interval == 2.0
     assert timers.lending_event_timeout == 3.0
+    assert timers.lending_event_poll == "linked"
     # Each node runs its own: the master pushes none of them, nor do they change the fingerprint.
     assert timers.lending_file_values() == {}
 
