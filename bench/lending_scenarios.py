@@ -881,6 +881,9 @@ def _sized(
             "fits_before": fits,
             "helper_release_ms": round(release, 1),
             "owner_ran_of_first": pinned,
+            "timeline": dispatch_timeline(
+                measured.chosen_rows, measured.run.started_wall_ms, {"o", "master"}
+            ),
         }
     )
     return Result([row], detail)

@@ -149,7 +149,7 @@ REASON_TEXT: dict[str, str] = {
     "load_forbidden": "The helper would have to load the model and the link forbids it.",
     "context_too_small": "The helper's context window is too small for the held requests.",
     "outranked": "Another helper finishes the work sooner.",
-    "nothing_held": "The owner holds nothing to lend now; its next request may go to the helper.",
+    "nothing_held": "The owner runs its own work with nothing to lend; its next may go out.",
     "refilled": "A lent slot freed and the owner filled it at once under its live lease.",
     "not_an_owner": "The lease names a model that does not lend from this node.",
     "helper_finishes_sooner": "The helper is expected to answer before the owner could.",
@@ -163,9 +163,8 @@ REASON_TEXT: dict[str, str] = {
     "helper_busy_on_arrival": "The helper was busy with its own work when the request came.",
 }
 
-# Converters applied on the writer thread: one row with a wrong type (a numpy float, a
-# None meaning "no value", which becomes the column default) must not fail the whole
-# batch, and with it every flush after it.
+# Converters applied on the writer thread: one row with a wrong type (a numpy float, a None
+# meaning "no value", which becomes the column default) must not fail the whole batch.
 _CONVERTERS: tuple[Callable[[Any], Any], ...] = tuple(
     str if name in TEXT_FIELDS else int if name in INT_FIELDS else float for name in DECISION_FIELDS
 )

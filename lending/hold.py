@@ -53,6 +53,13 @@ def entry_prices(
     return (whole if own is None else own), service_ms * whole / job_ms
 
 
+def helper_job_ms(
+    fit: CostFit | None, lent: Sequence[Entry], job_ms: float, service_ms: float
+) -> list[float]:
+    """The helper's price of each lent request (`entry_prices`)."""
+    return [entry_prices(fit, e, job_ms, service_ms)[1] for e in lent]
+
+
 def own_job_ms(fit: CostFit | None, admitted: Sequence[Entry], job_ms: float) -> float:
     """The owner's mean price of its admitted jobs, each priced as itself (`entry_prices`)."""
     if not admitted:
@@ -94,12 +101,14 @@ class HoldPolicy:
             job_ms=job,
             this_job_ms=own_price,
         )
+        out = [e for e in lent if e.lent_at is not None]
         helper = helper_finish_ms(
             now_ms=now_ms,
-            lent_at_ms=[e.lent_at * 1000.0 for e in lent if e.lent_at is not None],
+            lent_at_ms=[e.lent_at * 1000.0 for e in out if e.lent_at is not None],
             switch_ms=lease.helper_switch_ms or 0.0,
             service_ms=service,
             this_job_ms=helper_price,
+            lent_job_ms=helper_job_ms(fit, out, lease.owner_job_ms or 0.0, service),
         )
         return owner, helper
 

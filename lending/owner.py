@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from lending.hold import entry_prices, own_job_ms
+from lending.hold import entry_prices, helper_job_ms, own_job_ms
 from lending.planner import Lease
 from lending.pricing import helper_finish_ms, owner_finish_ms, section_fit
 from lending.queue import Entry, State
@@ -143,14 +143,14 @@ class OwnerLending:
             owner = now_ms + drain
         # The largest lendable request goes first (`LaneQueue.withdraw`).
         lendable = [h for (_, h), e in zip(prices, waiting, strict=True) if not e.pinned]
+        out = [e for e in self.lent_to(lane, lease) if e.lent_at is not None]
         helper = helper_finish_ms(
             now_ms=now_ms,
-            lent_at_ms=[
-                e.lent_at * 1000.0 for e in self.lent_to(lane, lease) if e.lent_at is not None
-            ],
+            lent_at_ms=[e.lent_at * 1000.0 for e in out if e.lent_at is not None],
             switch_ms=lease.helper_switch_ms or 0.0,
             service_ms=service,
             this_job_ms=max(lendable, default=service),
+            lent_job_ms=helper_job_ms(fit, out, job, service),
         )
         return helper < owner
 

@@ -146,18 +146,23 @@ def helper_finish_ms(
     switch_ms: float,
     service_ms: float,
     this_job_ms: float | None = None,
+    lent_job_ms: Sequence[float] | None = None,
 ) -> float:
     """When the helper would finish one more job queued behind the jobs lent to it.
 
     The first lent job pays the switch; each later one starts when the helper is free or
     when it was lent, whichever is later. ``this_job_ms`` is the helper's price of the job
-    asked about (default: one ``service_ms``).
+    asked about (default: one ``service_ms``); ``lent_job_ms``, in the order of
+    ``lent_at_ms``, the price of each lent job (default: ``service_ms`` each): the largest
+    requests are lent first, so the mean underrates what the helper still has to do.
     """
     this = service_ms if this_job_ms is None else this_job_ms
-    lent = sorted(lent_at_ms)
+    at = list(lent_at_ms)
+    each = [service_ms] * len(at) if lent_job_ms is None else list(lent_job_ms)
+    lent = sorted(zip(at, each, strict=True))
     if not lent:
         return now_ms + switch_ms + this
-    busy = lent[0] + switch_ms
-    for lent_at in lent:
-        busy = max(busy, lent_at) + service_ms
+    busy = lent[0][0] + switch_ms
+    for lent_at, job_ms in lent:
+        busy = max(busy, lent_at) + job_ms
     return max(busy, now_ms) + this

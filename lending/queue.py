@@ -403,10 +403,6 @@ class LaneQueue:
         self.depth = depth
         return self._admit()
 
-    @property
-    def hold(self) -> HoldPredicate | None:
-        return self._hold
-
     def set_hold(self, hold: HoldPredicate | None) -> list[Entry]:
         self._hold = hold
         return self._admit()

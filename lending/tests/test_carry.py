@@ -83,15 +83,16 @@ def test_an_owner_with_nothing_held_keeps_its_lease_with_the_time_it_has_left() 
     assert OUTCOME_KEPT in OUTCOME_TEXT and REASON_NOTHING_HELD in REASON_TEXT
 
 
-def test_an_idle_owner_keeps_it_too() -> None:
-    assert list(kept(owners=owners(endpoint("o", "A", backlog_count=0)))) == [KEY]
+@pytest.mark.parametrize(("backlog", "is_kept"), [(1, True), (0, False)])
+def test_an_owner_that_has_gone_idle_loses_it(backlog: int, is_kept: bool) -> None:
+    assert bool(kept(owners=owners(endpoint("o", "A", backlog_count=backlog)))) is is_kept
 
 
 @pytest.mark.parametrize(("lendable", "is_kept"), [(0, True), (1, False)])
 def test_an_owner_with_a_request_to_lend_is_the_planners_call(lendable: int, is_kept: bool) -> None:
     # Two streams held: nothing the plan could lend, so the lease stays; one lendable request
     # and the planner decided (here: no lease), so it ends.
-    owner = endpoint("o", "A", pending_count=2, lendable_count=lendable, backlog_count=3)
+    owner = endpoint("o", "A", pending_count=2, lendable_count=lendable, backlog_count=4)
     assert bool(kept(owners=owners(owner))) is is_kept
 
 

@@ -72,9 +72,9 @@ def setup(
     return policy, queue, now, log
 
 
-def busy_pipe(queue: LaneQueue) -> Entry:
-    """Two admitted jobs of model a, one more lent (the one lent slot busy), one slot freed."""
-    hold = queue.hold
+def busy_pipe(queue: LaneQueue, hold: HoldPolicy) -> Entry:
+    """Two admitted jobs of model a, one more lent (the one lent slot busy), one slot freed;
+    built with the hold off (with a lent slot free it would send the second to the helper)."""
     queue.set_hold(None)
     queue.enqueue(Entry("a", 0.0))
     second = Entry("a", 0.0)
@@ -89,7 +89,7 @@ def busy_pipe(queue: LaneQueue) -> Entry:
 
 async def test_it_holds_the_second_slot_when_the_busy_helper_finishes_sooner() -> None:
     policy, queue, now, log = setup(lease())
-    busy_pipe(queue)
+    busy_pipe(queue, policy)
     now[0] = 0.1
     candidate = Entry("a", 0.05)
     queue.enqueue(candidate)
@@ -110,8 +110,8 @@ def test_it_never_holds_for_a_probe_or_unmeasured_lease_or_when_switched_off() -
         (lease(), False),
         (None, True),
     ):
-        _policy, queue, _now, _ = setup(live, hold_setting=setting)
-        busy_pipe(queue)
+        policy, queue, _now, _ = setup(live, hold_setting=setting)
+        busy_pipe(queue, policy)
         candidate = Entry("a", 0.05)
         queue.enqueue(candidate)
         assert candidate.state.value == "admitted"
@@ -120,7 +120,7 @@ def test_it_never_holds_for_a_probe_or_unmeasured_lease_or_when_switched_off() -
 async def test_with_a_lent_slot_free_the_second_slots_request_goes_to_the_faster_helper() -> None:
     # One of two lent slots busy: the owner finishes this at 2000 ms, the helper at 400.
     policy, queue, now, log = setup(lease(helper_slots=2))
-    busy_pipe(queue)
+    busy_pipe(queue, policy)
     now[0] = 0.1
     candidate = Entry("a", 0.05)
 
@@ -156,8 +156,8 @@ async def test_with_a_lent_slot_free_the_owner_keeps_what_it_finishes_first(
 
 
 def test_a_slower_helper_is_not_waited_for() -> None:
-    _policy, queue, _, _ = setup(lease(helper_service_ms=3000.0))
-    busy_pipe(queue)
+    policy, queue, _, _ = setup(lease(helper_service_ms=3000.0))
+    busy_pipe(queue, policy)
     candidate = Entry("a", 0.05)
     queue.enqueue(candidate)
     assert candidate.state.value == "admitted"
@@ -165,7 +165,7 @@ def test_a_slower_helper_is_not_waited_for() -> None:
 
 async def test_a_held_request_is_released_past_the_predicted_finish_plus_one_job() -> None:
     policy, queue, now, _ = setup(lease())
-    busy_pipe(queue)
+    busy_pipe(queue, policy)
     now[0] = 0.1
     candidate = Entry("a", 0.05)
     queue.enqueue(candidate)
@@ -180,9 +180,8 @@ async def test_a_held_request_is_released_past_the_predicted_finish_plus_one_job
     policy.forget(candidate)
 
 
-def pipe_with_a_late_lent_job(queue: LaneQueue, now: list[float]) -> None:
+def pipe_with_a_late_lent_job(queue: LaneQueue, now: list[float], hold: HoldPolicy) -> None:
     """The owner's job runs since t=0 (1000 ms); the helper got a job at t=0.85 (500 ms)."""
-    hold = queue.hold
     queue.set_hold(None)
     queue.enqueue(Entry("a", 0.0))
     second = Entry("a", 0.0)
@@ -215,7 +214,7 @@ async def test_the_hold_weighs_this_requests_price_not_the_means(
     fit = CostFit(base_ms=0.0, slopes_ms=(0.0, 100.0), samples=5)
     costs = SimpleNamespace(models={("a", "llm"): fit}) if with_fit else None
     policy, queue, now, _ = setup(lease(owner_job_ms=1000.0, helper_service_ms=500.0), costs=costs)
-    pipe_with_a_late_lent_job(queue, now)
+    pipe_with_a_late_lent_job(queue, now, policy)
     candidate = Entry("a", 0.9, work=(10.0, output_tokens))
 
     queue.enqueue(candidate)
@@ -228,7 +227,7 @@ async def test_slots_busy_with_another_helper_leave_this_leases_slot_free() -> N
     # The lease moved to helper c; the request still out with b does not fill c's slot, so
     # the request goes to c at once.
     policy, queue, _, log = setup(lease(helper_node_id="c", helper_model_id="d"))
-    busy_pipe(queue)
+    busy_pipe(queue, policy)
     candidate = Entry("a", 0.05)
 
     queue.enqueue(candidate)

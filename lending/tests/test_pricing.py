@@ -181,3 +181,21 @@ def test_helper_finish_prices_the_job_asked_about_on_its_own() -> None:
         helper_finish_ms(now_ms=0, lent_at_ms=[], switch_ms=500, service_ms=250, this_job_ms=60)
         == 560
     )
+
+
+def test_helper_finish_prices_each_lent_job_as_itself() -> None:
+    # Lent at 1000 (400 ms) and at 1100 (50 ms), given out of order: 1000 + 400 = 1400, then
+    # 1450, then this 100 ms job: 1550. At 250 ms each: 1000 + 250 + 250 + 100 = 1600.
+    finish = helper_finish_ms(
+        now_ms=1_200,
+        lent_at_ms=[1_100, 1_000],
+        switch_ms=0,
+        service_ms=250,
+        this_job_ms=100,
+        lent_job_ms=[50, 400],
+    )
+    assert finish == 1_550
+    plain = helper_finish_ms(
+        now_ms=1_200, lent_at_ms=[1_100, 1_000], switch_ms=0, service_ms=250, this_job_ms=100
+    )
+    assert plain == 1_600
