@@ -141,8 +141,11 @@ class OwnerLending:
             )
         else:
             owner = now_ms + drain
-        # The largest lendable request goes first (`LaneQueue.withdraw`).
-        lendable = [h for (_, h), e in zip(prices, waiting, strict=True) if not e.pinned]
+        # The largest lendable request goes first (`LaneQueue.withdraw`); streams and
+        # requests that came back are never lent.
+        lendable = [
+            h for (_, h), e in zip(prices, waiting, strict=True) if not (e.pinned or e.returned)
+        ]
         out = [e for e in self.lent_to(lane, lease) if e.lent_at is not None]
         helper = helper_finish_ms(
             now_ms=now_ms,
