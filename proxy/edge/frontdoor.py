@@ -256,6 +256,15 @@ class FrontDoorChannel(http.HTTPChannel):
     _phase = "head"
     _phase_start = 0.0
     _last_active = 0.0
+    _secure: bool | None = None
+
+    def isSecure(self) -> bool:
+        # Asked for every request (Daphne's scheme); a connection is TLS or not from its first
+        # byte to its last, so the interface lookup is made once per connection.
+        secure = self._secure
+        if secure is None:
+            secure = self._secure = bool(super().isSecure())
+        return secure
 
     def connectionMade(self) -> None:
         super().connectionMade()

@@ -15,6 +15,7 @@ import pytest
 from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
+from twisted.web import http
 
 from proxy.edge import frontdoor
 from proxy.edge.frontdoor import LINGER_MAX_BYTES, LINGER_SECS, FrontDoor, FrontDoorFactory
@@ -348,6 +349,26 @@ def test_kept_alive_requests_arm_no_idle_call_either(
     assert door.server.created == 5
     assert armed == []
     assert door.clock.getDelayedCalls() == [channel._timer]
+
+
+def test_whether_a_connection_is_tls_is_looked_up_once_for_all_its_requests(
+    door: Door, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    looked_up: list[Any] = []
+    original = http.HTTPChannel.isSecure
+
+    def counting(channel: Any) -> bool:
+        looked_up.append(channel)
+        return bool(original(channel))
+
+    monkeypatch.setattr(http.HTTPChannel, "isSecure", counting)
+    protocol, _transport = door.connect()
+    channel = protocol._channel
+    for _ in range(3):
+        protocol.dataReceived(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert channel.requests[-1].isSecure() is False
+        channel.requestDone(channel.requests[-1])
+    assert looked_up == [channel]
 
 
 def test_an_idle_connection_is_closed_without_an_answer(tmp_path: Path) -> None:
