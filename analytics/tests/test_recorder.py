@@ -13,7 +13,13 @@ from django.db import connection
 
 from analytics import recorder as recorder_module
 from analytics.models import LoadRecord, RequestRecord
-from analytics.recorder import LoadEvent, Recorder, RequestSample, flush_delay
+from analytics.recorder import (
+    LoadEvent,
+    Recorder,
+    RequestSample,
+    _timestamp_adapter,
+    flush_delay,
+)
 from analytics.services import analytics_prune
 from analytics.tests.factories import LoadRecordFactory, RequestRecordFactory
 from tests.flushing import second_flush_returned_early
@@ -348,6 +354,15 @@ def test_every_row_is_written_buffered_or_counted_as_dropped_across_failed_flush
     flush(rec)
     written = flush(rec)
     assert added == written + rec.pending() + rec.dropped
+
+
+@pytest.mark.parametrize(
+    "seconds", [T0, 1_750_000_000.0, 1_750_000_000.0000004, 1_750_000_000.9999996, 0.5]
+)
+def test_a_timestamp_is_stored_as_the_orm_would_store_it(seconds: float) -> None:
+    # Whole seconds (no fraction written), and fractions that round at the microsecond.
+    expected = connection.ops.adapt_datetimefield_value(datetime.fromtimestamp(seconds, tz=UTC))
+    assert _timestamp_adapter(connection)(seconds) == expected
 
 
 def test_a_quiet_node_flushes_a_row_50_ms_after_it_arrives() -> None:
