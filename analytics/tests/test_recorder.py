@@ -13,7 +13,13 @@ from django.db import connection
 
 from analytics import recorder as recorder_module
 from analytics.models import LoadRecord, RequestRecord
-from analytics.recorder import LoadEvent, Recorder, RequestSample
+from analytics.recorder import (
+    LoadEvent,
+    Recorder,
+    RequestSample,
+    _timestamp_adapter,
+    flush_delay,
+)
 from analytics.services import analytics_prune
 from analytics.tests.factories import LoadRecordFactory, RequestRecordFactory
 from tests.flushing import second_flush_returned_early
@@ -348,6 +354,29 @@ def test_every_row_is_written_buffered_or_counted_as_dropped_across_failed_flush
     flush(rec)
     written = flush(rec)
     assert added == written + rec.pending() + rec.dropped
+
+
+@pytest.mark.parametrize(
+    "seconds", [T0, 1_750_000_000.0, 1_750_000_000.0000004, 1_750_000_000.9999996, 0.5]
+)
+def test_a_timestamp_is_stored_as_the_orm_would_store_it(seconds: float) -> None:
+    # Whole seconds (no fraction written), and fractions that round at the microsecond.
+    expected = connection.ops.adapt_datetimefield_value(datetime.fromtimestamp(seconds, tz=UTC))
+    assert _timestamp_adapter(connection)(seconds) == expected
+
+
+def test_a_quiet_node_flushes_a_row_50_ms_after_it_arrives() -> None:
+    assert flush_delay(float("inf")) == pytest.approx(0.05)
+    assert flush_delay(0.25) == pytest.approx(0.05)
+    assert flush_delay(0.2) == pytest.approx(0.05)
+
+
+def test_under_load_flushes_start_a_quarter_second_apart() -> None:
+    # A row that arrives just after a flush began waits for the rest of the interval, so a
+    # steady stream of requests is four transactions a second, not twenty.
+    assert flush_delay(0.0) == pytest.approx(0.25)
+    assert flush_delay(0.1) == pytest.approx(0.15)
+    assert flush_delay(0.19) == pytest.approx(0.06)
 
 
 @recorder_db

@@ -246,14 +246,29 @@ class FrontDoorChannel(http.HTTPChannel):
     # ends leaves it pending, and the next phase reuses it when it is not due later than that
     # phase's deadline: a kept-alive connection arms a call about once per header timeout,
     # not two per request. Due, it checks the phase then running (`_expired`).
+    # The idle timeout is one of those deadlines too (Twisted's own timer, which the factory
+    # leaves unset, was cancelled and armed anew for every request): no byte for
+    # `idle_timeout` while a head or body is awaited, or after an answer, closes the
+    # connection as Twisted's `timeoutConnection` does.
     _timer: Any = None
     _timer_due = 0.0
     _linger: Any = None
     _phase = "head"
     _phase_start = 0.0
+    _last_active = 0.0
+    _secure: bool | None = None
+
+    def isSecure(self) -> bool:
+        # Asked for every request (Daphne's scheme); a connection is TLS or not from its first
+        # byte to its last, so the interface lookup is made once per connection.
+        secure = self._secure
+        if secure is None:
+            secure = self._secure = bool(super().isSecure())
+        return secure
 
     def connectionMade(self) -> None:
         super().connectionMade()
+        self._last_active = self.door.clock.seconds()
         self._start("head", self.door.header_timeout)
 
     def dataReceived(self, data: bytes) -> None:
@@ -264,6 +279,9 @@ class FrontDoorChannel(http.HTTPChannel):
             return
         if self._phase == "idle":
             self._start("head", self.door.header_timeout)
+        else:
+            # (A head that starts resets it in `_start`.)
+            self._last_active = self.door.clock.seconds()
         super().dataReceived(data)
 
     def start_body(self) -> None:
@@ -280,7 +298,7 @@ class FrontDoorChannel(http.HTTPChannel):
         if self.closing:
             return
         # Idle before the base class replays pipelined bytes, which start the next head.
-        self._phase = "idle"
+        self._start("idle", self.door.idle_timeout)
         super().requestDone(request)
 
     def refuse(self, refusal: Refusal, path: str, request_id: bytes | None) -> None:
@@ -346,13 +364,13 @@ class FrontDoorChannel(http.HTTPChannel):
         clock = self.door.clock
         now = clock.seconds()
         self._phase = phase
-        self._phase_start = now
-        deadline = now + after
+        self._phase_start = self._last_active = now
+        deadline = now + min(after, self.door.idle_timeout)
         timer = self._timer
         if timer is not None and self._timer_due <= deadline:
             return
         self._cancel()
-        self._arm(clock, after, deadline)
+        self._arm(clock, deadline - now, deadline)
 
     def _arm(self, clock: Any, after: float, due: float) -> None:
         self._timer = clock.callLater(after, self._expired)
@@ -363,24 +381,35 @@ class FrontDoorChannel(http.HTTPChannel):
         if timer is not None and timer.active():
             timer.cancel()
 
-    def _deadline(self) -> float | None:
-        """When the running phase's time is up; None for a phase without one."""
+    def _deadline(self) -> tuple[float, bool] | None:
+        """When the running phase's time is up, and whether that is the idle timeout; None
+        for a phase without one."""
+        idle = self._last_active + self.door.idle_timeout
         if self._phase == "head":
-            return self._phase_start + self.door.header_timeout
-        if self._phase == "body":
-            return self._phase_start + self.door.body_allowance(self.body_bytes)
-        return None
+            phase = self._phase_start + self.door.header_timeout
+        elif self._phase == "body":
+            phase = self._phase_start + self.door.body_allowance(self.body_bytes)
+        elif self._phase == "idle":
+            return idle, True
+        else:
+            return None
+        return (idle, True) if idle < phase else (phase, False)
 
     def _expired(self) -> None:
         self._timer = None
-        deadline = self._deadline()
-        if deadline is None:
+        due = self._deadline()
+        if due is None:
             return
+        deadline, idle = due
         clock = self.door.clock
         left = deadline - clock.seconds()
         if left > 0:
-            # Armed for an earlier phase, or the body kept the minimum rate: not yet.
+            # Armed for an earlier phase, bytes arrived since, or the body kept the minimum
+            # rate: not yet.
             self._arm(clock, left, deadline)
+            return
+        if idle:
+            self.timeoutConnection()
             return
         if self._phase == "body":
             allowance = self.door.body_allowance(self.body_bytes)
@@ -550,10 +579,11 @@ class FrontDoorFactory(HTTPFactory):
     def __init__(self, server: Any, door: FrontDoor) -> None:
         super().__init__(server)
         self.door = door
-        # Twisted times a channel's idle timeout on the factory's reactor: the door's clock,
-        # like every other deadline here.
+        # Twisted times what a channel schedules on the factory's reactor: the door's clock,
+        # like every other deadline here. The idle timeout is the channel's own (see
+        # FrontDoorChannel), not Twisted's.
         self.reactor = door.clock
-        self.timeOut = door.idle_timeout
+        self.timeOut = None
 
     def buildProtocol(self, addr: Any) -> Any:
         door = self.door

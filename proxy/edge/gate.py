@@ -18,6 +18,7 @@ answers before a byte of the body is read) and the ASGI app (the second guard) r
 
 from __future__ import annotations
 
+import functools
 import hmac
 import ipaddress
 from collections.abc import Callable, Sequence
@@ -66,9 +67,19 @@ class Refusal:
         return error_body(path, self.error())
 
 
+# Distinct addresses a process keeps parsed: a node hears from few clients, and a flood of new
+# ones only evicts the oldest.
+PARSED_ADDRESSES_KEPT = 4096
+
+
 def parse_address(text: str | bytes | None) -> Address | None:
-    if text is None:
-        return None
+    # Every request's peer is parsed again (ipaddress takes a few microseconds for it), and
+    # addresses are immutable: each distinct text is parsed once.
+    return None if text is None else _parse_address(text)
+
+
+@functools.lru_cache(maxsize=PARSED_ADDRESSES_KEPT)
+def _parse_address(text: str | bytes) -> Address | None:
     if isinstance(text, bytes):
         try:
             text = text.decode("ascii")

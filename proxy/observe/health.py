@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 import time
 from typing import Any
 
@@ -86,16 +85,19 @@ def _line(ctx: Ctx, node: Node, level: int, status: int, now: float) -> None:
     # The record `access.log` would make, less its walk up the stack for the caller's file and
     # line (no log format shows them; it cost more than any field of the line): one line per
     # request, so it counts. The request ID leads every line already (the format's `[id]`).
-    frame = sys._getframe()
+    # The caller is this function, named from its code object: a frame object held in a local
+    # here would be a reference cycle (the frame holds its locals) keeping the record, the
+    # request's context and its callers' frames alive until a collection, every request.
+    code = _line.__code__
     record = access.makeRecord(
         access.name,
         level,
-        frame.f_code.co_filename,
-        frame.f_lineno,
+        code.co_filename,
+        code.co_firstlineno,
         ACCESS_FORMAT,
         args,
         None,
-        frame.f_code.co_name,
+        code.co_name,
         fields,
     )
     access.handle(record)

@@ -17,7 +17,8 @@ nothing, so one in-process registry is the whole story (no multiprocess director
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from bisect import bisect_left
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
@@ -129,14 +130,43 @@ FRONTDOOR_REFUSALS = Counter(
     registry=REGISTRY,
 )
 
+Add = Callable[[float], None]
+
 _FAMILIES: dict[str, str] = {}
 _refusal_children: dict[tuple[int, str], Any] = {}
-_request_children: dict[tuple[str, str, str, str], Any] = {}
-_latency_children: dict[tuple[str, str], tuple[Any, Any]] = {}
-_overhead_children: dict[str, Any] = {}
-_token_children: dict[str, tuple[Any, Any]] = {}
+# What the request path counts with: each child's `adder` or `observer`, cached by labels.
+_request_children: dict[tuple[str, str, str, str], Add] = {}
+_latency_children: dict[tuple[str, str], tuple[Add, Add]] = {}
+_overhead_children: dict[str, Add] = {}
+_token_children: dict[str, tuple[Add, Add]] = {}
 # Key names are made by operators (the key API), so these stay as few as the keys.
-_key_children: dict[str, tuple[Any, Any, Any, Any]] = {}
+_key_children: dict[str, tuple[Add, Add, Add, Add]] = {}
+
+
+# A request counts nine numbers: prometheus-client's `inc` and `observe` check on every call
+# that the metric is a child and the amount is not negative, which a cached child and the
+# amounts here always are. These add to the same values, less the checks (8.3 -> 4.4 us of a
+# request's CPU).
+
+
+def adder(child: Any) -> Add:
+    """`child.inc` of a Counter's child, without its checks."""
+    inc: Add = child._value.inc
+    return inc
+
+
+def observer(child: Any) -> Add:
+    """`child.observe` of a Histogram's child (no exemplar), without its checks: the sum, and
+    the first bucket whose bound is at or above the amount."""
+    bounds = child._upper_bounds
+    buckets = child._buckets
+    add_sum = child._sum.inc
+
+    def observe(amount: float) -> None:
+        add_sum(amount)
+        buckets[bisect_left(bounds, amount)].inc(1)
+
+    return observe
 
 
 def path_family(path: str) -> str:
@@ -166,24 +196,24 @@ def request_finished(ctx: Ctx, node: Node, status: int, now: float) -> None:
     family = path_family(ctx.path)
     model = ctx.model if ctx.served_node else ""
     key = (model, family, str(status), ctx.served_node or node.node_id)
-    child = _request_children.get(key)
-    if child is None:
-        child = _request_children[key] = REQUESTS.labels(*key)
-    child.inc()
+    count = _request_children.get(key)
+    if count is None:
+        count = _request_children[key] = adder(REQUESTS.labels(*key))
+    count(1)
     latency = _latency_children.get((model, family))
     if latency is None:
         latency = _latency_children[(model, family)] = (
-            TTFB.labels(model, family),
-            DURATION.labels(model, family),
+            observer(TTFB.labels(model, family)),
+            observer(DURATION.labels(model, family)),
         )
     total = now - ctx.t0
     if ctx.first_byte:
-        latency[0].observe(ctx.first_byte - ctx.t0)
-    latency[1].observe(total)
+        latency[0](ctx.first_byte - ctx.t0)
+    latency[1](total)
     overhead = _overhead_children.get(family)
     if overhead is None:
-        overhead = _overhead_children[family] = OVERHEAD.labels(family)
-    overhead.observe(max(0.0, total - ctx.upstream_secs))
+        overhead = _overhead_children[family] = observer(OVERHEAD.labels(family))
+    overhead(max(0.0, total - ctx.upstream_secs))
 
 
 def frontdoor_refused(status: int, reason: str) -> None:
@@ -199,13 +229,13 @@ def tokens_counted(model: str, prompt_tokens: int, output_tokens: int) -> None:
     children = _token_children.get(model)
     if children is None:
         children = _token_children[model] = (
-            TOKENS.labels(model, "in"),
-            TOKENS.labels(model, "out"),
+            adder(TOKENS.labels(model, "in")),
+            adder(TOKENS.labels(model, "out")),
         )
     if prompt_tokens:
-        children[0].inc(prompt_tokens)
+        children[0](prompt_tokens)
     if output_tokens:
-        children[1].inc(output_tokens)
+        children[1](output_tokens)
 
 
 def key_usage_counted(
@@ -216,16 +246,16 @@ def key_usage_counted(
     children = _key_children.get(key)
     if children is None:
         children = _key_children[key] = (
-            KEY_REQUESTS.labels(key, "ok"),
-            KEY_REQUESTS.labels(key, "error"),
-            KEY_TOKENS.labels(key, "in"),
-            KEY_TOKENS.labels(key, "out"),
+            adder(KEY_REQUESTS.labels(key, "ok")),
+            adder(KEY_REQUESTS.labels(key, "error")),
+            adder(KEY_TOKENS.labels(key, "in")),
+            adder(KEY_TOKENS.labels(key, "out")),
         )
-    children[0 if success else 1].inc()
+    children[0 if success else 1](1)
     if prompt_tokens:
-        children[2].inc(prompt_tokens)
+        children[2](prompt_tokens)
     if output_tokens:
-        children[3].inc(output_tokens)
+        children[3](output_tokens)
 
 
 def key_rate_limited(key_name: str, limit: str) -> None:

@@ -15,6 +15,7 @@ import pytest
 from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
+from twisted.web import http
 
 from proxy.edge import frontdoor
 from proxy.edge.frontdoor import LINGER_MAX_BYTES, LINGER_SECS, FrontDoor, FrontDoorFactory
@@ -323,6 +324,62 @@ def test_kept_alive_requests_arm_no_deadline_call_of_their_own(
     assert transport.value() == b""
     door.clock.advance(0.1)
     assert _status(transport) == 408
+
+
+def test_kept_alive_requests_arm_no_idle_call_either(
+    door: Door, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The idle timeout is one of the channel's deadlines: nothing is cancelled and armed
+    # anew for each request (Twisted's own idle timer did both, every request).
+    protocol, _transport = door.connect()
+    channel = protocol._channel
+    armed: list[Any] = []
+    call_later = door.clock.callLater
+
+    def counting(delay: float, f: Any, *args: Any, **kwargs: Any) -> Any:
+        armed.append(f)
+        return call_later(delay, f, *args, **kwargs)
+
+    monkeypatch.setattr(door.clock, "callLater", counting)
+    monkeypatch.setattr(channel, "callLater", counting)
+    for _ in range(5):
+        protocol.dataReceived(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
+        channel.requestDone(channel.requests[-1])
+        door.clock.advance(0.1)
+    assert door.server.created == 5
+    assert armed == []
+    assert door.clock.getDelayedCalls() == [channel._timer]
+
+
+def test_whether_a_connection_is_tls_is_looked_up_once_for_all_its_requests(
+    door: Door, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    looked_up: list[Any] = []
+    original = http.HTTPChannel.isSecure
+
+    def counting(channel: Any) -> bool:
+        looked_up.append(channel)
+        return bool(original(channel))
+
+    monkeypatch.setattr(http.HTTPChannel, "isSecure", counting)
+    protocol, _transport = door.connect()
+    channel = protocol._channel
+    for _ in range(3):
+        protocol.dataReceived(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert channel.requests[-1].isSecure() is False
+        channel.requestDone(channel.requests[-1])
+    assert looked_up == [channel]
+
+
+def test_an_idle_connection_is_closed_without_an_answer(tmp_path: Path) -> None:
+    door = Door(tmp_path, idle_timeout="5s", header_timeout="60s")
+    protocol, transport = door.connect()
+    protocol.dataReceived(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
+    protocol._channel.requestDone(protocol._channel.requests[0])
+    transport.clear()
+    door.clock.advance(5.1)
+    assert transport.disconnecting
+    assert transport.value() == b""
 
 
 def test_a_body_timeout_shorter_than_the_head_timeout_still_holds(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from proxy.edge import gate as gate_module
 from proxy.edge.frontdoor import FrontDoor, RefusalLog
 from proxy.edge.gate import Gate, host_name, parse_address
 from routerproject.config import RouterConfig, load_config
@@ -282,3 +283,18 @@ def test_a_body_gets_one_more_second_per_min_rate_bytes(tmp_path: Path) -> None:
     assert door.body_allowance(5000) == 35.0
     flat = FrontDoor(_config(tmp_path, "server: {body_timeout: 30s, body_min_rate: 0}\n"))
     assert flat.body_allowance(10**9) == 30.0
+
+
+def test_each_address_is_parsed_once_and_the_4096_last_used_are_kept() -> None:
+    gate_module._parse_address.cache_clear()
+    first = parse_address("198.51.100.7")
+    assert parse_address("198.51.100.7") is first
+    others = [f"10.{i // 256}.{i % 256}.1" for i in range(4096)]
+    for text in others[:-1]:
+        parse_address(text)
+    assert parse_address("198.51.100.7") is first  # 4,096 kept, this one among them
+    for text in others[:-1]:
+        parse_address(text)  # now the least recently used
+    parse_address(others[-1])
+    again = parse_address("198.51.100.7")
+    assert again == first and again is not first

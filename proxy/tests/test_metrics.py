@@ -7,7 +7,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from lending.decisions import DecisionLog
 from proxy.observe import metrics
@@ -156,3 +156,34 @@ def test_affinity_choices_are_counted_per_model_and_outcome() -> None:
     assert get("router_affinity_choices_total", model="chat", outcome="miss") == 1
     assert get("router_affinity_choices_total", model="chat", outcome="override") == 1
     assert get("router_affinity_entries") == 1
+
+
+def _samples(registry: CollectorRegistry) -> list[tuple[str, dict[str, str], float]]:
+    return [
+        (sample.name, sample.labels, sample.value)
+        for family in registry.collect()
+        for sample in family.samples
+        if not sample.name.endswith("_created")
+    ]
+
+
+def test_the_request_paths_counting_adds_what_prometheus_client_would() -> None:
+    bounds = metrics.OVERHEAD_BUCKETS
+    # Below, at, between and past the bounds: each must land in the bucket `observe` picks.
+    amounts = [0.0, bounds[0] / 2, *bounds, *(b * 1.5 for b in bounds), 7.0, 0.0005]
+    plain, fast = CollectorRegistry(), CollectorRegistry()
+    histograms = [
+        Histogram("h_seconds", "h", ("family",), buckets=bounds, registry=registry)
+        for registry in (plain, fast)
+    ]
+    counters = [Counter("c", "c", ("model",), registry=registry) for registry in (plain, fast)]
+    plain_h, plain_c = histograms[0].labels("openai"), counters[0].labels("m")
+    observe = metrics.observer(histograms[1].labels("openai"))
+    add = metrics.adder(counters[1].labels("m"))
+    for amount in amounts:
+        plain_h.observe(amount)
+        observe(amount)
+    for tokens in (1, 0, 250, 3):
+        plain_c.inc(tokens)
+        add(tokens)
+    assert _samples(fast) == _samples(plain)

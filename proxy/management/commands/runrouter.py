@@ -59,6 +59,42 @@ def _persist_assignments(assignments: Any) -> None:
 _PENDING: set[asyncio.Task[None]] = set()
 
 
+class _PromptReaping:
+    """Daphne keeps every request in `connections` until its once-a-second check finds its
+    application done: under load, a second of finished requests (their tasks, contexts and
+    bodies), outliving young collections and walked one by one by that check. A request whose
+    application has finished and whose connection is done is dropped as soon as both are true.
+    One whose application raised is left to Daphne's check, which logs what it raised."""
+
+    connections: dict[Any, dict[str, Any]]
+
+    def create_application(self, protocol: Any, scope: dict[str, Any]) -> Any:
+        queue = super().create_application(protocol, scope)  # type: ignore[misc]
+        instance = self.connections.get(protocol, {}).get("application_instance")
+        if instance is not None:
+            instance.add_done_callback(lambda _: self._reap(protocol))
+        return queue
+
+    def protocol_disconnected(self, protocol: Any) -> None:
+        if protocol not in self.connections:
+            # Told again after it was dropped (a refused WebSocket is told when refused and
+            # again when its socket closes): Daphne's own would fail on the missing entry.
+            return
+        super().protocol_disconnected(protocol)  # type: ignore[misc]
+        self._reap(protocol)
+
+    def _reap(self, protocol: Any) -> None:
+        details = self.connections.get(protocol)
+        if details is None or not details.get("disconnected"):
+            return
+        instance = details.get("application_instance")
+        if instance is not None and (
+            not instance.done() or (not instance.cancelled() and instance.exception() is not None)
+        ):
+            return
+        del self.connections[protocol]
+
+
 def _router_server(runner: NodeRunner, door: Any, listening: list[Any], tls: Any) -> Any:
     """Daphne's server class for this node: the front door on every HTTP connection (under
     TLS when `tls` is given), the realtime close codes on every WebSocket,
@@ -68,7 +104,7 @@ def _router_server(runner: NodeRunner, door: Any, listening: list[Any], tls: Any
     from proxy.edge import filesend
     from proxy.edge.frontdoor import FrontDoorFactory
 
-    class RouterServer(Server):
+    class RouterServer(_PromptReaping, Server):
         # Daphne builds its HTTP factory inside run(); taking it over as it is assigned
         # puts the node's front door on every connection without copying run().
         @property
