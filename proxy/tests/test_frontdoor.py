@@ -294,19 +294,27 @@ def test_a_request_being_answered_is_not_cut_by_the_idle_timeout(tmp_path: Path)
     assert transport.disconnecting
 
 
-def test_kept_alive_requests_arm_no_deadline_call_of_their_own(
-    door: Door, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    protocol, transport = door.connect()
-    channel = protocol._channel
+def count_call_later(monkeypatch: pytest.MonkeyPatch, clock: Any, *also: Any) -> list[Any]:
+    """The functions `callLater` arms from now on, through the clock and through ``also``
+    (a channel's own `callLater`); each call still goes to the clock."""
     armed: list[Any] = []
-    call_later = door.clock.callLater
+    call_later = clock.callLater
 
     def counting(delay: float, f: Any, *args: Any, **kwargs: Any) -> Any:
         armed.append(f)
         return call_later(delay, f, *args, **kwargs)
 
-    monkeypatch.setattr(door.clock, "callLater", counting)
+    for target in (clock, *also):
+        monkeypatch.setattr(target, "callLater", counting)
+    return armed
+
+
+def test_kept_alive_requests_arm_no_deadline_call_of_their_own(
+    door: Door, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    protocol, transport = door.connect()
+    channel = protocol._channel
+    armed = count_call_later(monkeypatch, door.clock)
     for _ in range(5):
         protocol.dataReceived(
             b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
@@ -333,15 +341,7 @@ def test_kept_alive_requests_arm_no_idle_call_either(
     # anew for each request (Twisted's own idle timer did both, every request).
     protocol, _transport = door.connect()
     channel = protocol._channel
-    armed: list[Any] = []
-    call_later = door.clock.callLater
-
-    def counting(delay: float, f: Any, *args: Any, **kwargs: Any) -> Any:
-        armed.append(f)
-        return call_later(delay, f, *args, **kwargs)
-
-    monkeypatch.setattr(door.clock, "callLater", counting)
-    monkeypatch.setattr(channel, "callLater", counting)
+    armed = count_call_later(monkeypatch, door.clock, channel)
     for _ in range(5):
         protocol.dataReceived(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
         channel.requestDone(channel.requests[-1])
