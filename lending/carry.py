@@ -33,10 +33,6 @@ OUTCOME_KEPT = "kept"
 REASON_NOTHING_HELD = "nothing_held"
 
 
-def _lendable(owner: Endpoint) -> int:
-    return owner.pending_count if owner.lendable_count is None else owner.lendable_count
-
-
 @dataclasses.dataclass(frozen=True)
 class Kept:
     """A lease a plan keeps: the lease (its TTL what it has left), its expiry, and its row."""
@@ -74,7 +70,7 @@ def kept_leases(
         if found is None or (key[0], lease.helper_node_id) in claimed:
             continue
         owner, targets = found
-        if _lendable(owner) > 0 or owner.backlog_count <= 0:
+        if owner.lendable > 0 or owner.backlog_count <= 0:
             continue
         wanted = (lease.helper_node_id, lease.helper_model_id)
         helper = next(

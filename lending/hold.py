@@ -31,6 +31,7 @@ from lending.pricing import helper_finish_ms, owner_finish_ms, section_fit
 from lending.queue import Entry, LaneQueue
 
 if TYPE_CHECKING:
+    from lending.planner import Lease
     from lending.ports import ServingNode
 
 
@@ -53,11 +54,27 @@ def entry_prices(
     return (whole if own is None else own), service_ms * whole / job_ms
 
 
-def helper_job_ms(
-    fit: CostFit | None, lent: Sequence[Entry], job_ms: float, service_ms: float
-) -> list[float]:
-    """The helper's price of each lent request (`entry_prices`)."""
-    return [entry_prices(fit, e, job_ms, service_ms)[1] for e in lent]
+def owner_fit(node: ServingNode, lane: str, model_id: str) -> CostFit | None:
+    """This owner's own cost fit of the model, if it has one."""
+    costs = node.lending.costs
+    return section_fit(costs.models, lane, model_id) if costs is not None else None
+
+
+def lease_helper_finish_ms(
+    now_ms: float, lent: Sequence[Entry], lease: Lease, fit: CostFit | None, this_job_ms: float
+) -> float:
+    """When the lease's helper would finish one more job (`this_job_ms`) behind the requests
+    lent to it, each priced as itself (`entry_prices`)."""
+    job, service = lease.owner_job_ms or 0.0, lease.helper_service_ms or 0.0
+    out = [(e.lent_at * 1000.0, e) for e in lent if e.lent_at is not None]
+    return helper_finish_ms(
+        now_ms=now_ms,
+        lent_at_ms=[at for at, _ in out],
+        switch_ms=lease.helper_switch_ms or 0.0,
+        service_ms=service,
+        this_job_ms=this_job_ms,
+        lent_job_ms=[entry_prices(fit, e, job, service)[1] for _, e in out],
+    )
 
 
 def own_job_ms(fit: CostFit | None, admitted: Sequence[Entry], job_ms: float) -> float:
@@ -87,8 +104,7 @@ class HoldPolicy:
         lent = queue.lent_to(entry.model_id, (lease.helper_node_id, lease.helper_model_id))
         admitted = queue.admitted(entry.model_id)
         starts = [e.admitted_at * 1000.0 for e in admitted if e.admitted_at is not None]
-        costs = lending.costs
-        fit = section_fit(costs.models, self.lane, entry.model_id) if costs is not None else None
+        fit = owner_fit(self.node, self.lane, entry.model_id)
         service = lease.helper_service_ms or 0.0
         own_price, helper_price = entry_prices(fit, entry, lease.owner_job_ms or 0.0, service)
         job = own_job_ms(fit, admitted, lease.owner_job_ms or 0.0)
@@ -101,16 +117,7 @@ class HoldPolicy:
             job_ms=job,
             this_job_ms=own_price,
         )
-        out = [e for e in lent if e.lent_at is not None]
-        helper = helper_finish_ms(
-            now_ms=now_ms,
-            lent_at_ms=[e.lent_at * 1000.0 for e in out if e.lent_at is not None],
-            switch_ms=lease.helper_switch_ms or 0.0,
-            service_ms=service,
-            this_job_ms=helper_price,
-            lent_job_ms=helper_job_ms(fit, out, lease.owner_job_ms or 0.0, service),
-        )
-        return owner, helper
+        return owner, lease_helper_finish_ms(now_ms, lent, lease, fit, helper_price)
 
     def __call__(self, entry: Entry, queue: LaneQueue, now: float) -> bool:
         now_ms = now * 1000.0
@@ -142,7 +149,7 @@ class HoldPolicy:
             # (its `lent` row says why) instead of into the owner's second slot. The queue
             # must not change during admission, hence the next turn of the loop. Should it
             # not be lent after all, the owner's running job ending admits it.
-            loop.call_soon(self.node.owner.lend_held, self.lane, entry.model_id)
+            loop.call_soon(self.node.owner.lend_held, self.lane, entry)
             return
         delay = max(0.0, (helper + service - now_ms) / 1000.0) + 0.001
         self._timers[id(entry)] = loop.call_later(delay, self._release, id(entry))

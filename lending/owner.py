@@ -21,9 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from lending.hold import entry_prices, helper_job_ms, own_job_ms
+from lending.hold import entry_prices, lease_helper_finish_ms, own_job_ms, owner_fit
 from lending.planner import Lease
-from lending.pricing import helper_finish_ms, owner_finish_ms, section_fit
+from lending.pricing import owner_finish_ms
 from lending.queue import Entry, State
 
 if TYPE_CHECKING:
@@ -97,15 +97,11 @@ class OwnerLending:
         if self._helper_drains_sooner(lane, model_id, lease):
             self.lend(lane, model_id, reason=REFILLED)
 
-    def _holds(self, lane: str, model_id: str) -> bool:
-        queue = self.node.lending.queues.get(lane)
-        return queue is not None and any(e.state is State.HELD for e in queue.pending(model_id))
-
-    def lend_held(self, lane: str, model_id: str) -> None:
-        """Lend a request the hold kept for a helper with a free slot (`lending/hold.py`);
-        lending it lets admission go on behind it."""
-        if self._holds(lane, model_id):  # not admitted or lent meanwhile
-            self.lend(lane, model_id, reason=HELPER_FINISHES_SOONER)
+    def lend_held(self, lane: str, entry: Entry) -> None:
+        """Lend a request the hold kept for a helper with a free slot (`lending/hold.py`): the
+        held request goes first; lending it lets admission go on behind it."""
+        if entry.state is State.HELD:  # not admitted or lent meanwhile
+            self.lend(lane, entry.model_id, reason=HELPER_FINISHES_SOONER)
 
     def _helper_drains_sooner(self, lane: str, model_id: str, lease: Lease) -> bool:
         lending = self.node.lending
@@ -118,8 +114,7 @@ class OwnerLending:
         now_ms = lending.clock() * 1000.0
         job = lease.owner_job_ms or 0.0
         service = lease.helper_service_ms or 0.0
-        costs = lending.costs
-        fit = section_fit(costs.models, lane, model_id) if costs is not None else None
+        fit = owner_fit(self.node, lane, model_id)
         # Each request priced as itself: a lease priced on other traffic (uncached first
         # turns, say) must not send out a request the owner's cache makes cheap at home.
         prices = [entry_prices(fit, e, job, service) for e in waiting]
@@ -146,16 +141,8 @@ class OwnerLending:
         lendable = [
             h for (_, h), e in zip(prices, waiting, strict=True) if not (e.pinned or e.returned)
         ]
-        out = [e for e in self.lent_to(lane, lease) if e.lent_at is not None]
-        helper = helper_finish_ms(
-            now_ms=now_ms,
-            lent_at_ms=[e.lent_at * 1000.0 for e in out if e.lent_at is not None],
-            switch_ms=lease.helper_switch_ms or 0.0,
-            service_ms=service,
-            this_job_ms=max(lendable, default=service),
-            lent_job_ms=helper_job_ms(fit, out, job, service),
-        )
-        return helper < owner
+        this = max(lendable, default=service)
+        return lease_helper_finish_ms(now_ms, self.lent_to(lane, lease), lease, fit, this) < owner
 
     def apply(self, lane: str, model_id: str, lease: Lease | None) -> None:
         """The master's answer for (lane, model): install the lease and lend, or clear it."""
@@ -271,8 +258,7 @@ class OwnerLending:
         Without a fit, or with a fit that knows one size only, every request costs the same
         and the newest go first.
         """
-        costs = self.node.lending.costs
-        fit = section_fit(costs.models, lane, model_id) if costs is not None else None
+        fit = owner_fit(self.node, lane, model_id)
         if fit is None or not any(fit.slopes_ms):
             return None
 

@@ -101,6 +101,12 @@ class Endpoint:
     backlog_cached: tuple[float, ...] = ()
     displaced_configs: tuple[str, ...] = ()
 
+    @property
+    def lendable(self) -> int:
+        """Held requests that can be lent. A backlog of streams only can never be: a lease for
+        it would tie up a helper that another owner could use."""
+        return self.pending_count if self.lendable_count is None else self.lendable_count
+
 
 @dataclass(frozen=True)
 class LinkTarget:
@@ -301,12 +307,6 @@ class Claim:
     model_id: str
     slots: int
     probe: bool
-
-
-def _lendable(owner: Endpoint) -> int:
-    # A backlog of streams only can never be lent: a lease for it would tie up a helper
-    # that another owner could use.
-    return owner.pending_count if owner.lendable_count is None else owner.lendable_count
 
 
 def _backlog_magnitude(owner: Endpoint) -> float:
@@ -695,7 +695,7 @@ def planned_owners(
 ) -> list[tuple[Endpoint, Sequence[LinkTarget]]]:
     """The owners a plan considers, in the order it grants them: the deepest backlog first."""
     return sorted(
-        (item for item in owners if _lendable(item[0]) > 0 and item[0].eligible),
+        (item for item in owners if item[0].lendable > 0 and item[0].eligible),
         key=lambda item: (-_backlog_magnitude(item[0]), item[0].node_id, item[0].model_id),
     )
 

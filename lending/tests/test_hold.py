@@ -36,8 +36,8 @@ class FakeOwner:
     def live(self, lane: str, model: str) -> Lease | None:
         return self.lease
 
-    def lend_held(self, lane: str, model: str) -> None:
-        self.lend_held_calls.append((lane, model))
+    def lend_held(self, lane: str, entry: Entry) -> None:
+        self.lend_held_calls.append((lane, entry.model_id))
 
 
 def lent_at_once(policy: HoldPolicy) -> list[tuple[str, str]]:
