@@ -260,7 +260,13 @@ class LaneInputs:
         built = self._owners.get(key)
         if built is not None:
             return built
-        if key not in self._targets or key[0] not in statuses:
+        return self._build(key, statuses) if key[0] in statuses else None
+
+    def _build(
+        self, key: Key, statuses: Mapping[str, Mapping[str, Any]]
+    ) -> tuple[Endpoint, list[LinkTarget]] | None:
+        """The owner's endpoint and its targets with a status (None: no endpoint)."""
+        if key not in self._targets:
             return None
         endpoint = self._endpoint(key, statuses)
         if endpoint is None:
@@ -283,13 +289,6 @@ class LaneInputs:
             # Nothing to lend: the planner passes it over (planned_owners), so neither its
             # endpoint nor its helpers' are built. At a thousand nodes most owners are idle.
             return
-        endpoint = self._endpoint(owner, statuses)
-        if endpoint is None:
-            return
-        targets = []
-        for helper, load, restore in self._targets[owner]:
-            made = self._endpoint(helper, statuses)
-            if made is not None:
-                targets.append(LinkTarget(made, load, restore))
-        if targets:
-            self._owners[owner] = (endpoint, targets)
+        built = self._build(owner, statuses)
+        if built is not None and built[1]:
+            self._owners[owner] = built
