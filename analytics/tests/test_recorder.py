@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import random
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -357,12 +360,48 @@ def test_every_row_is_written_buffered_or_counted_as_dropped_across_failed_flush
 
 
 @pytest.mark.parametrize(
-    "seconds", [T0, 1_750_000_000.0, 1_750_000_000.0000004, 1_750_000_000.9999996, 0.5]
+    "seconds",
+    [
+        T0,
+        1_750_000_000.0,
+        1_750_000_000.0000004,
+        1_750_000_000.9999996,
+        1_750_000_000.9999995,
+        1_750_000_000.0000005,
+        1_750_000_000.0000015,
+        0.5,
+    ],
 )
 def test_a_timestamp_is_stored_as_the_orm_would_store_it(seconds: float) -> None:
-    # Whole seconds (no fraction written), and fractions that round at the microsecond.
+    # Whole seconds (no fraction written), and fractions that round at the microsecond (half
+    # to even, a rounded-up million carried into the second).
     expected = connection.ops.adapt_datetimefield_value(datetime.fromtimestamp(seconds, tz=UTC))
     assert _timestamp_adapter(connection)(seconds) == expected
+    # Asked again after another second, so the second's cached text is not the answer.
+    adapter = _timestamp_adapter(connection)
+    adapter(seconds - 1.0)
+    assert adapter(seconds) == expected
+
+
+@dataclass
+class _Connection:
+    timezone: ZoneInfo
+    vendor: str = "sqlite"
+    ops: Any = None
+
+
+def test_timestamps_in_a_zone_with_summer_time_are_the_datetime_text_of_each() -> None:
+    # A flush's timestamps in the order a node writes them, across the night Berlin's clocks
+    # go back (the same wall-clock second twice) and over many whole and rounded fractions.
+    zone = ZoneInfo("Europe/Berlin")
+    adapter = _timestamp_adapter(_Connection(zone, ops=connection.ops))
+    rng = random.Random(7)
+    start = datetime(2026, 10, 25, 0, 59, 58, tzinfo=UTC).timestamp()
+    seconds = start
+    for _ in range(20_000):
+        seconds += rng.choice([0.0, 0.0000005, 0.0004, 0.25, 1.0, rng.random()])
+        expected = str(datetime.fromtimestamp(seconds, tz=zone).replace(tzinfo=None))
+        assert adapter(seconds) == expected, seconds
 
 
 def test_a_quiet_node_flushes_a_row_50_ms_after_it_arrives() -> None:
