@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import random
+import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -12,7 +14,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 from asgiref.sync import async_to_sync
-from django.db import connection
+from django.db import connection, connections
 
 from analytics import recorder as recorder_module
 from analytics.models import LoadRecord, RequestRecord
@@ -34,6 +36,14 @@ T0 = 1_750_000_000.25
 # The recorder writes from a worker thread (database_sync_to_async), so rows must really be
 # committed for it and for the test to see each other.
 recorder_db = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def _writer_disconnected() -> Iterator[None]:
+    # The flushes' thread keeps its connection open between flushes; left open after the last
+    # test, it would keep PostgreSQL from dropping the test database.
+    yield
+    async_to_sync(recorder_module._close_kept)()
 
 
 def sample(model_id: str = "chat", **overrides: Any) -> RequestSample:
@@ -202,17 +212,17 @@ def test_flushes_keep_one_connection_and_a_failed_write_or_stop_closes_it(
     rec = Recorder(node_id=NODE_ID)
     rec.add_request(sample("a"))
     assert flush(rec) == 1
-    kept = connection.connection
+    kept = writer_connection()
     assert kept is not None
     rec.add_request(sample("b"))
     assert flush(rec) == 1
-    assert connection.connection is kept
+    assert writer_connection() is kept
 
     # A kept connection that fails its check is replaced before the write.
-    monkeypatch.setattr(connection, "is_usable", lambda: False)
+    monkeypatch.setattr(type(connections["default"]), "is_usable", lambda _: False)
     rec.add_request(sample("c"))
     assert flush(rec) == 1
-    assert connection.connection is not None and connection.connection is not kept
+    assert writer_connection() is not None and writer_connection() is not kept
     monkeypatch.undo()
 
     def broken(*args: Any) -> None:
@@ -221,14 +231,30 @@ def test_flushes_keep_one_connection_and_a_failed_write_or_stop_closes_it(
     monkeypatch.setattr(recorder_module, "_write", broken)
     rec.add_request(sample("d"))
     assert flush(rec) == 0
-    assert connection.connection is None
+    assert writer_connection() is None
     monkeypatch.undo()
 
     assert flush(rec) == 1
-    assert connection.connection is not None
+    assert writer_connection() is not None
     async_to_sync(rec.stop)()
-    assert connection.connection is None
+    assert writer_connection() is None
     assert request_models() == ["a", "b", "c", "d"]
+
+
+def writer_connection() -> Any:
+    """The database connection the flushes' thread holds open, if any."""
+    return recorder_module._WRITER.submit(lambda: connection.connection).result(10)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a nice value per thread")
+def test_the_writer_runs_ten_steps_below_the_router_s_cpu_priority() -> None:
+    def nice_of_this_thread() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    writer = recorder_module._WRITER.submit(nice_of_this_thread).result(10)
+    assert writer == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 10)
+    # The loop's own thread, and so the request path, keeps the process's priority.
+    assert nice_of_this_thread() == os.getpriority(os.PRIO_PROCESS, 0)
 
 
 @recorder_db
