@@ -56,6 +56,15 @@ MAX_WORK_TERMS = 2
 # duration: a streamed body a few bytes longer than a plain one must not unprice a model
 # whose prompt costs nothing measurable. Such a term is treated as if it had not varied.
 NOISE_EFFECT_RATIO = 0.05
+# ...or when it lies within this many standard errors of zero: the fit's own scatter cannot
+# tell it from no slope at all. The effect share alone judged a slope against the mean
+# duration, not against how scattered the durations were: on a loaded machine plain requests
+# ~10 ms slower than a few streamed ones 13 prompt tokens longer read as "clearly negative"
+# and unpriced a model. 2.0 is about the two-sided 95 % bound of a normal error (1.96), the
+# same two sigmas as TOKEN_SPREAD_SIGMAS; with few rows a Student t bound would be wider
+# (2.45 at 6 degrees of freedom), so there 2.0 errs towards withdrawing the fit, as the
+# effect share alone did, rather than towards pricing work that seems to make jobs faster.
+NOISE_SLOPE_STANDARD_ERRORS = 2.0
 
 # A token ratio outside this range (bytes per token) means the samples are not text
 # tokenised by a normal tokenizer, so no size estimate is better than a wild one.
@@ -237,9 +246,12 @@ def _fit_varying(
 ) -> CostFit | None:
     """Least squares over the terms that varied; the others become a matching condition.
 
-    Unlike the reference, a negative slope does not unprice the model when its term is noise
-    (``NOISE_EFFECT_RATIO``): that term joins the constant ones and the rest is fitted again.
-    A clearly negative slope (work that makes jobs faster) still unprices it.
+    Unlike the reference, a negative slope does not unprice the model when its term is noise:
+    its effect over the range it spanned is within ``NOISE_EFFECT_RATIO`` of the mean
+    duration, or the slope is within ``NOISE_SLOPE_STANDARD_ERRORS`` standard errors of zero
+    (``_slope_errors``; with no degrees of freedom left only the effect counts). That term
+    joins the constant ones and the rest is fitted again. A slope outside both (work that
+    clearly makes jobs faster, a broken measurement) still unprices the model.
     """
     n, terms = x.shape
     # Only the varying terms are regressors: a constant term cannot be told apart from the
@@ -251,11 +263,7 @@ def _fit_varying(
         if solved is None:
             return None
         base, fitted = solved
-        noise = [
-            i
-            for i, slope in zip(varying, fitted, strict=True)
-            if slope < 0 and -slope * float(np.ptp(x[:, i])) <= NOISE_EFFECT_RATIO * mean_duration
-        ]
+        noise = _noise_terms(x, y, varying, base, fitted)
         if any(slope < 0 for slope in fitted) and not noise:
             return None
         if not noise:
@@ -282,6 +290,58 @@ def _fit_varying(
         constant_work=constant,
         match_floor=match_floor,
     )
+
+
+def _noise_terms(
+    x: np.ndarray, y: np.ndarray, varying: Sequence[int], base: float, fitted: Sequence[float]
+) -> list[int]:
+    """The terms of ``varying`` whose negative slope is noise (see ``_fit_varying``)."""
+    errors = _slope_errors(x[:, varying], y, base, fitted)
+    effect_limit = NOISE_EFFECT_RATIO * float(y.mean())
+    noise: list[int] = []
+    for j, (i, slope) in enumerate(zip(varying, fitted, strict=True)):
+        if slope >= 0:
+            continue
+        small = -slope * float(np.ptp(x[:, i])) <= effect_limit
+        # Without a scatter estimate (no degrees of freedom) the effect share is the only test.
+        unclear = errors is not None and -slope <= NOISE_SLOPE_STANDARD_ERRORS * errors[j]
+        if small or unclear:
+            noise.append(i)
+    return noise
+
+
+def _slope_errors(
+    xv: np.ndarray, y: np.ndarray, base: float, fitted: Sequence[float]
+) -> list[float] | None:
+    """Standard error of each slope of ``y = base + fitted . xv``; None = no scatter estimate.
+
+    The residual variance is s^2 = RSS / (n - p), p counting the base; a slope's variance is
+    the diagonal of s^2 (D^T D)^-1 over the design D = [1, xv / mean] that ``_least_squares``
+    solves, divided by the square of the term's mean to undo that scaling. The slopes' block
+    of that inverse is the inverse of the centred columns' own Gram matrix (the partitioned
+    inverse), which is used instead: centring keeps the ones column from cancelling away the
+    spread, as in ``_measurable``. None when n <= p or the numbers are not finite.
+    """
+    n, terms = xv.shape
+    freedom = n - (terms + 1)
+    if freedom <= 0:
+        return None
+    residuals = y - base - xv @ np.asarray(fitted, dtype=np.float64)
+    variance = float(residuals @ residuals) / freedom
+    scale = xv.mean(axis=0)
+    scaled = xv / scale
+    centred = scaled - scaled.mean(axis=0)
+    try:
+        inverse = np.linalg.inv(centred.T @ centred)
+    except np.linalg.LinAlgError:
+        return None
+    errors: list[float] = []
+    for j in range(terms):
+        slope_variance = variance * float(inverse[j, j]) / float(scale[j]) ** 2
+        if not math.isfinite(slope_variance) or slope_variance < 0:
+            return None
+        errors.append(math.sqrt(slope_variance))
+    return errors
 
 
 def _least_squares(xv: np.ndarray, y: np.ndarray) -> tuple[float, list[float]] | None:

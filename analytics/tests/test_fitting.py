@@ -339,6 +339,153 @@ def test_a_noise_term_becomes_a_condition_beside_a_fitted_term() -> None:
     assert fit.predict((200.0, 70.0)) is None
 
 
+def ols(work: np.ndarray, durations: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    # The textbook fit, independent of the fitter's scaling and elimination: coefficients
+    # (base first) and their standard errors, sqrt(diag(RSS / (n - p) * (D^T D)^-1)).
+    design = np.column_stack([np.ones(len(durations)), work])
+    coefficients, rss, *_ = np.linalg.lstsq(design, durations, rcond=None)
+    freedom = design.shape[0] - design.shape[1]
+    covariance = rss[0] / freedom * np.linalg.inv(design.T @ design)
+    return coefficients, np.sqrt(np.diag(covariance))
+
+
+# Plain requests of 33 prompt tokens and three streamed ones of 46 (the stream options the
+# router adds), answers of many lengths at 2 ms a token, the plain ones 10 ms slower, timing
+# jitter of a loaded machine on top.
+FLAKE_PROMPTS = [33.0, 33.0, 33.0, 46.0, 33.0, 33.0, 33.0, 46.0, 33.0, 33.0, 46.0, 33.0]
+FLAKE_OUTPUTS = [12.0, 20.0, 31.0, 40.0, 16.0, 25.0, 36.0, 44.0, 18.0, 28.0, 14.0, 38.0]
+FLAKE_JITTER_MS = [9.0, -11.5, 3.5, -6.0, -13.0, 12.0, -4.0, 7.5, 15.0, -2.5, -4.0, -7.0]
+
+
+def flake_rows(jitter_scale: float) -> tuple[np.ndarray, np.ndarray]:
+    work = np.array(list(zip(FLAKE_PROMPTS, FLAKE_OUTPUTS, strict=True)))
+    durations = np.array(
+        [
+            60.0 + 2.0 * o + (10.0 if p == 33.0 else 0.0) + jitter_scale * e
+            for p, o, e in zip(FLAKE_PROMPTS, FLAKE_OUTPUTS, FLAKE_JITTER_MS, strict=True)
+        ]
+    )
+    return work, durations
+
+
+def test_a_negative_slope_lost_in_the_scatter_is_noise_though_its_effect_is_large() -> None:
+    work, durations = flake_rows(1.0)
+    (_, prompt_slope, _), (_, prompt_error, _) = ols(work, durations)
+    # -0.8194 ms a token over 13 tokens is 10.65 ms, beyond 5 % of the 121.08 ms mean (6.05):
+    # the effect share alone unpriced this model. But it is 1.48 standard errors from zero.
+    assert prompt_slope == pytest.approx(-0.81941351, rel=1e-6)
+    assert prompt_error == pytest.approx(0.55276123, rel=1e-6)
+    assert durations.mean() == pytest.approx(121.0833333)
+    assert -prompt_slope * 13 > 0.05 * durations.mean()
+
+    fit = fit_durations(work, durations, min_samples=5, match_floor=16.0)
+
+    # The prompt becomes a condition (its mean, 36.25 tokens) and the answers are fitted
+    # alone: base and slope of the simple regression of durations on output tokens.
+    (base, output_slope), _ = ols(work[:, 1], durations)
+    assert base == pytest.approx(72.38930098, rel=1e-6)
+    assert output_slope == pytest.approx(1.81468444, rel=1e-6)
+    assert fit is not None
+    assert fit.constant_work == (pytest.approx(36.25), None)
+    assert fit.base_ms == pytest.approx(base, rel=1e-9)
+    assert fit.slopes_ms == (0.0, pytest.approx(output_slope, rel=1e-9))
+    assert fit.predict((33.0, 20.0)) == pytest.approx(72.38930098 + 1.81468444 * 20, rel=1e-6)
+    assert fit.predict((46.0, 20.0)) == fit.predict((33.0, 20.0))
+
+
+def test_a_significant_negative_slope_with_a_large_effect_is_still_unpriced() -> None:
+    # The same rows with a quarter of the jitter: the prompt's 10 ms is now 5.66 standard
+    # errors below zero, and still beyond 5 % of the mean. Longer prompts made jobs faster.
+    work, durations = flake_rows(0.25)
+    (_, prompt_slope, _), (_, prompt_error, _) = ols(work, durations)
+    assert prompt_slope / prompt_error == pytest.approx(-5.6574, rel=1e-4)
+    assert -prompt_slope * 13 > 0.05 * durations.mean()
+
+    assert fit_durations(work, durations, min_samples=5, match_floor=16.0) is None
+
+
+def two_group_rows(standard_errors: float) -> tuple[np.ndarray, np.ndarray]:
+    # Prompts of 40 and 50 tokens, four of each, one answer length; each group's durations
+    # are +-60 ms around its mean, so the residuals are exactly those +-60 ms: RSS = 8 * 3600
+    # over 8 - 2 degrees of freedom, the prompt's spread sum((x - mean)^2) = 8 * 25, and its
+    # standard error sqrt(4800 / 200) = sqrt(24) ms a token. The slope is set to
+    # ``standard_errors`` of those below zero: ~9.8 ms a token, ~98 ms over the 10 tokens, far
+    # beyond 5 % of the 1000 ms mean, so only the scatter can make it noise.
+    slope = standard_errors * math.sqrt(24.0)
+    prompts = [40.0, 50.0] * 4
+    jitter = [60.0, 60.0, -60.0, -60.0] * 2
+    work = np.array([[p, 30.0] for p in prompts])
+    durations = np.array(
+        [1000.0 - slope * (p - 45.0) + e for p, e in zip(prompts, jitter, strict=True)]
+    )
+    return work, durations
+
+
+@pytest.mark.parametrize(("standard_errors", "priced"), [(1.99, True), (2.01, False)])
+def test_a_negative_slope_is_noise_within_two_standard_errors_of_zero(
+    standard_errors: float, priced: bool
+) -> None:
+    work, durations = two_group_rows(standard_errors)
+    (_, slope), (_, error) = ols(work[:, 0], durations)
+    assert error == pytest.approx(math.sqrt(24.0), rel=1e-9)
+    assert slope == pytest.approx(-standard_errors * math.sqrt(24.0), rel=1e-9)
+
+    fit = fit_durations(work, durations, min_samples=4, match_floor=16.0)
+
+    if priced:
+        assert fit is not None
+        assert fit.uniform_work == pytest.approx((45.0, 30.0))
+        assert fit.base_ms == pytest.approx(1000.0)
+    else:
+        assert fit is None
+
+
+@pytest.mark.parametrize(("standard_errors", "priced"), [(-1.99, True), (-2.01, False)])
+def test_two_standard_errors_hold_beside_a_fitted_term(
+    standard_errors: float, priced: bool
+) -> None:
+    # The flake's rows with their jitter scaled so that the prompt's slope lies just inside
+    # or just outside two standard errors of the two-term fit (its effect stays ~10.5 ms,
+    # beyond 5 % of the mean). The scale is solved from the textbook fit: the slope is the
+    # exact rows' plus the scale times the jitter's, and its error the scale times the
+    # jitter's (the exact rows leave no residuals).
+    work, exact = flake_rows(0.0)
+    jitter = np.array(FLAKE_JITTER_MS)
+    (_, exact_slope, _), _ = ols(work, exact)
+    (_, jitter_slope, _), (_, jitter_error, _) = ols(work, jitter)
+    scale = exact_slope / (standard_errors * jitter_error - jitter_slope)
+    durations = exact + scale * jitter
+    (_, slope, _), (_, error, _) = ols(work, durations)
+    assert slope / error == pytest.approx(standard_errors, rel=1e-9)
+    assert -slope * 13 > 0.05 * durations.mean()
+
+    fit = fit_durations(work, durations, min_samples=5, match_floor=16.0)
+
+    assert (fit is not None) == priced
+    if fit is not None:
+        assert fit.constant_work == (pytest.approx(36.25), None)
+        assert fit.slopes_ms[1] == pytest.approx(ols(work[:, 1], durations)[0][1], rel=1e-9)
+
+
+def test_without_degrees_of_freedom_only_the_effect_share_judges_a_negative_slope() -> None:
+    # n - p = 0: two rows for base and one slope, three for base and two. The line passes
+    # through every row, so there is no scatter to measure the slope against, and a slope
+    # beyond 5 % of the mean still unprices the model as before.
+    assert fit_durations(column([100.0, 200.0]), np.array([900.0, 800.0]), min_samples=2) is None
+    work = np.array([[10.0, 10.0], [20.0, 15.0], [30.0, 40.0]])
+    durations = 500.0 - 10.0 * work[:, 0] + 5.0 * work[:, 1]
+    assert fit_durations(work, durations, min_samples=3) is None
+    # (The rows are not collinear: the same work with a positive prompt slope is fitted.)
+    rising = fit_durations(work, durations + 20.0 * work[:, 0], min_samples=3)
+    assert rising is not None
+    assert rising.slopes_ms == pytest.approx((10.0, 5.0))
+    # Within 5 % it is noise, as before: 0.02 ms a token over 100 tokens is 2 ms of 1000.
+    fit = fit_durations(column([100.0, 200.0]), np.array([1001.0, 999.0]), min_samples=2)
+    assert fit is not None
+    assert fit.uniform_work == (150.0,)
+    assert fit.base_ms == pytest.approx(1000.0)
+
+
 def test_a_negative_base_is_clamped_to_zero() -> None:
     work = column([20000.0, 25000.0, 30000.0, 40000.0])
     durations = -100.0 + 0.01 * work[:, 0]

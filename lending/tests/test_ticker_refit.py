@@ -104,11 +104,11 @@ def test_one_row_short_waits_for_the_tick() -> None:
 
 
 def test_a_model_asked_for_once_is_not_refitted_on_every_row_until_the_tick() -> None:
-    # Rows that reach the threshold but fit nothing (the longer prompt ran faster): one early
-    # refit, then none until the tick, then one again.
+    # Rows that reach the threshold but fit nothing (the longer prompt ran steadily faster,
+    # far beyond the rows' scatter): one early refit, then none until the tick, then one again.
     t = ticker(min_samples=3)
     async_to_sync(t.refit)()
-    rows = [(100, 10, 5000.0), (200, 10, 50.0), (300, 10, 1.0)]
+    rows = [(100, 10, 500.0), (200, 10, 300.0), (300, 10, 101.0)]
     for prompt, output, ms in rows:
         add_text("m", prompt, output, duration_ms=ms, age_secs=10.0)
     assert written(t, *(sample(p, o, duration_ms=ms) for p, o, ms in rows))
