@@ -296,6 +296,8 @@ def _noise_terms(
     x: np.ndarray, y: np.ndarray, varying: Sequence[int], base: float, fitted: Sequence[float]
 ) -> list[int]:
     """The terms of ``varying`` whose negative slope is noise (see ``_fit_varying``)."""
+    if all(slope >= 0 for slope in fitted):
+        return []  # the usual case: no residual pass, no inverse
     errors = _slope_errors(x[:, varying], y, base, fitted)
     effect_limit = NOISE_EFFECT_RATIO * float(y.mean())
     noise: list[int] = []
