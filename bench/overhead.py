@@ -15,10 +15,12 @@ its workers) whose one model is `upstream` mode pointing at it, then:
 
 `--against PATH` compares this checkout with another one (e.g. a worktree of an older commit):
 a second router starts from PATH's `manage.py` beside this one, on the same upstream, and the
-two are measured in alternating rounds (this, PATH, this, PATH ... `--rounds` of each), so both
-see the same machine; latency is measured with the config key only (an older checkout may have
-no stored keys). It prints each checkout's figures (latencies pooled over its rounds, req/s and
-CPU per request averaged) and their ratios, this over PATH.
+two are measured in alternating rounds (this, PATH, PATH, this, this, PATH ... `--rounds` of
+each: each goes first in every other round), so both see the same machine; each latency run
+starts once the other router is idle (its analytics backlog written). Latency is measured with
+the config key only (an older checkout may have no stored keys). It prints each checkout's
+figures (latencies pooled over its rounds, req/s and CPU per request averaged) and their
+ratios, this over PATH.
 
 Prints a table and, last, one JSON line. Run: `.venv/bin/python bench/overhead.py [--n 1000]
 [--against /path/to/checkout --rounds 2]`.
@@ -50,6 +52,10 @@ BODY = json.dumps(
 ).encode()
 CONFIG_KEY = "sk-bench-config-key-0123456789"
 KEYS_APART_TARGET_MS = 0.05
+# A router counts as idle once its CPU time has not moved for this long (/proc counts ticks of
+# 10 ms), looked at this often.
+IDLE_QUIET_SECS = 0.3
+IDLE_POLL_SECS = 0.05
 
 
 def free_port() -> int:
@@ -294,10 +300,33 @@ def launch(router: Router, root: Path, upstream_url: str) -> None:
     )
 
 
-def measure_round(router: Router, direct: str, args: argparse.Namespace) -> None:
-    """One round: the interleaved latency run, then the throughput run with its CPU."""
+def wait_idle(
+    pids: list[int], quiet_secs: float = IDLE_QUIET_SECS, limit_secs: float = 30.0
+) -> None:
+    """Return once none of `pids` has used a clock tick of CPU for `quiet_secs` (or after
+    `limit_secs`): a router's throughput run leaves a backlog of analytics rows to write, and
+    written during another router's latency run it would count in that one's p99."""
+    deadline = time.monotonic() + limit_secs
+    last = [cpu_seconds(pid) for pid in pids]
+    quiet_since = time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(IDLE_POLL_SECS)
+        now = [cpu_seconds(pid) for pid in pids]
+        if now != last:
+            last, quiet_since = now, time.monotonic()
+        elif time.monotonic() - quiet_since >= quiet_secs:
+            return
+
+
+def measure_round(
+    router: Router, direct: str, args: argparse.Namespace, others: list[int] | None = None
+) -> None:
+    """One round: the interleaved latency run, then the throughput run with its CPU. The
+    latency run starts once the routers `others` (process IDs) are idle."""
     assert router.proc is not None
     routed = f"{router.base}/v1/chat/completions"
+    if others:
+        wait_idle(others)
     d, r, s = asyncio.run(latency(direct, routed, args.n, router.stored_key))
     router.direct += d
     router.routed += r
@@ -425,9 +454,12 @@ def main() -> None:
             asyncio.run(wait_http(f"{router.base}/ping"))
         if args.against is None:
             routers[0].stored_key = asyncio.run(create_stored_key(routers[0].base))
-        for _ in range(rounds):
-            for router in routers:
-                measure_round(router, direct, args)
+        for round_index in range(rounds):
+            # Each checkout goes first in every other round: the first latency run of a round
+            # measured worse p99s whichever checkout it was (2.3-2.4 ms against 1.5-2.0).
+            for router in routers if round_index % 2 == 0 else routers[::-1]:
+                others = [r.proc.pid for r in routers if r is not router and r.proc is not None]
+                measure_round(router, direct, args, others)
         rps_direct, _ = asyncio.run(throughput(direct, args.clients, args.total))
     finally:
         for router in routers:
