@@ -50,6 +50,26 @@ def _to_stderr(line: str) -> None:
     print(line, file=sys.stderr)
 
 
+def _init_node(argv: list[str]) -> None:
+    """`init_node` without Django's settings: they are built from a node's config and make its
+    store, and this command writes a config, often beside a broken `./config.yaml` it is run
+    to replace. With the settings loaded, that file stopped it ("invalid config"), and every
+    run left a `./router-store` with a secret key in the current directory."""
+    from django.core.management.base import CommandError
+
+    from registry.management.commands.init_node import Command
+
+    command = Command()
+    # As Django's own run_from_argv: a bad option prints the usage and exits 2.
+    command._called_from_command_line = True  # type: ignore[attr-defined]  # set by Django, not declared
+    options = vars(command.create_parser(argv[0], argv[1]).parse_args(argv[2:]))
+    try:
+        command.execute(*options.pop("args", ()), **options)
+    except CommandError as exc:
+        command.stderr.write(f"CommandError: {exc}")
+        sys.exit(exc.returncode)
+
+
 def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "routerproject.settings")
     if len(sys.argv) > 1 and sys.argv[1] == "runrouter":
@@ -64,6 +84,9 @@ def main() -> None:
     from routerproject.config import ConfigError
 
     try:
+        if argv[1:2] == ["init_node"]:
+            _init_node(argv)
+            return
         if argv[1:] in (["healthcheck"], ["healthcheck", "--live"]):
             # Docker runs it every 30 s: with Django's apps set up it cost 2.3 s of CPU a time,
             # a tenth of a core for as long as the container runs; without them, 0.3 s.

@@ -7,8 +7,11 @@ command writes is loaded through the node's own loaders.
 from __future__ import annotations
 
 import json
+import os
 import re
 import stat
+import subprocess
+import sys
 from io import StringIO
 from pathlib import Path
 from typing import Any
@@ -463,3 +466,45 @@ def test_the_written_config_fails_to_load_if_a_key_is_wrong(tmp_path: Path) -> N
     out.write_text(out.read_text().replace("role: master", "role: boss"))
     with pytest.raises(ConfigError, match=re.escape("cluster.role: must be one of")):
         load(out)
+
+
+# --- run as the operator runs it -----------------------------------------------------------
+
+MANAGE_PY = Path(__file__).resolve().parents[2] / "manage.py"
+
+
+def run_manage(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("ROUTER_CONFIG", "DATABASE_URL")}
+    return subprocess.run(
+        [sys.executable, str(MANAGE_PY), *args],
+        cwd=str(cwd),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_a_broken_config_in_the_current_directory_does_not_stop_it_nor_is_a_store_made(
+    tmp_path: Path,
+) -> None:
+    # The file an operator runs it to replace; before, its error stopped the command.
+    (tmp_path / "config.yaml").write_text("server: [broken\n")
+    done = run_manage(tmp_path, "init_node", "--role", "standalone", "--out", "config.yaml")
+    assert done.returncode == 1 and "--force" in done.stderr, done.stdout + done.stderr
+
+    done = run_manage(
+        tmp_path, "init_node", "--role", "standalone", "--out", "config.yaml", "--force"
+    )
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert load(tmp_path / "config.yaml").cluster.role == "standalone"
+    # Nothing but what it writes: no node store (with a secret key) in the current directory.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml", "kcpps"]
+
+
+def test_a_bad_option_prints_the_usage_and_exits_2(tmp_path: Path) -> None:
+    done = run_manage(tmp_path, "init_node", "--role", "bogus", "--out", "x.yaml")
+    assert done.returncode == 2
+    assert "usage: manage.py init_node" in done.stderr and "invalid choice: 'bogus'" in done.stderr
+    assert not (tmp_path / "x.yaml").exists()

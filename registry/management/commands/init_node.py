@@ -48,6 +48,9 @@ CONFIG_FILE_MODE = 0o600
 
 class Command(BaseCommand):
     help = "Write a node's config (and one model config per GGUF found) in one command."
+    # manage.py runs it without Django's settings and apps (see its `_init_node`): nothing of
+    # the project is there to check.
+    requires_system_checks: list[str] = []
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--role", choices=ROLES, required=True)
