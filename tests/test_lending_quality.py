@@ -57,6 +57,15 @@ def chat(model: str, max_tokens: int, *, variant: int = 0, stream: bool = False)
     return body
 
 
+def group(anchor: tuple[str, str], helpers: list[tuple[str, str]]) -> dict[str, Any]:
+    """A text routing group: `anchor` (node, model) lends to each of `helpers`."""
+    return {
+        "anchor": {"node_id": anchor[0], "model_id": anchor[1]},
+        "lends_to": [{"node_id": node, "model_id": model} for node, model in helpers],
+        "acknowledge_different_weights": True,
+    }
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     root = tmp_path_factory.mktemp("lendquality")
@@ -91,29 +100,16 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         for node, model in WARMED:
             wait_for(lambda n=node, m=model: priced(c, n, m), timeout=30)
         with c.master.client() as client:
-            link = {
-                "anchor": {"node_id": "o", "model_id": "A"},
-                "lends_to": [
-                    {"node_id": "h", "model_id": "B"},
-                    {"node_id": "s", "model_id": "C"},
-                ],
-                "acknowledge_different_weights": True,
-            }
-            assert client.post("/router/v1/site/text-routing-groups", json=link).status_code == 200
-            second = {
-                "anchor": {"node_id": "s", "model_id": "D"},
-                "lends_to": [{"node_id": "h", "model_id": "B"}],
-                "acknowledge_different_weights": True,
-            }
-            resp = client.post("/router/v1/site/text-routing-groups", json=second)
-            assert resp.status_code == 200
-            streams = {
-                "anchor": {"node_id": "t", "model_id": "E"},
-                "lends_to": [{"node_id": "h", "model_id": "B"}],
-                "acknowledge_different_weights": True,
-            }
-            resp = client.post("/router/v1/site/text-routing-groups", json=streams)
-            assert resp.status_code == 200
+            # o/A may lend to h/B and s/C; s/D and t/E (which holds the streams) to h/B.
+            for anchor, helpers in (
+                (("o", "A"), [("h", "B"), ("s", "C")]),
+                (("s", "D"), [("h", "B")]),
+                (("t", "E"), [("h", "B")]),
+            ):
+                resp = client.post(
+                    "/router/v1/site/text-routing-groups", json=group(anchor, helpers)
+                )
+                assert resp.status_code == 200
         for node, model in (("o", "A"), ("s", "D"), ("t", "E")):
             wait_for(lambda n=node, m=model: enrolled(c, n, m), timeout=30)
         yield c
