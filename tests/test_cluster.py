@@ -408,7 +408,10 @@ def test_suffixes_survive_a_master_restart_and_a_new_node_joining(tmp_path: Path
             "aa": "x-3",
         }
         # The master restarts and hears from aa first: the stored assignments still hold.
-        c.slaves.pop("zz").stop()
+        zz = c.slaves.pop("zz")
+        zz.stop()
+        # Out of the cluster, so its cleanup (and its PostgreSQL database's drop) is here.
+        zz.cleanup()
         c.restart_master()
         c.wait_healthy("aa")
         assert {r["node_id"]: r["public_id"] for r in records(c) if r["local_id"] == "x"} == {
