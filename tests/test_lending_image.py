@@ -55,6 +55,12 @@ def image_fit(c: Cluster, node: str, model: str) -> dict[str, Any] | None:
     return None
 
 
+def fitted_from(c: Cluster, node: str, model: str) -> int:
+    """How many measured images the node's published fit of `model` is made of (0: none)."""
+    fit = image_fit(c, node, model)
+    return int(fit["samples"]) if fit is not None else 0
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     c = start_cluster(
@@ -80,7 +86,16 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                     resp = client.post(IMAGE_PATH, json=picture(image_id(name), steps))
                     assert resp.status_code == 200, resp.text
         owner, helper = image_id("PA"), image_id("PB")
-        wait_for(lambda: image_fit(c, "o", owner) and image_fit(c, "h", helper), timeout=60)
+        # Fitted from every warm-up image: a fit appears at MIN_SAMPLES rows, and one made of
+        # the first few (analytics rows are written behind the requests, at a lower priority)
+        # prices far off the line when one of them ran slow on a busy machine.
+        wait_for(
+            lambda: (
+                fitted_from(c, "o", owner) >= len(WARMUP_STEPS)
+                and fitted_from(c, "h", helper) >= len(WARMUP_STEPS)
+            ),
+            timeout=60,
+        )
         link = {
             "anchor": {"node_id": "o", "model_id": owner},
             "lends_to": [{"node_id": "h", "model_id": helper}],
