@@ -263,7 +263,7 @@ def _fit_varying(
         if solved is None:
             return None
         base, fitted = solved
-        noise = _noise_terms(x, y, varying, base, fitted)
+        noise = _noise_terms(x, y, varying, base, fitted, mean_duration)
         if any(slope < 0 for slope in fitted) and not noise:
             return None
         if not noise:
@@ -293,13 +293,18 @@ def _fit_varying(
 
 
 def _noise_terms(
-    x: np.ndarray, y: np.ndarray, varying: Sequence[int], base: float, fitted: Sequence[float]
+    x: np.ndarray,
+    y: np.ndarray,
+    varying: Sequence[int],
+    base: float,
+    fitted: Sequence[float],
+    mean_duration: float,
 ) -> list[int]:
     """The terms of ``varying`` whose negative slope is noise (see ``_fit_varying``)."""
     if all(slope >= 0 for slope in fitted):
         return []  # the usual case: no residual pass, no inverse
     errors = _slope_errors(x[:, varying], y, base, fitted)
-    effect_limit = NOISE_EFFECT_RATIO * float(y.mean())
+    effect_limit = NOISE_EFFECT_RATIO * mean_duration
     noise: list[int] = []
     for j, (i, slope) in enumerate(zip(varying, fitted, strict=True)):
         if slope >= 0:
