@@ -140,22 +140,6 @@ async def test_with_a_client_ca_the_app_refuses_node_routes_without_a_verified_c
     assert (await _get(node, NEW, cert=True))[0] == 200
 
 
-def test_a_reload_that_cannot_load_keeps_the_previous_certificate(tmp_path: Path) -> None:
-    from proxy.edge.tls import ServerTLS
-
-    _tls_keys(tmp_path)
-    tls = ServerTLS(tmp_path / "cert.pem", tmp_path / "key.pem", tmp_path / "ca.pem")
-    before = tls.context
-    other = trustme.CA().issue_cert("127.0.0.1")
-    # A renewal half-written: the new certificate, the old key.
-    other.cert_chain_pems[0].write_to_path(str(tmp_path / "cert.pem"))
-    assert tls.reload() is False
-    assert tls.context is before
-    other.private_key_pem.write_to_path(str(tmp_path / "key.pem"))
-    assert tls.reload() is True
-    assert tls.context is not before
-
-
 class _Socket:
     """What `_tell_tls` reads of a WebSocket protocol: its transport."""
 
