@@ -79,13 +79,13 @@ class _CurrentContext(ssl.SSLContext):
     context of the latest reload: certificate, client CA, session cache and session-ticket keys
     alike, as a context per connection did under Twisted.
 
-    Swapping `ssl_object.context` from an `sni_callback` was the other way: the callback does
-    run for clients that send no SNI (a client of 127.0.0.1), but it swaps only the certificate
-    and the CA store. Sessions stay those of the listening context, so a client resuming a
+    Swapping `ssl_object.context` from an `sni_callback` is not enough, although the callback
+    does run for clients that send no SNI (a client of 127.0.0.1): it swaps the certificate and
+    the CA store but not the sessions, which stay the listening context's. A client resuming a
     session from before a reload was still shown the old certificate, and a client certificate
-    verified under the old CA came back with it (proxy/tests/test_tls.py checks both).
-    Were the wrapping ever done another way, a connection would meet this empty context and fail
-    its handshake rather than be served a stale certificate.
+    verified under the old CA came back with its session (proxy/tests/test_tls.py checks both).
+    Were connections ever wrapped another way, they would meet this empty context and fail
+    their handshake rather than be served a stale certificate.
     """
 
     current: ssl.SSLContext
