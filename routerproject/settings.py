@@ -68,7 +68,6 @@ ALLOWED_HOSTS = (
 )
 
 INSTALLED_APPS = [
-    "daphne",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
@@ -254,7 +253,8 @@ LOGGING = {
     },
     "loggers": {
         "django.channels.server": {"level": "WARNING"},
-        "daphne": {"level": "WARNING"},
+        # uvicorn logs an app's exception as an error, and each WebSocket handshake at INFO.
+        "uvicorn": {"level": "WARNING"},
         "django_q": {"level": "WARNING"},
         # httpx logs every call at INFO: the node protocol's polls, status and registration
         # calls between nodes would bury the access and lending lines. Shown at DEBUG.

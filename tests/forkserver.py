@@ -1,7 +1,7 @@
 """Start test nodes by forking a process that has already imported their libraries.
 
 A node's start costs about 2.3 s of CPU on this kind of machine, 1.8 s of it importing Django,
-DRF, Twisted/daphne, aiohttp, httpx, pandas and numpy; the suite starts a few hundred nodes
+DRF, uvicorn, aiohttp, httpx, pandas and numpy; the suite starts a few hundred nodes
 on two cores, so those imports alone were a third of its CPU time. This module runs one small
 server per test process (`python -m tests.forkserver`) that imports those libraries once (none
 of them reads the router's settings at import) and, on request, forks a child that becomes
@@ -47,13 +47,11 @@ PRELOAD = (
     "rest_framework.fields",
     "drf_spectacular.utils",
     "channels",
-    # Not daphne.server: importing it installs Twisted's reactor on a new event loop, whose
-    # epoll descriptor every forked child would share. Its Twisted dependencies are safe.
-    "twisted.internet.asyncioreactor",
-    "twisted.internet.tcp",
-    "twisted.internet.endpoints",
-    "twisted.web.http",
-    "autobahn.twisted.websocket",
+    "httptools",
+    "uvicorn.config",
+    "uvicorn.protocols.http.httptools_impl",
+    "uvicorn.protocols.websockets.websockets_sansio_impl",
+    "websockets",
     "aiohttp",
     "httpx",
     "numpy",
@@ -65,8 +63,8 @@ PRELOAD = (
     "dj_database_url",
     # What a node imports after `django.setup()` that needs no settings at import: the app
     # configs, the request handlers and middleware, DRF's views machinery, the template tags,
-    # the migration loader. Another third of a node's start. (Not daphne.apps: it imports
-    # daphne.server; not the modules that define models: those need the app registry.)
+    # the migration loader. Another third of a node's start. (Not the modules that define
+    # models: those need the app registry.)
     "django.core.handlers.asgi",
     "django.core.cache.backends.locmem",
     "django.core.management.commands.migrate",
@@ -117,8 +115,6 @@ PRELOAD = (
     "channels.apps",
     "channels.db",
     "channels.routing",
-    "daphne.http_protocol",
-    "daphne.ws_protocol",
     "django_q.queues",
     "django_q.humanhash",
     "axes.apps",
@@ -209,10 +205,6 @@ def serve(fd: int) -> None:
     os.environ.pop("DJANGO_SETTINGS_MODULE", None)
     for name in PRELOAD:
         __import__(name)
-    if "twisted.internet.reactor" in sys.modules:
-        raise RuntimeError(
-            "a preloaded module installed a Twisted reactor: the children would share it"
-        )
     # What the preload built lives as long as every child: frozen, a child's collections
     # (the node's own gc.collect at start, its generation-2 passes) never walk it again.
     gc.collect()

@@ -1,13 +1,14 @@
-"""The node's front door: Daphne's HTTP factory, channel and request, with the node's limits
-applied while a request's head arrives, before Twisted reads its body.
+"""The node's front door: uvicorn's HTTP/1.1 protocol (httptools' parser on the event loop's
+C transport) with the node's limits applied while a request's head arrives, before any of its
+body is read.
 
-Daphne hands a request to the ASGI app only once Twisted has read the whole body (to a temporary
-file when large), so a check in the app comes after the bytes are in. Here the rules of
-`proxy.edge.gate` run when the headers are complete (`Request.gotLength`, called from
-`HTTPChannel.allHeadersReceived`): a refused request is answered at once, its body is read and
-dropped for a short linger (so the client sees the answer rather than a reset) and the
-connection is closed. A chunked body is counted as it arrives and refused past
-`server.max_body_bytes`.
+The rules of `proxy.edge.gate` run when the headers are complete (`on_headers_complete`),
+before the app is started: a refused request is answered at once, the bytes that follow are
+read and dropped for a short linger (so the client sees the answer rather than a reset) and
+the connection is closed. A chunked body is counted as it arrives and refused past
+`server.max_body_bytes`. A request line past `MAX_URL_BYTES` is answered 414, a head with more
+than `MAX_HEADERS` headers or `MAX_HEAD_BYTES` of them 431: the parser keeps an unfinished
+head whole, so nothing else would bound it.
 
 Slow clients: a connection must complete each request head within `server.header_timeout`, and
 a body within `server.body_timeout` plus one second per `server.body_min_rate` bytes; an idle
@@ -22,23 +23,25 @@ Refusals are logged, at most one line per kind every `REFUSAL_LOG_INTERVAL_SECS`
 
 from __future__ import annotations
 
-import io
+import asyncio
 import ipaddress
 import logging
 import resource
 import time
 from collections.abc import Callable
-from typing import Any
+from http import HTTPStatus
+from typing import Any, Protocol
+from urllib.parse import unquote
 
-from daphne.http_protocol import HTTPFactory, WebRequest
-from twisted.internet import protocol as twisted_protocol
-from twisted.internet.error import ConnectionDone
-from twisted.python.failure import Failure
-from twisted.web import http
+import httptools
+from uvicorn.config import Config
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.server import ServerState
 
+from proxy.edge import filesend
 from proxy.edge.gate import Address, Gate, Refusal, parse_address
 from proxy.edge.nodeapi import NODE_PREFIX
-from proxy.edge.tls import client_cert_refusal, has_client_cert, is_tls
+from proxy.edge.tls import CLIENT_CERT_SCOPE_KEY, client_cert_refusal, has_client_cert, is_tls
 from proxy.observe import metrics
 from routerproject import request_ids
 
@@ -61,6 +64,19 @@ MIN_MAX_CONNECTIONS = 64
 RESERVE_MAX = 64
 # Paths a connection in the reserve may ask for (besides NODE_PREFIX).
 RESERVED_PATHS = frozenset({"/healthz", "/readyz"})
+# A request line (its target) past this is a 414; headers past either limit a 431. The common
+# servers' limits: no real client comes near them, and an unfinished head is held in memory.
+MAX_URL_BYTES = 16384
+MAX_HEAD_BYTES = 16384
+MAX_HEADERS = 500
+
+
+class Clock(Protocol):
+    """What the deadlines need of the event loop: its monotonic time and a timer."""
+
+    def time(self) -> float: ...
+
+    def call_later(self, delay: float, callback: Callable[[], object]) -> Any: ...
 
 
 def derived_max_connections(fd_limit: int) -> int:
@@ -122,10 +138,10 @@ class FrontDoor:
         config: Any,
         *,
         log: RefusalLog | None = None,
-        clock: Any = None,
+        clock: Clock | None = None,
         fd_limit: int | None = None,
     ) -> None:
-        """`clock` (Twisted's `IReactorTime`) times the deadlines; the reactor by default.
+        """`clock` times the deadlines; the running event loop by default.
         `fd_limit` derives the connection cap when `server.max_connections` is unset; the
         current soft limit by default."""
         server = config.server
@@ -174,12 +190,12 @@ class FrontDoor:
         return key
 
     @property
-    def clock(self) -> Any:
-        if self._clock is None:
-            from twisted.internet import reactor
-
-            self._clock = reactor
-        return self._clock
+    def clock(self) -> Clock:
+        clock = self._clock
+        if clock is None:
+            # Built before the loop runs; first asked from a connection, on the loop.
+            clock = self._clock = asyncio.get_running_loop()
+        return clock
 
     def release(self, key: str | None) -> None:
         if key is None:
@@ -203,7 +219,7 @@ class FrontDoor:
 
 def _response(refusal: Refusal, path: str, request_id: bytes | None) -> bytes:
     body = refusal.body(path)
-    reason = http.RESPONSES.get(refusal.status, b"Error")
+    reason = _REASONS.get(refusal.status, b"Error")
     lines = [
         b"HTTP/1.1 %d %s" % (refusal.status, reason),
         b"content-type: application/json",
@@ -215,93 +231,375 @@ def _response(refusal: Refusal, path: str, request_id: bytes | None) -> bytes:
     return b"\r\n".join(lines) + b"\r\n\r\n" + body
 
 
-def _answer_and_close(clock: Any, transport: Any, data: bytes) -> Any:
+_REASONS = {status.value: status.phrase.encode("ascii") for status in HTTPStatus}
+
+
+def _answer_and_close(clock: Clock, transport: asyncio.Transport, data: bytes) -> Any:
     """Write the answer, stop writing, and drop the connection after the linger."""
     transport.write(data)
-    # Under TLS the answer may still wait for the handshake: half-closing the socket beneath
-    # would cut it off, while TLS's own close sends what is buffered first.
-    if not is_tls(transport) and hasattr(transport, "loseWriteConnection"):
-        transport.loseWriteConnection()
+    # Under TLS a half-close is not possible (asyncio's TLS transport cannot write EOF): its
+    # close sends what is buffered first, then the close alert.
+    if not is_tls(transport) and transport.can_write_eof():
+        transport.write_eof()
     else:
-        transport.loseConnection()
-    return clock.callLater(LINGER_SECS, transport.abortConnection)
+        transport.close()
+    return clock.call_later(LINGER_SECS, transport.abort)
 
 
-_CONNECTION_DONE = Failure(ConnectionDone())
+class _Stop(Exception):
+    """Raised from a parser callback once the request is refused: the parser stops there and
+    the rest of the bytes in hand are dropped."""
 
 
-class FrontDoorChannel(http.HTTPChannel):
-    """An HTTP/1.1 channel that times the head and body of each request and counts its peer."""
+class FrontDoorProtocol(HttpToolsProtocol):
+    """uvicorn's HTTP/1.1 protocol, timing the head and body of each request, counting its
+    peer, and judging each request on its head before any of its body is read.
 
-    door: FrontDoor
-    peer: Address | None = None
-    counted: str | None = None
-    # Counted in the door's total; in its reserve, only health checks and node routes pass.
-    entered = False
-    reserve_only = False
-    closing = False
-    drained = 0
-    body_bytes = 0
-    # At most one pending call, due at or before the current phase's deadline. A phase that
-    # ends leaves it pending, and the next phase reuses it when it is not due later than that
-    # phase's deadline: a kept-alive connection arms a call about once per header timeout,
-    # not two per request. Due, it checks the phase then running (`_expired`).
-    # The idle timeout is one of those deadlines too (Twisted's own timer, which the factory
-    # leaves unset, was cancelled and armed anew for every request): no byte for
-    # `idle_timeout` while a head or body is awaited, or after an answer, closes the
-    # connection as Twisted's `timeoutConnection` does.
-    _timer: Any = None
-    _timer_due = 0.0
-    _linger: Any = None
-    _phase = "head"
-    _phase_start = 0.0
-    _last_active = 0.0
-    _secure: bool | None = None
+    One pending call at most, due at or before the current phase's deadline: a phase that
+    ends leaves it pending, and the next phase reuses it when it is not due later than that
+    phase's deadline, so a kept-alive connection arms a call about once per header timeout,
+    not per request. Due, it checks the phase then running (`_expired`). The idle timeout is
+    one of those deadlines: no byte for `idle_timeout` while a head or body is awaited, or
+    after an answer, closes the connection (uvicorn's own keep-alive timer, armed anew after
+    every answer, is never armed here).
+    """
 
-    def isSecure(self) -> bool:
-        # Asked for every request (Daphne's scheme); a connection is TLS or not from its first
-        # byte to its last, so the interface lookup is made once per connection.
-        secure = self._secure
-        if secure is None:
-            secure = self._secure = bool(super().isSecure())
-        return secure
+    def __init__(
+        self,
+        config: Config,
+        server_state: ServerState,
+        app_state: dict[str, Any],
+        door: FrontDoor,
+    ) -> None:
+        super().__init__(config, server_state, app_state)
+        self.door = door
+        self.peer: Address | None = None
+        self.counted: str | None = None
+        # Counted in the door's total; in its reserve, only health checks and node routes pass.
+        self.entered = False
+        self.reserve_only = False
+        self.closing = False
+        self.drained = 0
+        self.body_bytes = 0
+        self.head_bytes = 0
+        self.header_count = 0
+        self.header_bytes = 0
+        self.client_cert = False
+        self.path_text = "/"
+        self._timer: Any = None
+        self._timer_due = 0.0
+        self._linger: Any = None
+        self._phase = "head"
+        self._phase_start = 0.0
+        self._last_active = 0.0
 
-    def connectionMade(self) -> None:
-        super().connectionMade()
-        self._last_active = self.door.clock.seconds()
-        self._start("head", self.door.header_timeout)
+    # -- the connection ---------------------------------------------------------------------
 
-    def dataReceived(self, data: bytes) -> None:
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        door = self.door
+        client = self.client
+        self.peer = peer = parse_address(client[0] if client else None)
+        counted = door.acquire(peer)
+        if counted is False:
+            door.refused(
+                429,
+                "too_many_connections",
+                "connection-cap",
+                f"429 to {peer}: over {door.cap} connections from one client",
+            )
+            self._refuse_connection(
+                429,
+                f"too many connections from this client (server.max_connections_per_client "
+                f"is {door.cap})",
+                "rate_limit_error",
+            )
+            return
+        self.counted = counted if isinstance(counted, str) else None
+        place = door.enter()
+        if place == "full":
+            door.release(self.counted)
+            self.counted = None
+            door.refused(
+                503,
+                "too_many_connections",
+                "connection-total",
+                f"503 to {peer}: the node holds {door.max_connections} connections "
+                "(server.max_connections)",
+            )
+            self._refuse_connection(
+                503,
+                f"the node holds {door.max_connections} connections, its cap "
+                "(server.max_connections)",
+                "server_error",
+            )
+            return
+        self.entered = True
+        self.reserve_only = place == "reserve"
+        # asyncio hands a TLS connection over once its handshake is done: the certificate,
+        # if any, is known from here to the connection's end.
+        self.client_cert = has_client_cert(transport)
+        self._start("head", door.header_timeout)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel()
+        linger, self._linger = self._linger, None
+        if linger is not None:
+            linger.cancel()
+        self._give_back()
+        super().connection_lost(exc)
+
+    def _give_back(self) -> None:
+        door = self.door
+        door.release(self.counted)
+        self.counted = None
+        if self.entered:
+            self.entered = False
+            door.leave()
+
+    def data_received(self, data: bytes) -> None:
         if self.closing:
             self.drained += len(data)
-            if self.drained > LINGER_MAX_BYTES and self.transport is not None:
-                self.transport.abortConnection()
+            if self.drained > LINGER_MAX_BYTES:
+                self.transport.abort()
             return
-        if self._phase == "idle":
+        phase = self._phase
+        if phase == "idle":
             self._start("head", self.door.header_timeout)
         else:
             # (A head that starts resets it in `_start`.)
-            self._last_active = self.door.clock.seconds()
-        super().dataReceived(data)
+            self._last_active = self.door.clock.time()
+        if phase == "head" or phase == "idle":
+            self.head_bytes += len(data)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            if not self.closing:
+                self._upgrade()
+        except httptools.HttpParserError:
+            if not self.closing:
+                self._refuse(Refusal(400, "invalid HTTP request"), "/", None)
+        else:
+            # httptools keeps a head it has not finished whole: the bytes of an unfinished one
+            # are capped here, where a head arriving a byte at a time is caught too.
+            if self._phase == "head" and self.head_bytes > MAX_HEAD_BYTES + MAX_URL_BYTES:
+                self._head_too_large(bool(self.headers))
 
-    def start_body(self) -> None:
-        self.body_bytes = 0
-        self._start("body", self.door.body_allowance(0))
+    def _upgrade(self) -> None:
+        if self._should_upgrade():
+            self.handle_websocket_upgrade()
+        else:
+            self._refuse(
+                Refusal(400, "unsupported upgrade request"), self.path_text, self._request_id()
+            )
 
-    def allContentReceived(self) -> None:
-        if not self.closing:
+    def handle_websocket_upgrade(self) -> None:
+        """Hand the connection to the WebSocket protocol, with its counts: the socket gives
+        them back when it ends, since this protocol never hears of the connection again."""
+        self._cancel()
+        self._phase = "upgraded"
+        self.connections.discard(self)
+        protocol: Any = self.ws_protocol_class(  # type: ignore[call-arg, misc]
+            config=self.config, server_state=self.server_state, app_state=self.app_state
+        )
+        door = self.door
+        key, self.counted = self.counted, None
+        entered, self.entered = self.entered, False
+
+        def release() -> None:
+            door.release(key)
+            if entered:
+                door.leave()
+
+        protocol.release = release
+        protocol.client_cert = self.client_cert
+        head = [self.scope["method"].encode(), b" ", self.url, b" HTTP/1.1\r\n"]
+        for name, value in self.headers:
+            head += [name, b": ", value, b"\r\n"]
+        head.append(b"\r\n")
+        protocol.connection_made(self.transport)
+        self.transport.set_protocol(protocol)
+        protocol.data_received(b"".join(head))
+
+    # -- the head ---------------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self.header_count = 0
+        self.header_bytes = 0
+        self.path_text = "/"
+
+    def on_url(self, url: bytes) -> None:
+        super().on_url(url)
+        if len(self.url) > MAX_URL_BYTES:
+            self._head_too_large(False)
+            raise _Stop
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.header_count += 1
+        self.header_bytes += len(name) + len(value) + 4
+        if self.header_count > MAX_HEADERS or self.header_bytes > MAX_HEAD_BYTES:
+            self._head_too_large(True)
+            raise _Stop
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        refusal = self._judge()
+        if refusal is not None:
+            self._refuse(refusal, self.path_text, self._request_id())
+            raise _Stop
+        parser = self.parser
+        if parser.should_upgrade() and self._should_upgrade():
+            self.scope["method"] = parser.get_method().decode("ascii")
+            return
+        self._begin_cycle()
+        if self._has_body():
+            self.body_bytes = 0
+            self._start("body", self.door.body_allowance(0))
+        else:
             # Untimed while the app answers: a pending call finds this phase and stops.
             self._phase = "handling"
-        super().allContentReceived()
 
-    def requestDone(self, request: Any) -> None:
+    def _judge(self) -> Refusal | None:
+        door = self.door
+        headers = self.headers
+
+        def header(name: bytes) -> bytes | None:
+            for key, value in headers:
+                if key == name:
+                    return value
+            return None
+
+        method = self.parser.get_method().decode("latin-1").upper()
+        try:
+            self.path_text, refusal = door.gate.head_refusal(method, self.url, header, self.peer)
+        except Exception:
+            # A rule that cannot decide lets nothing through, and the request still gets an
+            # answer rather than a dropped connection.
+            logger.exception("front-door check failed on %r", self.url[:200])
+            refusal = Refusal(500, "internal router error", type="server_error")
+        if (
+            door.client_cert_required
+            and (refusal is None or refusal.status == 401)
+            and self.path_text.startswith(NODE_PREFIX)
+            and not self.client_cert
+        ):
+            # Before the token's verdict, so a caller without the certificate cannot test tokens.
+            refusal = client_cert_refusal()
+        if refusal is None and self.reserve_only and not is_reserved_path(self.path_text):
+            refusal = Refusal(
+                503,
+                f"the node holds {door.max_connections} connections, its cap "
+                "(server.max_connections); the last places are kept for health checks "
+                "and node routes",
+                type="server_error",
+                code="too_many_connections",
+                headers=((b"retry-after", b"1"),),
+            )
+        if refusal is not None:
+            door.refused(
+                refusal.status,
+                refusal.code or refusal.type,
+                f"status-{refusal.status}",
+                f"{refusal.status} to {self.peer} on {self.path_text}: {refusal.message}",
+            )
+        return refusal
+
+    def _has_body(self) -> bool:
+        for name, value in self.headers:
+            if name == b"content-length":
+                return value.strip() not in (b"0", b"")
+            if name == b"transfer-encoding":
+                return True
+        return False
+
+    def _begin_cycle(self) -> None:
+        """The request's scope and cycle, and its app started (or queued behind the one
+        being answered on this connection)."""
+        parser = self.parser
+        scope = self.scope
+        scope["method"] = parser.get_method().decode("ascii")
+        version = parser.get_http_version()
+        if version != "1.1":
+            scope["http_version"] = version
+        target = httptools.parse_url(self.url)
+        raw_path = target.path
+        path = raw_path.decode("ascii")
+        scope["path"] = unquote(path) if "%" in path else path
+        scope["raw_path"] = raw_path
+        scope["query_string"] = target.query or b""
+        scope[CLIENT_CERT_SCOPE_KEY] = self.client_cert  # type: ignore[literal-required]
+        scope["extensions"] = {filesend.EXTENSION: {}}
+        previous = self.cycle
+        self.cycle = cycle = filesend.PathCycle(
+            scope=scope,
+            transport=self.transport,
+            flow=self.flow,
+            logger=self.logger,
+            access_logger=self.access_logger,
+            access_log=False,
+            default_headers=self.server_state.default_headers,
+            message_event=asyncio.Event(),
+            expect_100_continue=self.expect_100_continue,
+            keep_alive=version != "1.0" and parser.should_keep_alive(),
+            on_response=self.on_response_complete,
+        )
+        if previous is None or previous.response_complete:
+            self._start_asgi_task(cycle, self.app)
+        else:
+            # Pipelined: the next answer waits for this one, and so does reading.
+            self.flow.pause_reading()
+            self.pipeline.appendleft((cycle, self.app))
+
+    # -- the body ---------------------------------------------------------------------------
+
+    def on_body(self, body: bytes) -> None:
         if self.closing:
-            return
-        # Idle before the base class replays pipelined bytes, which start the next head.
-        self._start("idle", self.door.idle_timeout)
-        super().requestDone(request)
+            raise _Stop
+        self.body_bytes += len(body)
+        if self.body_bytes > self.door.gate.limit:
+            # A chunked body: no length was declared to judge it on at the head.
+            refusal = self.door.gate.too_large()
+            self.door.refused(
+                refusal.status,
+                refusal.code or refusal.type,
+                f"status-{refusal.status}",
+                f"{refusal.status} to {self.peer} on {self.path_text}: {refusal.message}",
+            )
+            self._cut_app(refusal, self.path_text, self._request_id())
+            raise _Stop
+        super().on_body(body)
 
-    def refuse(self, refusal: Refusal, path: str, request_id: bytes | None) -> None:
+    def on_message_complete(self) -> None:
+        if self.closing:
+            raise _Stop
+        if self._phase == "body":
+            self._phase = "handling"
+        super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+        elif not self.closing:
+            self._start("idle", self.door.idle_timeout)
+
+    # -- refusals ---------------------------------------------------------------------------
+
+    def _request_id(self) -> bytes:
+        value = None
+        for name, given in self.headers or ():
+            if name == b"x-request-id":
+                value = given
+                break
+        # The app's rule: an ID that is no plain token is replaced, never echoed.
+        return request_ids.from_header(value).encode()
+
+    def _refuse(self, refusal: Refusal, path: str, request_id: bytes | None) -> None:
         if self.closing:
             return
         self.closing = True
@@ -311,84 +609,80 @@ class FrontDoorChannel(http.HTTPChannel):
             self.door.clock, self.transport, _response(refusal, path, request_id)
         )
 
-    # Twisted drops a request line or header line past MAX_LENGTH without a word, and answers
-    # a head past totalHeadersSize or maxHeaders with a bare 400: the client learns nothing of
-    # why. These answer 414 (the request line) or 431 (the headers) in the usual envelope.
+    def _cut_app(self, refusal: Refusal, path: str, request_id: bytes | None) -> None:
+        """Refuse a request whose app runs already (it starts at the head, and the body failed
+        after): the app hears that its client went away, and the client gets the refusal
+        unless an answer has begun, which a second one would only corrupt."""
+        cycle = self.cycle
+        if self._phase == "body" and cycle is not None and not cycle.response_complete:
+            cycle.disconnected = True
+            cycle.message_event.set()
+            if cycle.response_started:
+                self.closing = True
+                self._cancel()
+                self._phase = "closing"
+                self.transport.close()
+                return
+        self._refuse(refusal, path, request_id)
 
-    def lineReceived(self, line: bytes) -> None:
+    def _refuse_connection(self, status: int, message: str, kind: str) -> None:
+        refusal = Refusal(
+            status,
+            message,
+            type=kind,
+            code="too_many_connections",
+            headers=((b"retry-after", b"1"),),
+        )
+        self._refuse(refusal, "/", None)
+
+    def _head_too_large(self, headers_begun: bool) -> None:
         if self.closing:
             return
-        if self._receivedHeaderSize + len(line) > self.totalHeadersSize:
-            self._head_too_large()
-            return
-        super().lineReceived(line)
-
-    def lineLengthExceeded(self, line: bytes) -> None:
-        if not self.closing:
-            self._head_too_large()
-
-    def headerReceived(self, line: bytes) -> bool:
-        if self._receivedHeaderCount >= self.maxHeaders:
-            self._head_too_large()
-            return False
-        return bool(super().headerReceived(line))
-
-    def _head_too_large(self) -> None:
-        if getattr(self, "_HTTPChannel__first_line", 0):
+        if not headers_begun and len(self.url) > MAX_URL_BYTES:
             status, code = 414, "uri_too_long"
-            message = f"request line longer than {self.MAX_LENGTH} bytes"
+            message = f"request line longer than {MAX_URL_BYTES} bytes"
         else:
             status, code = 431, "headers_too_large"
             message = (
-                f"request headers larger than {self.totalHeadersSize} bytes "
-                f"or more than {self.maxHeaders} of them"
+                f"request headers larger than {MAX_HEAD_BYTES} bytes "
+                f"or more than {MAX_HEADERS} of them"
             )
-            if self.requests:
-                # The request whose head this is: the app must never see it.
-                self.requests[-1].refused = True
         self.door.refused(status, code, f"status-{status}", f"{status} to {self.peer}: {message}")
-        self.refuse(Refusal(status, message, code=code), "/", None)
+        self._refuse(Refusal(status, message, code=code), "/", None)
 
-    def connectionLost(self, reason: Failure = _CONNECTION_DONE) -> None:
-        self._cancel()
-        if self._linger is not None and self._linger.active():
-            self._linger.cancel()
-        self.door.release(self.counted)
-        self.counted = None
-        if self.entered:
-            self.entered = False
-            self.door.leave()
-        super().connectionLost(reason)
+    # -- deadlines --------------------------------------------------------------------------
 
     def _start(self, phase: str, after: float) -> None:
         clock = self.door.clock
-        now = clock.seconds()
+        now = clock.time()
         self._phase = phase
         self._phase_start = self._last_active = now
+        if phase == "head":
+            self.head_bytes = 0
         deadline = now + min(after, self.door.idle_timeout)
-        timer = self._timer
-        if timer is not None and self._timer_due <= deadline:
+        if self._timer is not None and self._timer_due <= deadline:
             return
         self._cancel()
         self._arm(clock, deadline - now, deadline)
 
-    def _arm(self, clock: Any, after: float, due: float) -> None:
-        self._timer = clock.callLater(after, self._expired)
+    def _arm(self, clock: Clock, after: float, due: float) -> None:
+        self._timer = clock.call_later(after, self._expired)
         self._timer_due = due
 
     def _cancel(self) -> None:
         timer, self._timer = self._timer, None
-        if timer is not None and timer.active():
+        if timer is not None:
             timer.cancel()
 
     def _deadline(self) -> tuple[float, bool] | None:
         """When the running phase's time is up, and whether that is the idle timeout; None
         for a phase without one."""
-        idle = self._last_active + self.door.idle_timeout
+        door = self.door
+        idle = self._last_active + door.idle_timeout
         if self._phase == "head":
-            phase = self._phase_start + self.door.header_timeout
+            phase = self._phase_start + door.header_timeout
         elif self._phase == "body":
-            phase = self._phase_start + self.door.body_allowance(self.body_bytes)
+            phase = self._phase_start + door.body_allowance(self.body_bytes)
         elif self._phase == "idle":
             return idle, True
         else:
@@ -402,244 +696,31 @@ class FrontDoorChannel(http.HTTPChannel):
             return
         deadline, idle = due
         clock = self.door.clock
-        left = deadline - clock.seconds()
+        left = deadline - clock.time()
         if left > 0:
             # Armed for an earlier phase, bytes arrived since, or the body kept the minimum
             # rate: not yet.
             self._arm(clock, left, deadline)
             return
         if idle:
-            self.timeoutConnection()
+            self._phase = "closing"
+            self.transport.close()
             return
+        door = self.door
         if self._phase == "body":
-            allowance = self.door.body_allowance(self.body_bytes)
-            what, limit = "body", self.door.body_timeout
+            allowance = door.body_allowance(self.body_bytes)
+            what, limit = "body", door.body_timeout
             message = f"request body not received within {allowance:.0f}s"
         else:
-            what, limit = "head", self.door.header_timeout
+            what, limit = "head", door.header_timeout
             message = f"request head not received within {limit:g}s"
-        self.door.refused(
+        door.refused(
             408,
             "request_timeout",
             f"slow-{what}",
             f"closed a slow connection from {self.peer} ({what} past {limit:g}s)",
         )
-        request = self.requests[-1] if self.requests else None
-        if request is not None:
-            request.refused = True
-        self.refuse(Refusal(408, message, code="request_timeout"), "/", None)
-
-
-class FrontDoorRequest(WebRequest):
-    """Daphne's request, judged on its head before Twisted reads the body."""
-
-    refused = False
-    path_text = "/"
-
-    def gotLength(self, length: int | None) -> None:
-        channel: FrontDoorChannel = self.channel
-        door = channel.door
-        headers = self.requestHeaders
-
-        def header(name: bytes) -> bytes | None:
-            values = headers.getRawHeaders(name)
-            return values[0] if values else None
-
-        method = channel._command.decode("latin-1").upper()
-        try:
-            self.path_text, refusal = door.gate.head_refusal(
-                method, channel._path, header, channel.peer
-            )
-        except Exception:
-            # A rule that cannot decide lets nothing through, and the request still gets an
-            # answer rather than a dropped connection.
-            logger.exception("front-door check failed on %r", channel._path[:200])
-            refusal = Refusal(500, "internal router error", type="server_error")
-        if (
-            door.client_cert_required
-            and (refusal is None or refusal.status == 401)
-            and self.path_text.startswith(NODE_PREFIX)
-            and not has_client_cert(channel.transport)
-        ):
-            # Before the token's verdict, so a caller without the certificate cannot test tokens.
-            refusal = client_cert_refusal()
-        if refusal is None and channel.reserve_only and not is_reserved_path(self.path_text):
-            refusal = Refusal(
-                503,
-                f"the node holds {door.max_connections} connections, its cap "
-                "(server.max_connections); the last places are kept for health checks "
-                "and node routes",
-                type="server_error",
-                code="too_many_connections",
-                headers=((b"retry-after", b"1"),),
-            )
-        if refusal is None and length is not None and length > door.gate.limit:
-            refusal = door.gate.too_large()
-        if refusal is not None:
-            self._refuse(refusal)
-            return
-        super().gotLength(length)
-        if length != 0:
-            channel.start_body()
-
-    def handleContentChunk(self, data: bytes) -> None:
-        if self.refused:
-            return
-        channel: FrontDoorChannel = self.channel
-        channel.body_bytes += len(data)
-        if channel.body_bytes > channel.door.gate.limit:
-            self._refuse(channel.door.gate.too_large())
-            return
-        super().handleContentChunk(data)
-
-    def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
-        if self.refused:
-            # Answered already: the app never sees it.
-            return
-        super().requestReceived(command, path, version)
-
-    def process(self) -> Any:
-        channel: FrontDoorChannel = self.channel
-        transport = self.transport
-        result = super().process()
-        if self.transport is None and transport is not None:
-            _hand_over(channel, transport)
-        return result
-
-    def _refuse(self, refusal: Refusal) -> None:
-        self.refused = True
-        channel: FrontDoorChannel = self.channel
-        old: Any = getattr(self, "content", None)
-        self.content = io.BytesIO()
-        if old is not None:
-            old.close()
-        # No "100 Continue" after the answer: the client must not send the body.
-        self.requestHeaders.removeHeader(b"expect")
-        values = self.requestHeaders.getRawHeaders(b"x-request-id")
-        # The app's rule: an ID that is no plain token is replaced, never echoed.
-        request_id = request_ids.from_header(values[0] if values else None).encode()
-        channel.door.refused(
-            refusal.status,
-            refusal.code or refusal.type,
-            f"status-{refusal.status}",
-            f"{refusal.status} to {channel.peer} on {self.path_text}: {refusal.message}",
-        )
-        channel.refuse(refusal, self.path_text, request_id)
-
-
-def _hand_over(channel: FrontDoorChannel, transport: Any) -> None:
-    """Upgraded to a WebSocket: the connection now belongs to the WebSocket protocol, and
-    the channel never hears that it closed. The socket gives the counts back instead."""
-    door = channel.door
-    key, channel.counted = channel.counted, None
-    entered, channel.entered = channel.entered, False
-    if key is None and not entered:
-        return
-
-    def release() -> None:
-        door.release(key)
-        if entered:
-            door.leave()
-
-    protocol = getattr(transport, "wrappedProtocol", None) or transport.protocol
-    if hasattr(protocol, "release"):
-        protocol.release = release
-    else:
-        release()
-
-
-class _TooManyConnections(twisted_protocol.Protocol):
-    """Answers a connection over a cap, without reading the request."""
-
-    def __init__(self, door: FrontDoor, refusal: Refusal) -> None:
-        self.door = door
-        self.refusal = refusal
-        self.timer: Any = None
-
-    def connectionMade(self) -> None:
-        refusal = self.refusal
-        self.timer = _answer_and_close(
-            self.door.clock, self.transport, _response(refusal, "/", None)
-        )
-
-    def connectionLost(self, reason: Any = None) -> None:
-        if self.timer is not None and self.timer.active():
-            self.timer.cancel()
-
-
-def _front_door_protocol(factory: http.HTTPFactory) -> Any:
-    return http._GenericHTTPChannelProtocol(FrontDoorChannel())
-
-
-class FrontDoorFactory(HTTPFactory):
-    """Daphne's HTTP factory building front-door channels and requests."""
-
-    protocol = _front_door_protocol
-
-    def __init__(self, server: Any, door: FrontDoor) -> None:
-        super().__init__(server)
-        self.door = door
-        # Twisted times what a channel schedules on the factory's reactor: the door's clock,
-        # like every other deadline here. The idle timeout is the channel's own (see
-        # FrontDoorChannel), not Twisted's.
-        self.reactor = door.clock
-        self.timeOut = None
-
-    def buildProtocol(self, addr: Any) -> Any:
-        door = self.door
-        peer = parse_address(getattr(addr, "host", None))
-        counted = door.acquire(peer)
-        if counted is False:
-            door.refused(
-                429,
-                "too_many_connections",
-                "connection-cap",
-                f"429 to {peer}: over {door.cap} connections from one client",
-            )
-            return self._refuser(
-                429,
-                f"too many connections from this client (server.max_connections_per_client "
-                f"is {door.cap})",
-                "rate_limit_error",
-            )
-        place = door.enter()
-        if place == "full":
-            door.release(counted if isinstance(counted, str) else None)
-            door.refused(
-                503,
-                "too_many_connections",
-                "connection-total",
-                f"503 to {peer}: the node holds {door.max_connections} connections "
-                "(server.max_connections)",
-            )
-            return self._refuser(
-                503,
-                f"the node holds {door.max_connections} connections, its cap "
-                "(server.max_connections)",
-                "server_error",
-            )
-        built = http.HTTPFactory.buildProtocol(self, addr)
-        assert built is not None
-        built.requestFactory = FrontDoorRequest
-        channel = built._channel
-        channel.door = self.door
-        channel.peer = peer
-        channel.counted = counted if isinstance(counted, str) else None
-        channel.entered = True
-        channel.reserve_only = place == "reserve"
-        return built
-
-    def _refuser(self, status: int, message: str, kind: str) -> Any:
-        refusal = Refusal(
-            status,
-            message,
-            type=kind,
-            code="too_many_connections",
-            headers=((b"retry-after", b"1"),),
-        )
-        refuser = _TooManyConnections(self.door, refusal)
-        refuser.factory = self
-        return refuser
+        self._cut_app(Refusal(408, message, code="request_timeout"), "/", None)
 
 
 def _soft_fd_limit() -> int:

@@ -1,9 +1,10 @@
-"""Run this node: migrate, serve the ASGI app with Daphne, and run the django-q2 workers.
+"""Run this node: migrate, serve the ASGI app, and run the django-q2 workers.
 
-Scope: one router process (this one: Daphne on `server.bind`, the inference proxy, runtimes and
-their backend children) plus one django-q2 worker cluster as a child process. Backends start
-lazily. SIGTERM or SIGINT stops accepting connections, lets requests in flight finish (up to
-`server.shutdown_grace`), stops every backend and the workers, and exits 0.
+Scope: one router process (this one: the HTTP server of proxy/edge/server.py on
+`server.bind`, the inference proxy, runtimes and their backend children) plus one django-q2
+worker cluster as a child process. Backends start lazily. SIGTERM or SIGINT stops accepting
+connections, lets requests in flight finish (up to `server.shutdown_grace`), stops every
+backend and the workers, and exits 0.
 """
 
 from __future__ import annotations
@@ -31,15 +32,6 @@ WORKER_RESTART_DELAY_SECS = 1.0
 CUT_SETTLE_SECS = 2.0
 
 
-def _reactor_loop() -> asyncio.AbstractEventLoop:
-    # Daphne's listen callbacks fire before it makes the reactor's loop the current one, so
-    # asyncio.get_event_loop() there would hand back a loop that never runs.
-    from twisted.internet import reactor
-
-    loop: asyncio.AbstractEventLoop = reactor._asyncioEventloop
-    return loop
-
-
 def _persist_assignments(assignments: Any) -> None:
     # Public-ID suffixes must survive restarts; the write happens off the event loop.
     from channels.db import database_sync_to_async
@@ -57,116 +49,6 @@ def _persist_assignments(assignments: Any) -> None:
 
 
 _PENDING: set[asyncio.Task[None]] = set()
-
-
-class _PromptReaping:
-    """Daphne keeps every request in `connections` until its once-a-second check finds its
-    application done: under load, a second of finished requests (their tasks, contexts and
-    bodies), outliving young collections and walked one by one by that check. A request whose
-    application has finished and whose connection is done is dropped as soon as both are true.
-    One whose application raised is left to Daphne's check, which logs what it raised."""
-
-    connections: dict[Any, dict[str, Any]]
-
-    def create_application(self, protocol: Any, scope: dict[str, Any]) -> Any:
-        queue = super().create_application(protocol, scope)  # type: ignore[misc]
-        instance = self.connections.get(protocol, {}).get("application_instance")
-        if instance is not None:
-            instance.add_done_callback(lambda _: self._reap(protocol))
-        return queue
-
-    def protocol_disconnected(self, protocol: Any) -> None:
-        if protocol not in self.connections:
-            # Told again after it was dropped (a refused WebSocket is told when refused and
-            # again when its socket closes): Daphne's own would fail on the missing entry.
-            return
-        super().protocol_disconnected(protocol)  # type: ignore[misc]
-        self._reap(protocol)
-
-    def _reap(self, protocol: Any) -> None:
-        details = self.connections.get(protocol)
-        if details is None or not details.get("disconnected"):
-            return
-        instance = details.get("application_instance")
-        if instance is not None and (
-            not instance.done() or (not instance.cancelled() and instance.exception() is not None)
-        ):
-            return
-        del self.connections[protocol]
-
-
-def _router_server(runner: NodeRunner, door: Any, listening: list[Any], tls: Any) -> Any:
-    """Daphne's server class for this node: the front door on every HTTP connection (under
-    TLS when `tls` is given), the realtime close codes on every WebSocket,
-    `http.response.pathsend`, and the node's startup once it listens."""
-    from daphne.server import Server
-
-    from proxy.edge import filesend
-    from proxy.edge.frontdoor import FrontDoorFactory
-
-    class RouterServer(_PromptReaping, Server):
-        # Daphne builds its HTTP factory inside run(); taking it over as it is assigned
-        # puts the node's front door on every connection without copying run().
-        @property
-        def http_factory(self) -> Any:
-            return self._router_http_factory
-
-        @http_factory.setter
-        def http_factory(self, factory: Any) -> None:
-            front = FrontDoorFactory(self, door)
-            # TLS outside, the front door inside: its rules see the decrypted stream.
-            self._router_http_factory = front if tls is None else tls.wrap(front)
-
-        @property
-        def ws_factory(self) -> Any:
-            return self._router_ws_factory
-
-        @ws_factory.setter
-        def ws_factory(self, factory: Any) -> None:
-            from proxy.edge.realtime import RouterWebSocketProtocol
-
-            # Close codes pass through /v1/realtime both ways (proxy/edge/realtime.py).
-            factory.protocol = RouterWebSocketProtocol
-            self._router_ws_factory = factory
-
-        def create_application(self, protocol: Any, scope: dict[str, Any]) -> Any:
-            filesend.advertise(scope)
-            # An HTTP request's transport is its channel's; a WebSocket holds its own.
-            _tell_tls(protocol, scope, tls is not None)
-            return super().create_application(protocol, scope)
-
-        async def handle_reply(self, protocol: Any, message: dict[str, Any]) -> None:
-            if message.get("type") != filesend.EXTENSION:
-                await super().handle_reply(protocol, message)
-                return
-            if protocol in self.connections and not self.connections[protocol].get("disconnected"):
-                await filesend.send_path(protocol, message)
-
-        def listen_success(self, port: Any) -> None:
-            super().listen_success(port)
-            listening.append(port)
-            # The loop holds tasks weakly: keep a reference or startup can vanish mid-await.
-            runner.tasks.add(_reactor_loop().create_task(runner.startup()))
-
-        def listen_error(self, failure: Any) -> None:
-            runner.cannot_listen(failure)
-            super().listen_error(failure)
-
-    return RouterServer
-
-
-def _tell_tls(protocol: Any, scope: dict[str, Any], tls: bool) -> None:
-    """Tell the app whether a verified client certificate came with this connection."""
-    from proxy.edge.tls import CLIENT_CERT_SCOPE_KEY, has_client_cert
-
-    # An HTTP request's transport is its channel's; a WebSocket holds its own.
-    channel = getattr(protocol, "channel", None)
-    transport = getattr(channel, "transport", None) or protocol.transport
-    scope[CLIENT_CERT_SCOPE_KEY] = has_client_cert(transport)
-    if tls and scope["type"] == "websocket":
-        # Daphne sets an HTTP request's scheme from the transport but leaves a WebSocket's
-        # unset, which ASGI reads as "ws".
-        scope["scheme"] = "wss"
 
 
 class Command(BaseCommand):
@@ -222,49 +104,49 @@ class NodeRunner:
         self.tls: Any = None
 
     def run(self) -> int:
-        from daphne.endpoints import build_endpoint_description_strings
-
         from proxy.edge.frontdoor import FrontDoor, raise_fd_limit
         from proxy.edge.tls import ServerTLS
-        from routerproject.asgi import application
-        from routerproject.gctune import (
-            disable_twisted_access_log,
-            disable_twisted_form_parsing,
-            tune_gc,
-        )
+        from routerproject.gctune import tune_gc
 
+        # The loop exists before the node is built (manage.py made uvloop's the policy), and
+        # the node is built outside it: building reads the database, which Django allows only
+        # off a running loop.
+        self.loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(self.loop)
         self._build_node()
-        listening: list[Any] = []
         self.tls = ServerTLS.from_config(self.config.server)
         before, after = raise_fd_limit()
         if after != before:
             logger.info("open-file limit raised from %d to %d", before, after)
-        door = FrontDoor(self.config, fd_limit=after)
+        self.door = FrontDoor(self.config, fd_limit=after)
         logger.info(
             "connection cap %d (the last %d for health checks and node routes)",
-            door.max_connections,
-            door.reserve,
+            self.door.max_connections,
+            self.door.reserve,
         )
-        server_class = _router_server(self, door, listening, self.tls)
-        self.listening = listening
-        endpoints = build_endpoint_description_strings(
-            host=self.config.server.host, port=self.config.server.port
-        )
-        self.server = server_class(
-            application=application,
-            endpoints=endpoints,
-            signal_handlers=False,
-            # A client that vanished should free its place quickly; our proxy also watches for
-            # disconnects itself, this is the backstop.
-            application_close_timeout=2,
-            ready_callable=self._install_signals,
-            verbosity=0,
-        )
-        disable_twisted_form_parsing()
-        disable_twisted_access_log()
         tune_gc()
-        self.server.run()
+        try:
+            self.loop.run_until_complete(self._serve())
+        finally:
+            self.loop.close()
         return self.exit_code
+
+    async def _serve(self) -> None:
+        from proxy.edge.server import HttpServer
+        from routerproject.asgi import application
+
+        self.finished = asyncio.Event()
+        self.server = HttpServer(application, self.door, self.tls)
+        server = self.config.server
+        try:
+            await self.server.listen(server.host, server.port)
+        except OSError as exc:
+            self.cannot_listen(exc)
+            return
+        self._install_signals()
+        # The loop holds tasks weakly: keep a reference or startup can vanish mid-await.
+        self.tasks.add(asyncio.ensure_future(self.startup()))
+        await self.finished.wait()
 
     def _build_node(self) -> None:
         """The node, with its persisted public IDs and disabled models, and its cluster sync."""
@@ -290,16 +172,16 @@ class NodeRunner:
         self.sync = ClusterSync(self.node, on_snapshot=[snapshot_seen])
         node.sync = self.sync
 
-    def cannot_listen(self, failure: Any) -> None:
+    def cannot_listen(self, exc: OSError) -> None:
         print(
-            f"router: cannot listen on {self.config.server.bind}: {failure.getErrorMessage()}",
+            f"router: cannot listen on {self.config.server.bind}: {exc.strerror or exc}",
             file=sys.stderr,
             flush=True,
         )
         self.exit_code = 1
 
     def _install_signals(self) -> None:
-        loop = _reactor_loop()
+        loop = self.loop
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, lambda: self.tasks.add(loop.create_task(self.shutdown())))
         if self.tls is not None:
@@ -485,16 +367,9 @@ class NodeRunner:
         if self.stopping:
             return
         self.stopping = True
-        from twisted.internet import reactor
-
         from registry.httpclient import close_session
 
-        for port in self.listening:
-            try:
-                port.stopListening()
-            except Exception:
-                # Shutdown goes on: the requests in flight still get their answers.
-                logger.exception("closing the listening socket %s failed", port)
+        self.server.stop_listening()
         node = self.node
         if node.benchmarks is not None:
             await node.benchmarks.stop()
@@ -527,8 +402,9 @@ class NodeRunner:
         await close_session()
         if node.client is not None:
             await node.client.aclose()
+        await self.server.close()
         print("router stopped", file=sys.stderr, flush=True)
-        reactor.stop()  # type: ignore[misc]
+        self.finished.set()
 
     async def _stop_workers(self) -> None:
         workers, self.workers = self.workers, None
