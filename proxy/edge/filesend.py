@@ -213,3 +213,5 @@ async def send_path(request: Any, message: dict[str, Any]) -> None:
             )
             return
     request.finish()
+
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle as PathCycle  # noqa

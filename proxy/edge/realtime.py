@@ -589,3 +589,16 @@ class RouterWebSocketProtocol(WebSocketProtocol):
             release()
         super().connectionLost(reason)
         CLOSED_SOCKETS.closed()
+
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol  # noqa
+
+
+class RouterWebSocketProtocol(WebSocketsSansIOProtocol):  # type: ignore[no-redef]
+    release: Callable[[], None] | None = None
+    client_cert = False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        release, self.release = self.release, None
+        if release is not None:
+            release()
+        super().connection_lost(exc)
