@@ -31,7 +31,7 @@ import ssl
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import parse_qsl, urlencode
 
 import aiohttp
@@ -505,6 +505,16 @@ COLLECT_EVERY = 256
 COLLECT_SETTLE_SECS = 4.0
 
 
+class Cancellable(Protocol):
+    def cancel(self) -> None: ...
+
+
+class Clock(Protocol):
+    """What times the settle: an asyncio loop, or a test's fake."""
+
+    def call_later(self, delay: float, callback: Callable[[], object], /) -> Cancellable: ...
+
+
 class Collector:
     """A full garbage collection after every `every` closed WebSockets, and `settle` seconds
     after the last open one closed.
@@ -518,16 +528,19 @@ class Collector:
     """
 
     def __init__(
-        self, every: int = COLLECT_EVERY, settle: float = COLLECT_SETTLE_SECS, clock: Any = None
+        self,
+        every: int = COLLECT_EVERY,
+        settle: float = COLLECT_SETTLE_SECS,
+        clock: Clock | None = None,
     ) -> None:
-        """`clock` (Twisted's `IReactorTime`) times the settle; the reactor by default."""
+        """`clock` times the settle; by default the loop running when a settle starts."""
         self.every = every
         self.settle = settle
         self._clock = clock
         self.open = 0
         self.count = 0
         self.collections = 0
-        self._pending: Any = None
+        self._pending: Cancellable | None = None
 
     def opened(self) -> None:
         self.open += 1
@@ -538,23 +551,22 @@ class Collector:
         if self.count >= self.every:
             self.collect()
         elif self.open == 0 and self._pending is None:
-            self._pending = self.clock.callLater(self.settle, self.collect)
+            self._pending = self.clock.call_later(self.settle, self.collect)
 
     def collect(self) -> None:
         pending, self._pending = self._pending, None
-        if pending is not None and pending.active():
+        if pending is not None:
+            # A timer that has fired (this very call) takes the cancel as a no-op.
             pending.cancel()
         self.count = 0
         self.collections += 1
         gc.collect()
 
     @property
-    def clock(self) -> Any:
-        if self._clock is None:
-            from twisted.internet import reactor
-
-            self._clock = reactor
-        return self._clock
+    def clock(self) -> Clock:
+        # Not kept: the module-wide collector outlives a loop (each test has its own), and a
+        # timer on a closed loop would never fire.
+        return self._clock if self._clock is not None else asyncio.get_running_loop()
 
 
 CLOSED_SOCKETS = Collector()

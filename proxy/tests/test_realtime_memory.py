@@ -7,7 +7,8 @@ that long. The relay cancels the heartbeat once the backend socket is closed.
 
 A closed session also leaves reference cycles that the node's tuned collector would keep for
 a long time: a full collection runs every `COLLECT_EVERY` closed WebSockets and a little after the
-last one closes (bench/websockets.py measures the RSS).
+last one closes (bench/websockets.py measures the RSS). The collector's clock here is a fake
+that moves only when a test says so.
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ from __future__ import annotations
 import asyncio
 import gc
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from daphne.ws_protocol import WebSocketProtocol
-from twisted.internet.task import Clock
 
 from proxy.edge import realtime
 from proxy.edge.realtime import (
@@ -49,8 +50,42 @@ async def test_a_closed_backend_socket_is_not_kept_by_its_heartbeat(backend: str
     assert refs[0]() is None
 
 
+class FakeTimer:
+    def __init__(self, when: float, callback: Callable[[], object]) -> None:
+        self.when = when
+        self.callback = callback
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class FakeClock:
+    """A clock that moves only when told to, running the timers that fall due."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.timers: list[FakeTimer] = []
+
+    def call_later(self, delay: float, callback: Callable[[], object], /) -> FakeTimer:
+        timer = FakeTimer(self.now + delay, callback)
+        self.timers.append(timer)
+        return timer
+
+    def advance(self, secs: float) -> None:
+        self.now += secs
+        due = [t for t in self.timers if t.when <= self.now]
+        self.timers = [t for t in self.timers if t.when > self.now]
+        for timer in due:
+            if not timer.cancelled:
+                timer.callback()
+
+    def pending(self) -> list[float]:
+        return [t.when for t in self.timers if not t.cancelled]
+
+
 def test_a_full_collection_runs_every_so_many_closes_and_after_the_last_socket_closes() -> None:
-    clock = Clock()
+    clock = FakeClock()
     collector = Collector(every=3, settle=4.0, clock=clock)
     for _ in range(5):
         collector.opened()
@@ -61,12 +96,38 @@ def test_a_full_collection_runs_every_so_many_closes_and_after_the_last_socket_c
     assert collector.collections == 1
     collector.closed()
     collector.closed()  # the last open socket: collected once Daphne had time to reap it
+    assert (collector.collections, clock.pending()) == (1, [4.0])
+    clock.advance(3.75)
     assert collector.collections == 1
-    clock.advance(3.9)
-    assert collector.collections == 1
-    clock.advance(0.1)
-    assert collector.collections == 2
+    clock.advance(0.25)
+    assert (collector.collections, clock.pending()) == (2, [])
     assert (COLLECT_EVERY, COLLECT_SETTLE_SECS) == (256, 4.0)
+
+
+def test_a_collection_by_count_cancels_the_settle_one() -> None:
+    clock = FakeClock()
+    collector = Collector(every=2, settle=4.0, clock=clock)
+    collector.opened()
+    collector.closed()  # the last one open: a settle is timed
+    assert clock.pending() == [4.0]
+    collector.opened()
+    collector.closed()  # the second close collects now
+    assert (collector.collections, clock.pending()) == (1, [])
+    clock.advance(4.0)
+    assert collector.collections == 1
+
+
+async def test_the_settle_is_timed_on_the_running_loop() -> None:
+    collector = Collector(every=COLLECT_EVERY)
+    collector.opened()
+    loop = asyncio.get_running_loop()
+    before = loop.time()
+    collector.closed()
+    pending = collector._pending
+    assert isinstance(pending, asyncio.TimerHandle)
+    assert before + COLLECT_SETTLE_SECS <= pending.when() <= loop.time() + COLLECT_SETTLE_SECS
+    collector.collect()
+    assert pending.cancelled()
 
 
 def test_the_websocket_protocol_counts_its_socket_in_the_collector(
@@ -75,7 +136,7 @@ def test_the_websocket_protocol_counts_its_socket_in_the_collector(
     # Daphne's own setup and teardown need a connected socket; only the counting is tested.
     monkeypatch.setattr(WebSocketProtocol, "connectionMade", lambda self: None)
     monkeypatch.setattr(WebSocketProtocol, "connectionLost", lambda self, reason: None)
-    clock = Clock()
+    clock = FakeClock()
     collector = Collector(every=1000, clock=clock)
     monkeypatch.setattr(realtime, "CLOSED_SOCKETS", collector)
     protocol = RouterWebSocketProtocol.__new__(RouterWebSocketProtocol)

@@ -18,12 +18,14 @@ import yaml
 from asgiref.testing import ApplicationCommunicator
 from daphne.ws_protocol import WebSocketProtocol
 
+from proxy.edge import realtime
 from proxy.edge.gate import inference_token
-from proxy.edge.realtime import RealtimeApp, RouterWebSocketProtocol, Session, sendable
+from proxy.edge.realtime import Collector, RealtimeApp, RouterWebSocketProtocol, Session, sendable
 from proxy.families.voice.handlers import _kobold_audio, _with_query_model, named_model, speaker_for
 from proxy.node import Node, build_node
 from proxy.request import Ctx
 from proxy.sim.voice import speech_wav
+from proxy.tests.test_realtime_memory import FakeClock
 from registry.httpclient import close_session
 from routerproject.config import load_config
 from routerproject.errors import RouterError
@@ -191,6 +193,8 @@ def test_the_protocol_closes_with_any_sendable_code_and_the_reason() -> None:
 def test_a_closed_socket_gives_back_its_front_door_count(monkeypatch: pytest.MonkeyPatch) -> None:
     # Daphne's own teardown needs a connected socket; only the release is under test here.
     monkeypatch.setattr(WebSocketProtocol, "connectionLost", lambda self, reason: None)
+    # The settle a close times needs a running loop; this test has none.
+    monkeypatch.setattr(realtime, "CLOSED_SOCKETS", Collector(clock=FakeClock()))
     released: list[bool] = []
     protocol = RouterWebSocketProtocol.__new__(RouterWebSocketProtocol)
     protocol.release = lambda: released.append(True)
