@@ -29,18 +29,23 @@ import gc
 import logging
 import ssl
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 from urllib.parse import parse_qsl, urlencode
 
 import aiohttp
 import orjson
-from daphne.ws_protocol import WebSocketProtocol
+import uvicorn
+from uvicorn._types import ASGISendEvent, WebSocketCloseEvent
+from uvicorn.protocols.utils import ClientDisconnected
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from uvicorn.server import ServerState
 
 from access.identity import CALLER_SCOPE_KEY, caller_of
 from proxy.edge.gate import KEY_SUBPROTOCOL_PREFIX, MASTER_CALLER, Gate, parse_address
 from proxy.edge.nodeapi import INFERENCE_PREFIX
+from proxy.edge.tls import CLIENT_CERT_SCOPE_KEY
 from proxy.families.media.handlers import COMFY_WS_PATH, default_image_model
 from proxy.families.voice.handlers import REALTIME_PATH
 from proxy.node import Node, get_node
@@ -65,8 +70,8 @@ WS_PATHS = {
     COMFY_WS_PATH: COMFY_WS_PATH,
     NODE_COMFY_WS_PATH: COMFY_WS_PATH,
 }
-# How long the backend has to answer a close before its socket is dropped: Daphne cancels the
-# session's task 2 s (application_close_timeout) after the client is gone.
+# How long the backend has to answer a close before its socket is dropped: a relay whose client
+# is gone ends within it (the server cancels no relay; `Collector` waits for them).
 BACKEND_CLOSE_SECS = 1.0
 HEARTBEAT_SECS = 20.0
 ERROR_CLOSE_BASE = 4000
@@ -178,7 +183,7 @@ class RealtimeApp:
             return _header(scope, name)
 
         # The front door refused these with their HTTP status already; a connection that
-        # reached the app another way is refused here (Daphne answers 403).
+        # reached the app another way is refused here (a close before accept is an HTTP 403).
         peer = parse_address(client[0]) if client else None
         if gate.address_refusal(peer, header) or gate.key_refusal("GET", path, header):
             await send({"type": "websocket.close", "code": 1000})
@@ -519,12 +524,14 @@ class Collector:
     """A full garbage collection after every `every` closed WebSockets, and `settle` seconds
     after the last open one closed.
 
-    A closed session leaves reference cycles (its tasks, cancelled futures and Twisted
-    failures refer back to it), and the node's tuned collector (routerproject/gctune.py) runs a
-    full collection only after millions of allocations: closed sessions piled up round after
-    round (1,000 idle sessions opened and closed: +24 MB RSS each round). The wait after the
-    last close lets Daphne reap the sessions' application instances first (it gives them
-    `application_close_timeout`, 2 s, and looks every second).
+    A closed session leaves reference cycles (its tasks, cancelled futures, and exceptions
+    with their tracebacks refer back to it), and the node's tuned collector
+    (routerproject/gctune.py) runs a full collection only after millions of allocations:
+    closed sessions piled up round after round (1,000 idle sessions opened and closed: +24 MB
+    RSS each round). The wait after the last close lets the sessions' relays finish first: a
+    socket is lost before its relay has closed the backend's socket (up to `BACKEND_CLOSE_SECS`)
+    and returned, and nothing cancels a relay for it (Daphne did, 2 s after the client left, and
+    looked every second: this wait was set for that, and still covers the relay's own bound).
     """
 
     def __init__(
@@ -570,47 +577,86 @@ class Collector:
 
 
 CLOSED_SOCKETS = Collector()
+# How long a close we sent waits for the client's: autobahn's (Daphne's) 1 s, not uvicorn's 10 s
+# (the socket, and the front door's count of its address, would be held that long).
+CLOSE_HANDSHAKE_SECS = 1.0
+# The most a close frame's reason may take: a control frame carries 125 bytes, 2 for the code.
+MAX_REASON_BYTES = 123
+# Messages that become frames once the socket is open (before, a close is the HTTP 403).
+_FRAME_MESSAGES = frozenset({"websocket.send", "websocket.close"})
 
 
-class RouterWebSocketProtocol(WebSocketProtocol):
-    """Daphne's WebSocket protocol, passing any close code a close frame may carry.
+def close_message(message: Mapping[str, Any]) -> WebSocketCloseEvent:
+    """An app's `websocket.close` as a close frame may carry it: a code no close frame may
+    carry becomes 1011 (websockets would raise instead of closing), none at all 1000, and the
+    reason is cut to `MAX_REASON_BYTES` of UTF-8 on a character's edge."""
+    code = sendable(message.get("code") or 1000, fallback=INTERNAL_ERROR)
+    reason = str(message.get("reason") or "")
+    raw = reason.encode("utf-8")
+    if len(raw) > MAX_REASON_BYTES:
+        # Only a character cut in two at the end fails to decode: "ignore" drops just it.
+        reason = raw[:MAX_REASON_BYTES].decode("utf-8", "ignore")
+    return {"type": "websocket.close", "code": code, "reason": reason}
 
-    Daphne closes through autobahn's `sendClose`, which takes only 1000 and 3000-4999, and
-    drops the reason: a backend's 1001 or 1011 would fail to close the client's socket at all.
-    The front door's count of the connection's address is given back when the socket ends
-    (the HTTP channel that counted it never hears of it after the upgrade).
+
+class RouterWebSocketProtocol(WebSocketsSansIOProtocol):
+    """uvicorn's sans-I/O WebSocket protocol as the node serves it (the front door hands it
+    each upgrade, setting `release` and `client_cert` before `connection_made`).
+
+    - Any close code a close frame may carry passes, with its reason (`close_message`).
+    - What the app sends once the socket is closing or gone is dropped, as Daphne did: uvicorn
+      raises (ClientDisconnected, or RuntimeError after our own close), and the relay learns
+      the end from `receive()`; raised mid-relay, it would be logged as the relay's bug.
+    - The front door's count of the connection's address is given back when the socket ends
+      (the HTTP protocol that counted it never hears of it after the upgrade).
+    - The scope tells whether the connection came with a verified client certificate, and
+      its header names are lowercase.
     """
 
     release: Callable[[], None] | None = None
+    client_cert: bool = False
 
-    def handle_reply(self, message: dict[str, Any]) -> None:
-        if message.get("type") == "websocket.close" and self.state == self.STATE_OPEN:
-            code = sendable(message.get("code") or 1000, fallback=INTERNAL_ERROR)
-            reason = str(message.get("reason") or "").encode("utf-8")[:123]
-            self.sendCloseFrame(code=code, reasonUtf8=reason or None)
-            return
-        super().handle_reply(message)
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        server_state: ServerState,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        self.close_timeout = CLOSE_HANDSHAKE_SECS
 
-    def connectionMade(self) -> None:
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
         CLOSED_SOCKETS.opened()
-        super().connectionMade()
-
-    def connectionLost(self, reason: Any) -> None:
-        release, self.release = self.release, None
-        if release is not None:
-            release()
-        super().connectionLost(reason)
-        CLOSED_SOCKETS.closed()
-
-from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol  # noqa
-
-
-class RouterWebSocketProtocol(WebSocketsSansIOProtocol):  # type: ignore[no-redef]
-    release: Callable[[], None] | None = None
-    client_cert = False
+        super().connection_made(transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         release, self.release = self.release, None
         if release is not None:
             release()
-        super().connection_lost(exc)
+        try:
+            super().connection_lost(exc)
+        finally:
+            CLOSED_SOCKETS.closed()
+
+    async def run_asgi(self) -> None:
+        scope = cast(dict[str, Any], self.scope)
+        # The scope is built from the request alone; whether the TLS handshake verified a
+        # client certificate is the front door's word, set on this protocol before it ran.
+        scope[CLIENT_CERT_SCOPE_KEY] = self.client_cert
+        # uvicorn keeps the names as the request spelt them; ASGI (and the gate) wants them
+        # lowercase. The front door's HTTP protocol passes them lowercased already.
+        scope["headers"] = [(name.lower(), value) for name, value in scope["headers"]]
+        await super().run_asgi()
+
+    async def send(self, message: ASGISendEvent) -> None:
+        kind = message["type"]
+        if kind == "websocket.close":
+            message = close_message(message)
+        if kind in _FRAME_MESSAGES and (self.close_sent or self.disconnected):
+            return
+        try:
+            await super().send(message)
+        except ClientDisconnected:
+            # Gone while this waited to write, or its close frame already in: dropped as above.
+            return

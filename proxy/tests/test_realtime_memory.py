@@ -20,16 +20,12 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from daphne.ws_protocol import WebSocketProtocol
+from websockets.asyncio.client import connect
 
 from proxy.edge import realtime
-from proxy.edge.realtime import (
-    COLLECT_EVERY,
-    COLLECT_SETTLE_SECS,
-    Collector,
-    RouterWebSocketProtocol,
-)
+from proxy.edge.realtime import COLLECT_EVERY, COLLECT_SETTLE_SECS, Collector
 from proxy.tests.test_realtime_relay import Client, backend, pinned, relay_to
+from proxy.tests.test_ws_protocol import WAIT_SECS, echo, serve
 
 __all__ = ["backend", "pinned"]  # fixtures used here
 
@@ -95,7 +91,7 @@ def test_a_full_collection_runs_every_so_many_closes_and_after_the_last_socket_c
     collector.closed()  # the third close
     assert collector.collections == 1
     collector.closed()
-    collector.closed()  # the last open socket: collected once Daphne had time to reap it
+    collector.closed()  # the last open socket: collected once its relay had time to end
     assert (collector.collections, clock.pending()) == (1, [4.0])
     clock.advance(3.75)
     assert collector.collections == 1
@@ -130,18 +126,19 @@ async def test_the_settle_is_timed_on_the_running_loop() -> None:
     assert pending.cancelled()
 
 
-def test_the_websocket_protocol_counts_its_socket_in_the_collector(
+async def test_the_websocket_protocol_counts_its_socket_in_the_collector(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # Daphne's own setup and teardown need a connected socket; only the counting is tested.
-    monkeypatch.setattr(WebSocketProtocol, "connectionMade", lambda self: None)
-    monkeypatch.setattr(WebSocketProtocol, "connectionLost", lambda self, reason: None)
     clock = FakeClock()
     collector = Collector(every=1000, clock=clock)
     monkeypatch.setattr(realtime, "CLOSED_SOCKETS", collector)
-    protocol = RouterWebSocketProtocol.__new__(RouterWebSocketProtocol)
-    protocol.connectionMade()
-    assert collector.open == 1
-    protocol.connectionLost(None)
+    seen: list[dict[str, Any]] = []
+    async with serve(echo(seen)) as served:
+        async with connect(served.url) as ws:
+            await ws.send("hi")
+            assert await asyncio.wait_for(ws.recv(), WAIT_SECS) == "hi"
+            assert (collector.open, collector.count) == (1, 0)
+        await served.until_released()
+    assert (collector.open, collector.count, collector.collections) == (0, 1, 0)
     clock.advance(COLLECT_SETTLE_SECS)
-    assert (collector.open, collector.collections) == (0, 1)
+    assert collector.collections == 1

@@ -4,6 +4,7 @@ and tests/test_realtime.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
@@ -16,16 +17,17 @@ import orjson
 import pytest
 import yaml
 from asgiref.testing import ApplicationCommunicator
-from daphne.ws_protocol import WebSocketProtocol
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.typing import Subprotocol
 
-from proxy.edge import realtime
 from proxy.edge.gate import inference_token
-from proxy.edge.realtime import Collector, RealtimeApp, RouterWebSocketProtocol, Session, sendable
+from proxy.edge.realtime import RealtimeApp, Session, sendable
 from proxy.families.voice.handlers import _kobold_audio, _with_query_model, named_model, speaker_for
 from proxy.node import Node, build_node
 from proxy.request import Ctx
 from proxy.sim.voice import speech_wav
-from proxy.tests.test_realtime_memory import FakeClock
+from proxy.tests.test_ws_protocol import serve
 from registry.httpclient import close_session
 from routerproject.config import load_config
 from routerproject.errors import RouterError
@@ -175,33 +177,36 @@ def test_codes_no_close_frame_may_carry_are_replaced(code: int | None) -> None:
     assert sendable(code, fallback=1011) == 1011
 
 
-def test_the_protocol_closes_with_any_sendable_code_and_the_reason() -> None:
-    sent: list[tuple[int | None, bytes | None]] = []
-    protocol = RouterWebSocketProtocol.__new__(RouterWebSocketProtocol)
-    protocol.state = RouterWebSocketProtocol.STATE_OPEN
+async def test_a_session_that_cannot_start_is_told_why_on_a_real_socket(
+    make_node: NodeFactory,
+) -> None:
+    # The whole answer through the node's WebSocket protocol: the error event, then the close
+    # with 4000 + the status and the message as its reason.
+    node = make_node("talk", auth={"inference_keys": [KEY]})
+    async with serve(RealtimeApp(node_getter=lambda: node)) as served:
+        url = served.url + "/v1/realtime?model=nope"
+        async with connect(url, subprotocols=[Subprotocol(f"openai-insecure-api-key.{KEY}")]) as ws:
+            event = orjson.loads(await asyncio.wait_for(ws.recv(), MESSAGE_TIMEOUT_SECS))
+            with pytest.raises(ConnectionClosed) as closed:
+                await asyncio.wait_for(ws.recv(), MESSAGE_TIMEOUT_SECS)
+        await served.until_released()
+    assert event["type"] == "error" and "was not found" in event["error"]["message"]
+    assert closed.value.rcvd is not None
+    assert closed.value.rcvd.code == 4404
+    assert closed.value.rcvd.reason == event["error"]["message"][:120]
+    assert served.releases == 1
 
-    def record(code: int | None = None, reasonUtf8: bytes | None = None) -> None:
-        sent.append((code, reasonUtf8))
 
-    protocol.sendCloseFrame = record
-    protocol.handle_reply({"type": "websocket.close", "code": 1011, "reason": "backend died"})
-    protocol.handle_reply({"type": "websocket.close", "code": 1006})
-    protocol.handle_reply({"type": "websocket.close"})
-    assert sent == [(1011, b"backend died"), (1011, None), (1000, None)]
-
-
-def test_a_closed_socket_gives_back_its_front_door_count(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Daphne's own teardown needs a connected socket; only the release is under test here.
-    monkeypatch.setattr(WebSocketProtocol, "connectionLost", lambda self, reason: None)
-    # The settle a close times needs a running loop; this test has none.
-    monkeypatch.setattr(realtime, "CLOSED_SOCKETS", Collector(clock=FakeClock()))
-    released: list[bool] = []
-    protocol = RouterWebSocketProtocol.__new__(RouterWebSocketProtocol)
-    protocol.release = lambda: released.append(True)
-    protocol.connectionLost(None)
-    protocol.connectionLost(None)  # once only
-    assert released == [True]
-    assert protocol.release is None
+async def test_a_session_without_the_key_is_an_http_403_on_a_real_socket(
+    make_node: NodeFactory,
+) -> None:
+    node = make_node("talk", auth={"inference_keys": [KEY]})
+    async with serve(RealtimeApp(node_getter=lambda: node)) as served:
+        with pytest.raises(InvalidStatus) as refused:
+            await connect(served.url + "/v1/realtime?model=talk")
+        await served.until_released()
+    assert refused.value.response.status_code == 403
+    assert served.releases == 1
 
 
 # -- the relay's refusals ---------------------------------------------------------------------
