@@ -33,16 +33,23 @@ App = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 WAIT_SECS = 10.0
 # How long uvicorn's protocol waits for the client's answer to its close.
 UVICORN_CLOSE_SECS = 10.0
+PING_SECS = 0.2
 HANDSHAKE = (
     b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
     b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
 )
 
 
-def load(app: App, ws: Any = RouterWebSocketProtocol) -> uvicorn.Config:
+def load(app: App, ws: Any = RouterWebSocketProtocol, **settings: Any) -> uvicorn.Config:
     # No log_config: uvicorn's would be applied to the test process's logging.
     cfg = uvicorn.Config(
-        app, ws=ws, lifespan="off", log_level="warning", log_config=None, proxy_headers=False
+        app,
+        ws=ws,
+        lifespan="off",
+        log_level="warning",
+        log_config=None,
+        proxy_headers=False,
+        **settings,
     )
     cfg.load()
     return cfg
@@ -74,11 +81,12 @@ async def serve(
     client_cert: bool | None = None,
     tls: ssl.SSLContext | None = None,
     http: bool = False,
+    **settings: Any,
 ) -> AsyncIterator[Served]:
     """`app` behind `RouterWebSocketProtocol` on a loopback port, made as the front door will
     make it (its attributes set before `connection_made`); with `http`, behind uvicorn's own
     HTTP protocol, which hands the upgrade to `config.ws_protocol_class`."""
-    cfg = load(app)
+    cfg = load(app, **settings)
     state = ServerState()
     served = Served("", 0, state)
 
@@ -228,6 +236,23 @@ async def test_a_client_that_never_answers_our_close_is_dropped_after_a_second()
         assert CLOSE_HANDSHAKE_SECS * 0.9 <= waited < UVICORN_CLOSE_SECS
         assert served.releases == 1
         writer.close()
+
+
+async def test_a_client_that_answers_no_ping_is_dropped_and_the_app_told() -> None:
+    # The relay counts on it: pings are no frames to it, and a dead client sends no close.
+    seen: list[dict[str, Any]] = []
+    async with serve(echo(seen), ws_ping_interval=PING_SECS, ws_ping_timeout=PING_SECS) as served:
+        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+        writer.write(HANDSHAKE)
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WAIT_SECS)
+        assert head.startswith(b"HTTP/1.1 101")
+        started = asyncio.get_running_loop().time()
+        await served.until_released()  # the ping comes, and is never answered
+        waited = asyncio.get_running_loop().time() - started
+        writer.close()
+    assert 2 * PING_SECS * 0.9 <= waited < WAIT_SECS
+    assert served.releases == 1
+    assert seen[-1]["type"] == "websocket.disconnect"
 
 
 async def test_an_error_event_then_a_close_reach_the_client() -> None:
