@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 import trustme
 import uvicorn
 import uvloop
+from aiohttp import web
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from uvicorn.server import ServerState
@@ -28,12 +31,18 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from proxy.edge.realtime import CLOSE_HANDSHAKE_SECS, MAX_REASON_BYTES, RouterWebSocketProtocol
 from proxy.edge.tls import CLIENT_CERT_SCOPE_KEY
+from proxy.tests.test_realtime_relay import pinned, relay_to
+from registry.httpclient import close_session
+
+__all__ = ["pinned"]  # the relay's replica, for the relay's tests at the end
 
 App = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 WAIT_SECS = 10.0
 # How long uvicorn's protocol waits for the client's answer to its close.
 UVICORN_CLOSE_SECS = 10.0
 PING_SECS = 0.2
+# More than the socket buffers hold: the backend is still sending when the client goes.
+STREAM_FRAMES = 100_000
 HANDSHAKE = (
     b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
     b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
@@ -398,3 +407,97 @@ async def test_what_the_app_sends_after_its_own_close_is_dropped() -> None:
     async with serve(twice) as served, connect(served.url) as ws:
         assert await closed_with(ws) == (1001, "idle for 2m")
         await asyncio.wait_for(returned.wait(), WAIT_SECS)
+
+
+# -- the realtime relay behind it -------------------------------------------------------------
+
+
+@dataclass
+class Backend:
+    url: str
+    closes: list[int | None]
+    closed: asyncio.Event
+
+
+@pytest.fixture
+async def talker() -> AsyncIterator[Backend]:
+    """A backend that echoes text frames, closes with 1011 on "die", streams frames on "stream"
+    until the socket ends, and keeps the close code it got."""
+    backend = Backend("", [], asyncio.Event())
+
+    async def handler(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        async for msg in ws:
+            if msg.data == "die":
+                await ws.close(code=1011, message=b"the backend died")
+            elif msg.data == "stream":
+                with contextlib.suppress(ConnectionError):
+                    for n in range(STREAM_FRAMES):
+                        await ws.send_str(f'{{"n": {n}}}')
+            else:
+                await ws.send_str(msg.data)
+        backend.closes.append(ws.close_code)
+        backend.closed.set()
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/ws", handler)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    backend.url = f"http://127.0.0.1:{port}/ws"
+    try:
+        yield backend
+    finally:
+        await close_session()
+        await runner.cleanup()
+
+
+def relayed(backend: Backend) -> App:
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()  # websocket.connect, as RealtimeApp takes it
+        ends = SimpleNamespace(receive=receive, send=send)
+        await relay_to(backend.url, cast(Any, ends)).run()
+
+    return app
+
+
+async def test_the_backends_close_reaches_the_client_through_the_relay(talker: Backend) -> None:
+    async with serve(relayed(talker)) as served, connect(served.url) as ws:
+        await ws.send("hello")
+        assert await asyncio.wait_for(ws.recv(), WAIT_SECS) == "hello"
+        await ws.send("die")
+        assert await closed_with(ws) == (1011, "the backend died")
+
+
+async def test_the_clients_close_reaches_the_backend_through_the_relay(talker: Backend) -> None:
+    async with serve(relayed(talker)) as served:
+        async with connect(served.url) as ws:
+            await ws.send("hello")
+            assert await asyncio.wait_for(ws.recv(), WAIT_SECS) == "hello"
+            await ws.close(code=4001, reason="bye")
+        await asyncio.wait_for(talker.closed.wait(), WAIT_SECS)
+        await served.until_released()
+    assert talker.closes == [4001]
+    assert served.releases == 1
+
+
+async def test_a_client_gone_mid_stream_ends_the_relay_without_a_traceback(
+    talker: Backend, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with serve(relayed(talker)) as served:
+        ws = await connect(served.url)
+        await ws.send("stream")
+        await asyncio.wait_for(ws.recv(), WAIT_SECS)
+        # Gone while the relay writes the backend's frames to it.
+        ws.transport.abort()
+        await served.until_released()
+        await asyncio.wait_for(talker.closed.wait(), WAIT_SECS)
+    assert served.releases == 1
+    # The relay closes with 1001 (going away), unless aiohttp's reader, with the backend's frames
+    # still queued, closes first with its 1000: the relay's race, not the protocol's.
+    assert len(talker.closes) == 1
+    assert [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR] == []
