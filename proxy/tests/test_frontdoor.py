@@ -1,58 +1,237 @@
-"""The front door's channel and request, in process: bytes in through Twisted's test transport,
-time from a Twisted `Clock`, so each deadline is checked exactly rather than by waiting.
+"""The front door's protocol, in process: bytes in through a fake asyncio transport, time from a
+fake clock the test advances, so each deadline is checked with exact numbers rather than by
+waiting. The app is a small ASGI callable that records what it was started with; the protocol
+starts it as a task on the running loop, which each test lets run by yielding (`turn`).
 
 The real-socket tests of the same behaviour are in tests/test_frontdoor.py.
 """
 
 from __future__ import annotations
 
+import asyncio
+import heapq
+import itertools
 import textwrap
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
-from twisted.internet.address import IPv4Address
-from twisted.internet.task import Clock
-from twisted.internet.testing import StringTransport
-from twisted.web import http
+from uvicorn.server import ServerState
 
-from proxy.edge import frontdoor
-from proxy.edge.frontdoor import LINGER_MAX_BYTES, LINGER_SECS, FrontDoor, FrontDoorFactory
+from proxy.edge import filesend, frontdoor
+from proxy.edge.frontdoor import (
+    LINGER_MAX_BYTES,
+    LINGER_SECS,
+    MAX_HEAD_BYTES,
+    MAX_HEADERS,
+    MAX_URL_BYTES,
+    FrontDoor,
+    FrontDoorProtocol,
+)
+from proxy.edge.server import server_config
+from proxy.edge.tls import CLIENT_CERT_SCOPE_KEY
 from routerproject.config import load_config
 
 LIMIT = 1000
+KEYED = b"Authorization: Bearer front-door-key-1\r\n"
+# What a verified client certificate looks like to `getpeercert()`: any non-empty dict.
+PEERCERT = {"subject": ((("commonName", "peer-node"),),)}
 
 
-class Messages(list[Any]):
-    def put_nowait(self, message: Any) -> None:
-        self.append(message)
+class Handle:
+    """A call the fake clock holds until its time comes."""
+
+    def __init__(self, when: float, callback: Callable[[], object]) -> None:
+        self.when = when
+        self.callback = callback
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
 
 
-class FakeServer:
-    """Daphne's server as a request sees it, counting the requests that reach the app."""
-
-    proxy_forwarded_address_header = None
-    root_path = ""
-    server_name = ""
-    request_buffer_size = 8192
+class FakeClock:
+    """The event loop's `time` and `call_later`, moved only by `advance`."""
 
     def __init__(self) -> None:
-        self.created = 0
+        self.now = 0.0
+        self.armed: list[Handle] = []
+        self._due: list[tuple[float, int, Handle]] = []
+        self._order = itertools.count()
 
-    def protocol_connected(self, protocol: Any) -> None:
-        return None
+    def time(self) -> float:
+        return self.now
 
-    def protocol_disconnected(self, protocol: Any) -> None:
-        return None
+    def call_later(self, delay: float, callback: Callable[[], object]) -> Handle:
+        handle = Handle(self.now + delay, callback)
+        self.armed.append(handle)
+        heapq.heappush(self._due, (handle.when, next(self._order), handle))
+        return handle
 
-    def create_application(self, protocol: Any, scope: Any) -> Messages:
-        self.created += 1
-        return Messages()
+    def advance(self, seconds: float) -> None:
+        """Move time on, running each call at its own time (calls armed meanwhile included)."""
+        end = self.now + seconds
+        while self._due and self._due[0][0] <= end:
+            when, _, handle = heapq.heappop(self._due)
+            if handle.cancelled:
+                continue
+            self.now = when
+            handle.cancelled = True  # run: no longer pending
+            handle.callback()
+        self.now = end
+
+    def pending(self) -> list[Handle]:
+        return [handle for _, _, handle in self._due if not handle.cancelled]
+
+
+class FakeSocket:
+    """What a real transport's "socket" extra gives uvicorn: the addresses. uvicorn reads the
+    peer from it first; its "peername" fallback takes only 2-tuples, so an IPv6 4-tuple needs
+    the socket, as every real transport has one."""
+
+    def __init__(self, peer: tuple[Any, ...], local: tuple[Any, ...]) -> None:
+        self.peer = peer
+        self.local = local
+
+    def getpeername(self) -> tuple[Any, ...]:
+        return self.peer
+
+    def getsockname(self) -> tuple[Any, ...]:
+        return self.local
+
+
+class FakeTransport:
+    """An asyncio transport that keeps what is written and records how it was closed."""
+
+    def __init__(
+        self,
+        peer: tuple[Any, ...],
+        *,
+        tls: bool = False,
+        peercert: dict[str, Any] | None = None,
+    ) -> None:
+        local = ("127.0.0.1", 18080)
+        self.data = bytearray()
+        self.eof = False
+        self.closed = False
+        self.aborted = False
+        self.reading = True
+        self.protocol: Any = None
+        self.looked_up: list[str] = []
+        self.extra: dict[str, Any] = {
+            "peername": peer,
+            "sockname": local,
+            "socket": FakeSocket(peer, local),
+        }
+        if tls:
+            self.extra["sslcontext"] = object()
+            self.extra["ssl_object"] = object()
+            self.extra["peercert"] = peercert
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        self.looked_up.append(name)
+        return self.extra.get(name, default)
+
+    def write(self, data: bytes) -> None:
+        if self.eof:
+            # asyncio's own rule: nothing may follow a half-close.
+            raise RuntimeError("Cannot call write() after write_eof()")
+        self.data += data
+
+    def write_eof(self) -> None:
+        self.eof = True
+
+    def can_write_eof(self) -> bool:
+        # asyncio's TLS transport cannot half-close.
+        return "ssl_object" not in self.extra
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
+        self.closed = self.aborted = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+    def set_protocol(self, protocol: Any) -> None:
+        self.protocol = protocol
+
+    def get_protocol(self) -> Any:
+        return self.protocol
+
+    @property
+    def stopped(self) -> bool:
+        """The node stopped writing: a half-close after a refusal, or a close."""
+        return self.eof or self.closed
+
+    def take(self) -> bytes:
+        """What was written since the last call."""
+        data = bytes(self.data)
+        self.data.clear()
+        return data
+
+
+class App:
+    """The node's app as the front door sees it: it records each request it is started for,
+    reads the body, and answers 200 with the request's path (after `held` is set, if any)."""
+
+    def __init__(self) -> None:
+        self.scopes: list[dict[str, Any]] = []
+        self.bodies: list[bytes] = []
+        self.disconnected = 0
+        self.held: asyncio.Event | None = None
+
+    @property
+    def started(self) -> int:
+        return len(self.scopes)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        self.scopes.append(scope)
+        if scope["type"] == "websocket":
+            await receive()
+            await send({"type": "websocket.close", "code": 1000})
+            return
+        body = b""
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                self.disconnected += 1
+                return
+            body += message.get("body", b"")
+            if not message.get("more_body", False):
+                break
+        self.bodies.append(body)
+        if self.held is not None:
+            await self.held.wait()
+        answer = scope["path"].encode()
+        headers = [(b"content-length", b"%d" % len(answer))]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": answer})
+
+
+async def turn() -> None:
+    """Yield to the loop a few times, so the app tasks the protocol started run as far as they
+    can (an answer, and the pipelined request it lets start) before the test looks."""
+    for _ in range(3):
+        await asyncio.sleep(0)
 
 
 class Door:
-    def __init__(self, tmp_path: Path, **server: Any) -> None:
+    """A front door on a config of its own, with its clock, app and server state."""
+
+    def __init__(
+        self, tmp_path: Path, *, cluster: dict[str, Any] | None = None, **server: Any
+    ) -> None:
+        """`server` and `cluster`: the config's sections (a standalone node by default)."""
         (tmp_path / "kcpps").mkdir(exist_ok=True)
         settings = {
             "max_body_bytes": LIMIT,
@@ -70,167 +249,150 @@ class Door:
                 auth: {{inference_keys: [front-door-key-1]}}
                 """
             )
+            + (f"cluster: {orjson.dumps(cluster).decode()}\n" if cluster else "")
         )
-        self.clock = Clock()
-        self.server = FakeServer()
+        self.clock = FakeClock()
+        self.app = App()
+        self.config = server_config(self.app)
+        self.state = ServerState()
         self.door = FrontDoor(load_config(path, environ={}), clock=self.clock)
-        self.factory = FrontDoorFactory(self.server, self.door)
 
-    def connect(self, host: str = "127.0.0.1") -> tuple[Any, StringTransport]:
-        protocol = self.factory.buildProtocol(IPv4Address("TCP", host, 40000))
-        transport = StringTransport()
-        protocol.makeConnection(transport)
+    def connect(
+        self,
+        host: str = "127.0.0.1",
+        *,
+        tls: bool = False,
+        peercert: dict[str, Any] | None = None,
+    ) -> tuple[FrontDoorProtocol, FakeTransport]:
+        peer: tuple[Any, ...] = (host, 40000, 0, 0) if ":" in host else (host, 40000)
+        protocol = FrontDoorProtocol(self.config, self.state, {}, self.door)
+        transport = FakeTransport(peer, tls=tls, peercert=peercert)
+        protocol.connection_made(transport)  # type: ignore[arg-type]
         return protocol, transport
+
+    async def close(self) -> None:
+        """Stop the app tasks still waiting (a body that never came, a held answer)."""
+        tasks = list(self.state.tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 @pytest.fixture
-def door(tmp_path: Path) -> Door:
-    return Door(tmp_path)
+async def doors(tmp_path: Path) -> AsyncIterator[Callable[..., Door]]:
+    made: list[Door] = []
+
+    def make(**sections: Any) -> Door:
+        built = Door(tmp_path, **sections)
+        made.append(built)
+        return built
+
+    yield make
+    for built in made:
+        await built.close()
 
 
-def _status(transport: StringTransport) -> int:
-    value = transport.value()
-    return int(value[9:12]) if value.startswith(b"HTTP/1.1 ") else 0
+@pytest.fixture
+async def door(doors: Callable[..., Door]) -> Door:
+    return doors()
 
 
-def _body(transport: StringTransport) -> Any:
-    return orjson.loads(transport.value().partition(b"\r\n\r\n")[2])
+def _status(data: bytes | bytearray) -> int:
+    return int(data[9:12]) if data.startswith(b"HTTP/1.1 ") else 0
 
 
-KEYED = b"Authorization: Bearer front-door-key-1\r\n"
+def _body(data: bytes | bytearray) -> Any:
+    return orjson.loads(bytes(data).partition(b"\r\n\r\n")[2])
 
 
-def test_a_declared_body_over_the_limit_is_answered_before_it_arrives(door: Door) -> None:
-    protocol, transport = door.connect()
-    protocol.dataReceived(
+def _post(length: int, *extra: bytes) -> bytes:
+    return (
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
         + KEYED
-        + b"Content-Length: %d\r\n\r\n" % (LIMIT + 1)
+        + b"".join(extra)
+        + b"Content-Length: %d\r\n\r\n" % length
     )
-    assert _status(transport) == 413
-    assert _body(transport)["error"]["code"] == "body_too_large"
-    assert transport.disconnecting
-    protocol.dataReceived(b"x" * (LIMIT + 1))
-    assert door.server.created == 0
 
 
-def test_a_body_at_the_limit_reaches_the_app(door: Door) -> None:
+PING = b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n"
+OK_PING = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n/ping"
+
+
+# -- bodies -----------------------------------------------------------------------------------
+
+
+async def test_a_declared_body_over_the_limit_is_answered_before_it_arrives(door: Door) -> None:
     protocol, transport = door.connect()
-    protocol.dataReceived(
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-        + KEYED
-        + b"Content-Length: %d\r\n\r\n" % LIMIT
-        + b"x" * LIMIT
-    )
-    assert transport.value() == b""
-    assert door.server.created == 1
+    protocol.data_received(_post(LIMIT + 1))
+    assert _status(transport.data) == 413
+    assert _body(transport.data)["error"]["code"] == "body_too_large"
+    assert transport.eof  # the answer is whole: the node stops writing
+    protocol.data_received(b"x" * (LIMIT + 1))
+    await turn()
+    assert door.app.started == 0
+    assert door.state.tasks == set()
 
 
-def test_a_chunked_body_is_refused_once_past_the_limit(door: Door) -> None:
+async def test_a_body_at_the_limit_reaches_the_app(door: Door) -> None:
     protocol, transport = door.connect()
-    protocol.dataReceived(
+    protocol.data_received(_post(LIMIT) + b"x" * LIMIT)
+    await turn()
+    assert door.app.bodies == [b"x" * LIMIT]
+    assert transport.take() == b"HTTP/1.1 200 OK\r\ncontent-length: 20\r\n\r\n/v1/chat/completions"
+    assert not transport.stopped
+
+
+async def test_a_chunked_body_is_refused_once_past_the_limit(door: Door) -> None:
+    protocol, transport = door.connect()
+    protocol.data_received(
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
         + KEYED
         + b"Transfer-Encoding: chunked\r\n\r\n"
     )
-    protocol.dataReceived(b"%x\r\n" % LIMIT + b"x" * LIMIT + b"\r\n")
-    assert transport.value() == b""
-    protocol.dataReceived(b"1\r\nx\r\n")
-    assert _status(transport) == 413
-    assert door.server.created == 0
+    await turn()  # the app starts at the head and waits for the body
+    protocol.data_received(b"%x\r\n" % LIMIT + b"x" * LIMIT + b"\r\n")
+    await turn()
+    assert transport.data == b""
+    protocol.data_received(b"1\r\nx\r\n")
+    assert _status(transport.data) == 413
+    assert _body(transport.data)["error"]["code"] == "body_too_large"
+    await turn()
+    # The app hears that its client went away; it never gets the body whole.
+    assert (door.app.started, door.app.disconnected, door.app.bodies) == (1, 1, [])
+    assert _status(transport.data) == 413  # ...and nothing it might send follows the refusal
 
 
-def test_a_refused_connection_is_dropped_after_the_linger(door: Door) -> None:
+# -- refusals and the linger ------------------------------------------------------------------
+
+
+async def test_a_refused_connection_is_dropped_after_the_linger(door: Door) -> None:
     protocol, transport = door.connect()
-    protocol.dataReceived(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n\r\n")
-    assert _status(transport) == 401
+    protocol.data_received(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert _status(transport.data) == 401
+    assert transport.eof and not transport.closed
     door.clock.advance(LINGER_SECS - 0.01)
-    assert not getattr(transport, "disconnected", False)
-    door.clock.advance(0.02)
-    assert transport.disconnected
+    assert not transport.aborted
+    door.clock.advance(0.01)
+    assert transport.aborted
 
 
-def test_a_refused_connection_is_dropped_once_it_sent_too_much(door: Door) -> None:
+async def test_a_refused_connection_is_dropped_once_it_sent_too_much(door: Door) -> None:
     protocol, transport = door.connect()
-    protocol.dataReceived(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n\r\n")
-    protocol.dataReceived(b"x" * LINGER_MAX_BYTES)
-    assert not getattr(transport, "disconnected", False)
-    protocol.dataReceived(b"x")
-    assert transport.disconnected
+    protocol.data_received(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n\r\n")
+    protocol.data_received(b"x" * LINGER_MAX_BYTES)
+    assert not transport.aborted
+    protocol.data_received(b"x")
+    assert transport.aborted
 
 
-def test_a_head_must_arrive_within_the_header_timeout(door: Door) -> None:
+async def test_a_closed_connection_leaves_no_linger_call(door: Door) -> None:
     protocol, transport = door.connect()
-    for _ in range(9):
-        protocol.dataReceived(b"G")  # a byte a second does not move the deadline
-        door.clock.advance(1.0)
-    assert transport.value() == b""
-    door.clock.advance(1.0)
-    assert _status(transport) == 408
-    assert door.server.created == 0
-
-
-def test_a_body_gets_its_timeout_plus_a_second_per_min_rate_bytes(door: Door) -> None:
-    protocol, transport = door.connect()
-    protocol.dataReceived(
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-        + KEYED
-        + b"Content-Length: 900\r\n\r\n"
-    )
-    protocol.dataReceived(b"x" * 200)  # 200 bytes at 100 B/s: two more seconds
-    door.clock.advance(31.9)
-    assert transport.value() == b""
-    door.clock.advance(0.2)
-    assert _status(transport) == 408
-    assert b"request body not received" in transport.value()
-
-
-def test_a_kept_alive_connection_times_each_head_from_its_first_byte(door: Door) -> None:
-    protocol, transport = door.connect()
-    protocol.dataReceived(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
-    assert door.server.created == 1
-    request = protocol._channel.requests[0]
-    protocol._channel.requestDone(request)
-    # Idle between requests is the idle timeout's business, not the head's.
-    door.clock.advance(60.0)
-    assert transport.value() == b""
-    protocol.dataReceived(b"GET /pi")
-    door.clock.advance(10.0)
-    assert _status(transport) == 408
-
-
-def test_the_connection_cap_answers_429_and_frees_places(door: Door) -> None:
-    first, _ = door.connect()
-    door.connect()
-    _, transport = door.connect()
-    assert _status(transport) == 429
-    assert _body(transport)["error"]["code"] == "too_many_connections"
-    assert door.connect("127.0.0.9")[1].value() == b""
-    first.connectionLost(None)
-    assert door.connect()[1].value() == b""
-
-
-def test_a_rule_that_fails_answers_500_and_lets_nothing_through(
-    door: Door, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    def broken(*args: Any) -> Any:
-        raise RuntimeError("boom")
-
-    monkeypatch.setattr(door.door.gate, "head_refusal", broken)
-    protocol, transport = door.connect()
-    protocol.dataReceived(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
-    assert _status(transport) == 500
-    assert door.server.created == 0
-
-
-def test_expect_100_continue_is_not_sent_after_a_refusal(door: Door) -> None:
-    protocol, transport = door.connect()
-    protocol.dataReceived(
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
-        b"Content-Length: 10\r\n\r\n"
-    )
-    assert _status(transport) == 401
-    assert b"100 Continue" not in transport.value()
+    protocol.data_received(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert len(door.clock.pending()) == 1  # the linger's, the deadline's cancelled
+    protocol.connection_lost(None)
+    assert door.clock.pending() == []
+    door.clock.advance(LINGER_SECS)
+    assert not transport.aborted
 
 
 def test_the_linger_constants() -> None:
@@ -238,158 +400,432 @@ def test_the_linger_constants() -> None:
     assert frontdoor.LINGER_MAX_BYTES == 4 << 20
 
 
-def test_a_junk_hop_in_x_forwarded_for_is_answered_403_at_the_head(tmp_path: Path) -> None:
-    door = Door(tmp_path, allowed_cidrs=["10.0.0.0/8"], trusted_proxies=["127.0.0.0/8"])
+async def test_a_request_refused_at_the_head_never_starts_the_app(door: Door) -> None:
     protocol, transport = door.connect()
-    protocol.dataReceived(
+    protocol.data_received(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+    await turn()
+    assert _status(transport.data) == 401
+    assert door.app.started == 0
+    assert door.state.tasks == set()
+
+
+async def test_a_rule_that_fails_answers_500_and_lets_nothing_through(
+    door: Door, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: Any) -> Any:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(door.door.gate, "head_refusal", broken)
+    protocol, transport = door.connect()
+    protocol.data_received(PING)
+    await turn()
+    assert _status(transport.data) == 500
+    assert _body(transport.data)["error"]["type"] == "server_error"
+    assert door.app.started == 0
+
+
+async def test_expect_100_continue_is_not_sent_after_a_refusal(door: Door) -> None:
+    protocol, transport = door.connect()
+    protocol.data_received(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+        b"Content-Length: 10\r\n\r\n"
+    )
+    await turn()
+    assert _status(transport.data) == 401
+    assert b"100 Continue" not in transport.data
+    # The same request with its key is told to go on, once the app asks for the body.
+    protocol, transport = door.connect("127.0.0.9")
+    protocol.data_received(_post(10, b"Expect: 100-continue\r\n"))
+    await turn()
+    assert transport.data == b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+async def test_a_junk_hop_in_x_forwarded_for_is_answered_403_at_the_head(
+    doors: Callable[..., Door],
+) -> None:
+    door = doors(allowed_cidrs=["10.0.0.0/8"], trusted_proxies=["127.0.0.0/8"])
+    protocol, transport = door.connect()
+    protocol.data_received(
         b"GET /v1/models HTTP/1.1\r\nHost: x\r\n"
         + KEYED
         + b"X-Forwarded-For: 10.9.9.9, junk, 127.0.0.2\r\n\r\n"
     )
-
-    assert _status(transport) == 403
-    assert _body(transport) == {
+    await turn()
+    assert _status(transport.data) == 403
+    assert _body(transport.data) == {
         "error": {
             "message": "client address unknown is not in server.allowed_cidrs",
             "type": "forbidden",
             "code": "address_not_allowed",
         }
     }
-    assert door.server.created == 0
+    assert door.app.started == 0
 
 
-def test_a_kept_alive_connection_closes_after_the_idle_timeout(tmp_path: Path) -> None:
-    door = Door(tmp_path, idle_timeout="5s")
+async def test_an_invalid_request_line_is_answered_400_in_the_json_envelope(door: Door) -> None:
     protocol, transport = door.connect()
-    protocol.dataReceived(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
-    protocol._channel.requestDone(protocol._channel.requests[0])
+    # A TLS hello on the plain port, say: no HTTP request line.
+    protocol.data_received(b"\x16\x03\x01\x02\x00 not http\r\n\r\n")
+    await turn()
+    assert _status(transport.data) == 400
+    assert b"\r\ncontent-type: application/json\r\n" in transport.data
+    assert _body(transport.data) == {
+        "error": {"message": "invalid HTTP request", "type": "invalid_request_error"}
+    }
+    assert transport.eof
+    assert door.app.started == 0
 
-    door.clock.advance(4.9)
-    assert not transport.disconnecting
-    door.clock.advance(0.2)
-    assert transport.disconnecting
-    assert door.server.created == 1
+
+# -- the size of a head -----------------------------------------------------------------------
 
 
-def test_idle_time_restarts_with_each_byte_received(tmp_path: Path) -> None:
-    door = Door(tmp_path, idle_timeout="5s", header_timeout="60s")
+def _get(target: bytes) -> bytes:
+    return b"GET " + target + b" HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+async def test_a_request_line_at_the_url_limit_passes_and_one_past_it_is_414(door: Door) -> None:
+    longest = b"/ping?" + b"q" * (MAX_URL_BYTES - len(b"/ping?"))
+    protocol, transport = door.connect()
+    protocol.data_received(_get(longest))
+    await turn()
+    assert _status(transport.data) == 200
+    protocol, transport = door.connect("127.0.0.9")
+    protocol.data_received(_get(longest + b"q"))
+    await turn()
+    assert _status(transport.data) == 414
+    assert _body(transport.data)["error"]["code"] == "uri_too_long"
+    assert door.app.started == 1
+
+
+async def test_a_url_arriving_a_few_bytes_at_a_time_is_414_once_past_the_limit(
+    door: Door,
+) -> None:
+    protocol, transport = door.connect()
+    url = b"/" + b"q" * (MAX_URL_BYTES - 1)
+    protocol.data_received(b"GET ")
+    for start in range(0, len(url), 7):
+        protocol.data_received(url[start : start + 7])
+    assert transport.data == b""
+    protocol.data_received(b"q")
+    assert _status(transport.data) == 414
+
+
+def _line(name: bytes, size: int) -> bytes:
+    """A header line of `size` bytes as the front door counts it: name, value, ": " and CRLF."""
+    return name + b": " + b"v" * (size - len(name) - 4) + b"\r\n"
+
+
+HOST = b"Host: x\r\n"
+
+
+async def test_a_head_at_the_header_limits_passes_and_one_past_either_is_431(
+    doors: Callable[..., Door],
+) -> None:
+    door = doors(max_connections_per_client=0)
+    small = [_line(b"x-h%d" % index, 20) for index in range(MAX_HEADERS)]
+    heads = {
+        "at the count": [HOST, *small[: MAX_HEADERS - 1]],
+        "past the count": [HOST, *small],
+        "at the bytes": [HOST, _line(b"x-long", MAX_HEAD_BYTES - len(HOST))],
+        "past the bytes": [HOST, _line(b"x-long", MAX_HEAD_BYTES - len(HOST) + 1)],
+    }
+    answers = {}
+    for what, lines in heads.items():
+        protocol, answers[what] = door.connect()
+        protocol.data_received(b"GET /ping HTTP/1.1\r\n" + b"".join(lines) + b"\r\n")
+    await turn()
+    assert {what: _status(transport.data) for what, transport in answers.items()} == {
+        "at the count": 200,
+        "past the count": 431,
+        "at the bytes": 200,
+        "past the bytes": 431,
+    }
+    assert _body(answers["past the count"].data)["error"]["code"] == "headers_too_large"
+    assert door.app.started == 2
+
+
+async def test_a_head_that_never_ends_is_431_once_past_what_a_head_may_hold(door: Door) -> None:
+    # One header value, a few bytes at a time: the parser holds it whole until its line ends,
+    # so only the bytes of the unfinished head can bound it.
+    protocol, transport = door.connect()
+    sent = 0
+
+    def send(data: bytes) -> None:
+        nonlocal sent
+        protocol.data_received(data)
+        sent += len(data)
+
+    send(b"GET /ping HTTP/1.1\r\nHost: x\r\nX-Long: ")
+    while sent + 7 <= MAX_HEAD_BYTES + MAX_URL_BYTES:
+        send(b"v" * 7)
+    send(b"v" * (MAX_HEAD_BYTES + MAX_URL_BYTES - sent))
+    assert transport.data == b""
+    send(b"v")
+    assert _status(transport.data) == 431
+    assert transport.eof
+    await turn()
+    assert door.app.started == 0
+
+
+# -- pipelining -------------------------------------------------------------------------------
+
+
+async def test_a_pipelined_request_is_answered_after_the_first(door: Door) -> None:
+    protocol, transport = door.connect()
+    protocol.data_received(PING + b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    # The second waits for the first's answer, and so does reading.
+    assert not transport.reading
+    assert door.app.started == 0
+    await asyncio.sleep(0)
+    assert [scope["path"] for scope in door.app.scopes] == ["/ping"]
+    assert transport.take() == OK_PING
+    await asyncio.sleep(0)
+    assert [scope["path"] for scope in door.app.scopes] == ["/ping", "/healthz"]
+    assert transport.take() == b"HTTP/1.1 200 OK\r\ncontent-length: 8\r\n\r\n/healthz"
+    assert transport.reading
+
+
+# -- slow clients -----------------------------------------------------------------------------
+
+
+async def test_a_head_must_arrive_within_the_header_timeout(door: Door) -> None:
+    protocol, transport = door.connect()
+    for byte in b"GET /ping":
+        protocol.data_received(bytes([byte]))  # a byte a second does not move the deadline
+        door.clock.advance(1.0)
+    door.clock.advance(0.99)
+    assert transport.data == b""
+    door.clock.advance(0.01)
+    assert _status(transport.data) == 408
+    assert _body(transport.data)["error"]["message"] == "request head not received within 10s"
+    await turn()
+    assert door.app.started == 0
+
+
+async def test_a_body_gets_its_timeout_plus_a_second_per_min_rate_bytes(door: Door) -> None:
+    protocol, transport = door.connect()
+    protocol.data_received(_post(900))
+    await turn()
+    protocol.data_received(b"x" * 200)  # 200 bytes at 100 B/s: two more seconds
+    door.clock.advance(31.99)
+    assert transport.data == b""
+    door.clock.advance(0.01)
+    assert _status(transport.data) == 408
+    message = _body(transport.data)["error"]["message"]
+    assert message == "request body not received within 32s"
+    await turn()
+    assert (door.app.disconnected, door.app.bodies) == (1, [])
+
+
+async def test_a_body_timeout_shorter_than_the_head_timeout_still_holds(
+    doors: Callable[..., Door],
+) -> None:
+    door = doors(header_timeout="60s", body_timeout="5s", body_min_rate=0)
+    protocol, transport = door.connect()
+    protocol.data_received(_post(9))
+    door.clock.advance(4.99)
+    assert transport.data == b""
+    door.clock.advance(0.01)
+    assert _status(transport.data) == 408
+    assert b"request body not received within 5s" in transport.data
+
+
+async def test_a_kept_alive_connection_times_each_head_from_its_first_byte(door: Door) -> None:
+    protocol, transport = door.connect()
+    protocol.data_received(PING)
+    await turn()
+    assert transport.take() == OK_PING
+    # Idle between requests is the idle timeout's business, not the head's.
+    door.clock.advance(60.0)
+    assert transport.data == b"" and not transport.stopped
+    protocol.data_received(b"GET /pi")
+    door.clock.advance(9.99)
+    assert transport.data == b""
+    door.clock.advance(0.01)
+    assert _status(transport.data) == 408
+
+
+async def test_a_kept_alive_connection_closes_after_the_idle_timeout(
+    doors: Callable[..., Door],
+) -> None:
+    door = doors(idle_timeout="5s")
+    protocol, transport = door.connect()
+    protocol.data_received(PING)
+    await turn()
+    assert transport.take() == OK_PING
+    door.clock.advance(4.99)
+    assert not transport.closed
+    door.clock.advance(0.01)
+    assert transport.closed
+    assert door.app.started == 1
+
+
+async def test_an_idle_connection_is_closed_without_an_answer(
+    doors: Callable[..., Door],
+) -> None:
+    door = doors(idle_timeout="5s", header_timeout="60s")
+    protocol, transport = door.connect()
+    protocol.data_received(PING)
+    await turn()
+    transport.take()
+    door.clock.advance(5.0)
+    assert transport.closed
+    assert transport.data == b""
+
+
+async def test_idle_time_restarts_with_each_byte_received(doors: Callable[..., Door]) -> None:
+    door = doors(idle_timeout="5s", header_timeout="60s")
     protocol, transport = door.connect()
     door.clock.advance(4.0)
-    protocol.dataReceived(b"GET /pi")
-    door.clock.advance(4.0)
-    assert not transport.disconnecting
-    door.clock.advance(1.1)
-    assert transport.disconnecting
+    protocol.data_received(b"GET /pi")
+    door.clock.advance(4.99)
+    assert not transport.closed
+    door.clock.advance(0.01)
+    assert transport.closed
+    assert transport.data == b""  # the idle timeout: closed without an answer
 
 
-def test_a_request_being_answered_is_not_cut_by_the_idle_timeout(tmp_path: Path) -> None:
-    door = Door(tmp_path, idle_timeout="5s")
+async def test_a_request_being_answered_is_not_cut_by_the_idle_timeout(
+    doors: Callable[..., Door],
+) -> None:
+    door = doors(idle_timeout="5s")
+    door.app.held = asyncio.Event()
     protocol, transport = door.connect()
-    protocol.dataReceived(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
-
+    protocol.data_received(PING)
+    await turn()
     door.clock.advance(30.0)  # a long answer: the app has not finished it
-    assert not transport.disconnecting
-    protocol._channel.requestDone(protocol._channel.requests[0])
-    door.clock.advance(5.1)
-    assert transport.disconnecting
+    assert not transport.stopped
+    door.app.held.set()
+    await turn()
+    assert transport.take() == OK_PING
+    door.clock.advance(4.99)
+    assert not transport.closed
+    door.clock.advance(0.01)
+    assert transport.closed
 
 
-def count_call_later(monkeypatch: pytest.MonkeyPatch, clock: Any, *also: Any) -> list[Any]:
-    """The functions `callLater` arms from now on, through the clock and through ``also``
-    (a channel's own `callLater`); each call still goes to the clock."""
+# -- calls armed per request (a performance rule) ---------------------------------------------
+
+
+def count_call_later(monkeypatch: pytest.MonkeyPatch, *clocks: Any) -> list[Any]:
+    """The callbacks `call_later` arms from now on, through each of `clocks`; each call still
+    goes to its clock."""
     armed: list[Any] = []
-    call_later = clock.callLater
+    for clock in clocks:
+        call_later = clock.call_later
 
-    def counting(delay: float, f: Any, *args: Any, **kwargs: Any) -> Any:
-        armed.append(f)
-        return call_later(delay, f, *args, **kwargs)
+        def counting(delay: float, callback: Any, *args: Any, _to: Any = call_later) -> Any:
+            armed.append(callback)
+            return _to(delay, callback, *args)
 
-    for target in (clock, *also):
-        monkeypatch.setattr(target, "callLater", counting)
+        monkeypatch.setattr(clock, "call_later", counting)
     return armed
 
 
-def test_kept_alive_requests_arm_no_deadline_call_of_their_own(
+async def test_kept_alive_requests_arm_no_deadline_call_of_their_own(
     door: Door, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     protocol, transport = door.connect()
-    channel = protocol._channel
     armed = count_call_later(monkeypatch, door.clock)
     for _ in range(5):
-        protocol.dataReceived(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-            + KEYED
-            + b"Content-Length: 2\r\n\r\n{}"
-        )
-        channel.requestDone(channel.requests[-1])
+        protocol.data_received(_post(2) + b"{}")
+        await turn()
         door.clock.advance(0.1)
-    assert door.server.created == 5
+    assert door.app.bodies == [b"{}"] * 5
     # The call armed when the connection opened covers every head and body since.
-    assert [f for f in armed if f == channel._expired] == []
-    # ...and each head still gets its whole timeout from its first byte.
-    protocol.dataReceived(b"GET /pi")
-    door.clock.advance(9.95)
-    assert transport.value() == b""
-    door.clock.advance(0.1)
-    assert _status(transport) == 408
-
-
-def test_kept_alive_requests_arm_no_idle_call_either(
-    door: Door, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The idle timeout is one of the channel's deadlines: nothing is cancelled and armed
-    # anew for each request (Twisted's own idle timer did both, every request).
-    protocol, _transport = door.connect()
-    channel = protocol._channel
-    armed = count_call_later(monkeypatch, door.clock, channel)
-    for _ in range(5):
-        protocol.dataReceived(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
-        channel.requestDone(channel.requests[-1])
-        door.clock.advance(0.1)
-    assert door.server.created == 5
     assert armed == []
-    assert door.clock.getDelayedCalls() == [channel._timer]
+    # ...and each head still gets its whole timeout from its first byte.
+    transport.take()
+    protocol.data_received(b"GET /pi")
+    door.clock.advance(9.95)
+    assert transport.data == b""
+    door.clock.advance(0.1)
+    assert _status(transport.data) == 408
 
 
-def test_whether_a_connection_is_tls_is_looked_up_once_for_all_its_requests(
+async def test_kept_alive_requests_arm_no_idle_call_either(
     door: Door, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    looked_up: list[Any] = []
-    original = http.HTTPChannel.isSecure
-
-    def counting(channel: Any) -> bool:
-        looked_up.append(channel)
-        return bool(original(channel))
-
-    monkeypatch.setattr(http.HTTPChannel, "isSecure", counting)
+    # The idle timeout is one of the protocol's deadlines: nothing is cancelled and armed
+    # anew for each request (uvicorn's own keep-alive timer, on the loop, would do both).
     protocol, _transport = door.connect()
-    channel = protocol._channel
+    armed = count_call_later(monkeypatch, door.clock, protocol.loop)
+    for _ in range(5):
+        protocol.data_received(PING)
+        await turn()
+        door.clock.advance(0.1)
+    assert door.app.started == 5
+    assert armed == []
+    assert door.clock.pending() == [protocol._timer]
+
+
+async def test_one_call_per_header_timeout_over_many_requests(
+    door: Door, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    protocol, _transport = door.connect()
+    armed = count_call_later(monkeypatch, door.clock)
+    # 100 requests over 50 s, five header timeouts: the pending call comes due about once
+    # per timeout, finds the connection between requests and is moved to the idle deadline,
+    # then back to the next head's: two calls per timeout, none per request.
+    for _ in range(100):
+        protocol.data_received(PING)
+        await turn()
+        door.clock.advance(0.5)
+    assert door.app.started == 100
+    assert len(armed) <= 2 * 5
+
+
+# -- TLS --------------------------------------------------------------------------------------
+
+
+async def test_the_client_certificate_is_read_once_and_told_to_each_request(door: Door) -> None:
+    protocol, transport = door.connect(tls=True, peercert=PEERCERT)
     for _ in range(3):
-        protocol.dataReceived(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
-        assert channel.requests[-1].isSecure() is False
-        channel.requestDone(channel.requests[-1])
-    assert looked_up == [channel]
+        protocol.data_received(PING)
+        await turn()
+    assert transport.looked_up.count("peercert") == 1
+    assert [scope[CLIENT_CERT_SCOPE_KEY] for scope in door.app.scopes] == [True] * 3
+    assert {scope["scheme"] for scope in door.app.scopes} == {"https"}
+    assert all(filesend.EXTENSION in scope["extensions"] for scope in door.app.scopes)
 
 
-def test_an_idle_connection_is_closed_without_an_answer(tmp_path: Path) -> None:
-    door = Door(tmp_path, idle_timeout="5s", header_timeout="60s")
-    protocol, transport = door.connect()
-    protocol.dataReceived(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
-    protocol._channel.requestDone(protocol._channel.requests[0])
-    transport.clear()
-    door.clock.advance(5.1)
-    assert transport.disconnecting
-    assert transport.value() == b""
+@pytest.mark.parametrize(
+    ("tls", "peercert"), [(False, None), (True, None), (True, {})], ids=["plain", "none", "empty"]
+)
+async def test_without_a_verified_certificate_the_scope_says_so(
+    doors: Callable[..., Door], tls: bool, peercert: dict[str, Any] | None
+) -> None:
+    door = doors()
+    protocol, _transport = door.connect(tls=tls, peercert=peercert)
+    protocol.data_received(PING)
+    await turn()
+    assert door.app.scopes[0][CLIENT_CERT_SCOPE_KEY] is False
+    assert filesend.EXTENSION in door.app.scopes[0]["extensions"]
 
 
-def test_a_body_timeout_shorter_than_the_head_timeout_still_holds(tmp_path: Path) -> None:
-    door = Door(tmp_path, header_timeout="60s", body_timeout="5s", body_min_rate=0)
-    protocol, transport = door.connect()
-    protocol.dataReceived(
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + KEYED + b"Content-Length: 9\r\n\r\n"
-    )
-    door.clock.advance(4.9)
-    assert transport.value() == b""
-    door.clock.advance(0.2)
-    assert _status(transport) == 408
-    assert b"request body not received within 5s" in transport.value()
+async def test_a_refusal_under_tls_closes_rather_than_half_closes(door: Door) -> None:
+    protocol, transport = door.connect(tls=True)
+    protocol.data_received(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert _status(transport.data) == 401
+    assert transport.closed and not transport.eof
+
+
+# -- the per-client cap -----------------------------------------------------------------------
+
+
+async def test_the_connection_cap_answers_429_and_frees_places(door: Door) -> None:
+    first, _ = door.connect()
+    door.connect()
+    _, transport = door.connect()
+    assert _status(transport.data) == 429
+    assert _body(transport.data)["error"]["code"] == "too_many_connections"
+    assert b"\r\nretry-after: 1\r\n" in transport.data
+    assert door.connect("127.0.0.9")[1].data == b""
+    first.connection_lost(None)
+    assert door.connect()[1].data == b""
+
+
+async def test_a_trusted_proxy_is_not_counted(doors: Callable[..., Door]) -> None:
+    door = doors(trusted_proxies=["127.0.0.0/8"])
+    for _ in range(3):
+        assert door.connect()[1].data == b""
