@@ -1,5 +1,6 @@
 """The node-wide connection cap, its reserve for health checks and node routes, and IPv6
-clients counted per /64, in process (Twisted's test transport and clock).
+clients counted per /64, in process (the front door's protocol on a fake transport and clock,
+as in test_frontdoor.py).
 
 The real-socket tests, WebSockets included, are in tests/test_ws_limits.py.
 """
@@ -8,29 +9,59 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
-from twisted.internet.address import IPv6Address
 
 from proxy.edge.frontdoor import (
     FD_HEADROOM,
     MIN_MAX_CONNECTIONS,
+    REFUSAL_LOG_INTERVAL_SECS,
     RESERVE_MAX,
     client_key,
     derived_max_connections,
     is_reserved_path,
     reserve_for,
 )
-from proxy.tests.test_frontdoor import KEYED, Door, _body, _status
+from proxy.tests.test_frontdoor import KEYED, Door, _body, _status, turn
 
 # With a cap of 4 the reserve is 1: three ordinary places, one for health checks.
 CAP = 4
+TOKEN = "cap-cluster-token-0123456789"
+NODE_ROUTE = b"GET /router/v1/node/runtime-status HTTP/1.1\r\nHost: x\r\n"
+UPGRADE = (
+    b"GET /v1/realtime HTTP/1.1\r\nHost: x\r\n"
+    + KEYED
+    + b"Upgrade: websocket\r\nConnection: Upgrade\r\n"
+    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+)
 
 
 @pytest.fixture
-def capped(tmp_path: Path) -> Door:
-    return Door(tmp_path, max_connections=CAP, max_connections_per_client=0)
+async def doors(tmp_path: Path) -> AsyncIterator[Callable[..., Door]]:
+    made: list[Door] = []
+
+    def make(**sections: Any) -> Door:
+        built = Door(tmp_path, **sections)
+        made.append(built)
+        return built
+
+    yield make
+    for built in made:
+        await built.close()
+
+
+@pytest.fixture
+def capped(doors: Callable[..., Door], tmp_path: Path) -> Door:
+    cluster = {
+        "role": "master",
+        "node_id": "cap-test",
+        "token": TOKEN,
+        "store_dir": str(tmp_path / "store"),
+    }
+    return doors(max_connections=CAP, max_connections_per_client=0, cluster=cluster)
 
 
 def test_the_default_cap_leaves_a_descriptor_per_connection_for_its_backend() -> None:
@@ -71,61 +102,105 @@ def test_ipv6_clients_are_counted_per_64() -> None:
     assert client_key(ipaddress.ip_address("192.0.2.7")) == "192.0.2.7"
 
 
-def test_the_per_client_cap_counts_a_whole_ipv6_64(tmp_path: Path) -> None:
-    door = Door(tmp_path, max_connections_per_client=2)
+async def test_the_per_client_cap_counts_a_whole_ipv6_64(doors: Callable[..., Door]) -> None:
+    door = doors(max_connections_per_client=2)
 
     def connect(host: str) -> bytes:
-        protocol = door.factory.buildProtocol(IPv6Address("TCP", host, 40000))
-        from twisted.internet.testing import StringTransport
-
-        transport = StringTransport()
-        protocol.makeConnection(transport)
-        return bytes(transport.value())
+        return bytes(door.connect(host)[1].data)
 
     assert connect("2001:db8:0:7::1") == b""
     assert connect("2001:db8:0:7::2") == b""
     assert connect("2001:db8:0:7::3").startswith(b"HTTP/1.1 429 ")
     assert connect("2001:db8:0:8::1") == b""
+    assert door.door.open == {"2001:db8:0:7::/64": 2, "2001:db8:0:8::/64": 1}
 
 
-def test_the_last_place_takes_only_health_checks_and_node_routes(capped: Door) -> None:
+async def test_the_last_place_takes_only_health_checks_and_node_routes(capped: Door) -> None:
     for _ in range(CAP - 1):
-        assert capped.connect()[1].value() == b""
-    _, reserved = capped.connect()
-    reserved_channel = _
-    reserved_channel.dataReceived(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + KEYED + b"\r\n")
-    assert _status(reserved) == 503
-    assert _body(reserved)["error"]["code"] == "too_many_connections"
-    assert capped.server.created == 0
-    reserved_channel.connectionLost(None)
+        assert capped.connect()[1].data == b""
+    reserved, transport = capped.connect()
+    reserved.data_received(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + KEYED + b"\r\n")
+    await turn()
+    assert _status(transport.data) == 503
+    assert _body(transport.data)["error"]["code"] == "too_many_connections"
+    assert b"\r\nretry-after: 1\r\n" in transport.data
+    assert capped.app.started == 0
+    reserved.connection_lost(None)
+
     health, transport = capped.connect()
-    health.dataReceived(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-    assert transport.value() == b""  # passed on to the app
-    assert capped.server.created == 1
+    health.data_received(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    await turn()
+    assert _status(transport.data) == 200  # passed on to the app
+    health.connection_lost(None)
+
+    node, transport = capped.connect()
+    node.data_received(NODE_ROUTE + f"Authorization: Bearer {TOKEN}\r\n\r\n".encode())
+    await turn()
+    assert _status(transport.data) == 200
+    assert [scope["path"] for scope in capped.app.scopes] == [
+        "/healthz",
+        "/router/v1/node/runtime-status",
+    ]
 
 
-def test_past_the_cap_a_connection_is_refused_and_a_closed_one_frees_its_place(
+async def test_an_ordinary_place_takes_any_route(capped: Door) -> None:
+    protocol, transport = capped.connect()
+    protocol.data_received(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + KEYED + b"\r\n")
+    await turn()
+    assert _status(transport.data) == 200
+
+
+async def test_past_the_cap_a_connection_is_refused_and_a_closed_one_frees_its_place(
     capped: Door,
 ) -> None:
     held = [capped.connect()[0] for _ in range(CAP)]
     _, refused = capped.connect("127.0.0.9")
-    assert _status(refused) == 503
-    assert _body(refused)["error"]["code"] == "too_many_connections"
+    assert _status(refused.data) == 503
+    assert _body(refused.data)["error"]["code"] == "too_many_connections"
     assert capped.door.total == CAP
-    held[0].connectionLost(None)
+    held[0].connection_lost(None)
     assert capped.door.total == CAP - 1
-    assert capped.connect()[1].value() == b""
+    assert capped.connect()[1].data == b""
+    assert capped.door.total == CAP
 
 
-def test_refusals_at_the_cap_are_logged_once_per_interval(
-    capped: Door, caplog: pytest.LogCaptureFixture
-) -> None:
+async def test_a_refused_connection_gives_back_no_place(capped: Door) -> None:
     for _ in range(CAP):
         capped.connect()
+    refused, _ = capped.connect("127.0.0.9")
+    refused.connection_lost(None)
+    assert capped.door.total == CAP
+
+
+async def test_refusals_at_the_cap_are_logged_once_per_interval(
+    capped: Door, caplog: pytest.LogCaptureFixture
+) -> None:
+    capped.door.log.clock = capped.clock.time
+    for _ in range(CAP):
+        capped.connect()
+    line = f"refused: 503 to 127.0.0.9: the node holds {CAP} connections (server.max_connections)"
     with caplog.at_level(logging.WARNING, logger="router.frontdoor"):
         for _ in range(3):
             capped.connect("127.0.0.9")
-    lines = [r.getMessage() for r in caplog.records if r.name == "router.frontdoor"]
-    assert lines == [
-        f"refused: 503 to 127.0.0.9: the node holds {CAP} connections (server.max_connections)"
-    ]
+        capped.clock.advance(REFUSAL_LOG_INTERVAL_SECS - 0.01)
+        capped.connect("127.0.0.9")
+        capped.clock.advance(0.01)
+        capped.connect("127.0.0.9")
+    # (The connections held meanwhile are closed at their header timeout: another kind.)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith(line[:20])]
+    assert lines == [line, line + " (3 more like it since the last line)"]
+
+
+async def test_a_websocket_keeps_its_places_until_its_socket_closes(
+    doors: Callable[..., Door],
+) -> None:
+    door = doors(max_connections_per_client=1, max_connections=CAP)
+    protocol, transport = door.connect()
+    protocol.data_received(UPGRADE)
+    socket = transport.protocol
+    assert socket is not None and socket is not protocol
+    assert (door.door.open, door.door.total) == ({"127.0.0.1": 1}, 1)
+    assert _status(door.connect()[1].data) == 429
+    socket.connection_lost(None)
+    assert (door.door.open, door.door.total) == ({}, 0)
+    assert door.connect()[1].data == b""
