@@ -111,8 +111,12 @@ class FakeTransport:
         *,
         tls: bool = False,
         peercert: dict[str, Any] | None = None,
+        half_close: bool | None = None,
     ) -> None:
+        """`half_close`: what `can_write_eof` says; by default what asyncio's transports
+        say (a TLS one cannot)."""
         local = ("127.0.0.1", 18080)
+        self.half_close = not tls if half_close is None else half_close
         self.data = bytearray()
         self.eof = False
         self.closed = False
@@ -144,8 +148,7 @@ class FakeTransport:
         self.eof = True
 
     def can_write_eof(self) -> bool:
-        # asyncio's TLS transport cannot half-close.
-        return "ssl_object" not in self.extra
+        return self.half_close
 
     def close(self) -> None:
         self.closed = True
@@ -182,13 +185,16 @@ class FakeTransport:
 
 class App:
     """The node's app as the front door sees it: it records each request it is started for,
-    reads the body, and answers 200 with the request's path (after `held` is set, if any)."""
+    reads the body, and answers 200 with the request's path (after `held` is set, if any).
+    With `streams`, it begins its answer (chunked) before it reads the body, as a stream
+    would."""
 
     def __init__(self) -> None:
         self.scopes: list[dict[str, Any]] = []
         self.bodies: list[bytes] = []
         self.disconnected = 0
         self.held: asyncio.Event | None = None
+        self.streams = False
 
     @property
     def started(self) -> int:
@@ -200,6 +206,8 @@ class App:
             await receive()
             await send({"type": "websocket.close", "code": 1000})
             return
+        if self.streams:
+            await send({"type": "http.response.start", "status": 200, "headers": []})
         body = b""
         while True:
             message = await receive()
@@ -213,8 +221,9 @@ class App:
         if self.held is not None:
             await self.held.wait()
         answer = scope["path"].encode()
-        headers = [(b"content-length", b"%d" % len(answer))]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        if not self.streams:
+            headers = [(b"content-length", b"%d" % len(answer))]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": answer})
 
 
@@ -263,10 +272,11 @@ class Door:
         *,
         tls: bool = False,
         peercert: dict[str, Any] | None = None,
+        half_close: bool | None = None,
     ) -> tuple[FrontDoorProtocol, FakeTransport]:
         peer: tuple[Any, ...] = (host, 40000, 0, 0) if ":" in host else (host, 40000)
         protocol = FrontDoorProtocol(self.config, self.state, {}, self.door)
-        transport = FakeTransport(peer, tls=tls, peercert=peercert)
+        transport = FakeTransport(peer, tls=tls, peercert=peercert, half_close=half_close)
         protocol.connection_made(transport)  # type: ignore[arg-type]
         return protocol, transport
 
@@ -398,6 +408,12 @@ async def test_a_closed_connection_leaves_no_linger_call(door: Door) -> None:
 def test_the_linger_constants() -> None:
     assert frontdoor.LINGER_SECS == 2.0
     assert frontdoor.LINGER_MAX_BYTES == 4 << 20
+
+
+def test_the_head_limits_are_the_common_servers() -> None:
+    # The tests of the limits read them from the module: their values are pinned here.
+    assert (MAX_URL_BYTES, MAX_HEAD_BYTES, MAX_HEADERS) == (16384, 16384, 500)
+    assert frontdoor.REFUSAL_LOG_INTERVAL_SECS == 10.0
 
 
 async def test_a_request_refused_at_the_head_never_starts_the_app(door: Door) -> None:
@@ -544,10 +560,18 @@ async def test_a_head_at_the_header_limits_passes_and_one_past_either_is_431(
     assert door.app.started == 2
 
 
-async def test_a_head_that_never_ends_is_431_once_past_what_a_head_may_hold(door: Door) -> None:
+@pytest.mark.parametrize("kept_alive", [False, True], ids=["first-request", "kept-alive"])
+async def test_a_head_that_never_ends_is_431_once_past_what_a_head_may_hold(
+    door: Door, kept_alive: bool
+) -> None:
     # One header value, a few bytes at a time: the parser holds it whole until its line ends,
     # so only the bytes of the unfinished head can bound it.
     protocol, transport = door.connect()
+    if kept_alive:
+        # A head after an answer is counted from its own first byte, as the first one is.
+        protocol.data_received(PING)
+        await turn()
+        assert transport.take() == OK_PING
     sent = 0
 
     def send(data: bytes) -> None:
@@ -564,7 +588,7 @@ async def test_a_head_that_never_ends_is_431_once_past_what_a_head_may_hold(door
     assert _status(transport.data) == 431
     assert transport.eof
     await turn()
-    assert door.app.started == 0
+    assert door.app.started == int(kept_alive)
 
 
 # -- pipelining -------------------------------------------------------------------------------
@@ -606,8 +630,11 @@ async def test_a_body_gets_its_timeout_plus_a_second_per_min_rate_bytes(door: Do
     protocol, transport = door.connect()
     protocol.data_received(_post(900))
     await turn()
-    protocol.data_received(b"x" * 200)  # 200 bytes at 100 B/s: two more seconds
-    door.clock.advance(31.99)
+    # 200 bytes at 100 B/s: two more seconds, counted from the head (not the last byte).
+    protocol.data_received(b"x" * 100)
+    door.clock.advance(20.0)
+    protocol.data_received(b"x" * 100)
+    door.clock.advance(11.99)
     assert transport.data == b""
     door.clock.advance(0.01)
     assert _status(transport.data) == 408
@@ -628,6 +655,21 @@ async def test_a_body_timeout_shorter_than_the_head_timeout_still_holds(
     door.clock.advance(0.01)
     assert _status(transport.data) == 408
     assert b"request body not received within 5s" in transport.data
+
+
+async def test_a_body_timeout_after_the_answer_began_closes_without_a_second_answer(
+    door: Door,
+) -> None:
+    door.app.streams = True
+    protocol, transport = door.connect()
+    protocol.data_received(_post(900))
+    await turn()
+    assert transport.take() == b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+    door.clock.advance(30.0)
+    assert transport.closed and not transport.eof
+    await turn()
+    assert transport.data == b""
+    assert door.app.disconnected == 1
 
 
 async def test_a_kept_alive_connection_times_each_head_from_its_first_byte(door: Door) -> None:
@@ -658,6 +700,9 @@ async def test_a_kept_alive_connection_closes_after_the_idle_timeout(
     door.clock.advance(0.01)
     assert transport.closed
     assert door.app.started == 1
+    # The call armed at the connection (the head's time capped by the idle timeout) was due
+    # when the idle time ended: it served, and no other was armed.
+    assert len(door.clock.armed) == 1
 
 
 async def test_an_idle_connection_is_closed_without_an_answer(
@@ -685,19 +730,20 @@ async def test_idle_time_restarts_with_each_byte_received(doors: Callable[..., D
     assert transport.data == b""  # the idle timeout: closed without an answer
 
 
-async def test_a_request_being_answered_is_not_cut_by_the_idle_timeout(
-    doors: Callable[..., Door],
+@pytest.mark.parametrize("body", [False, True], ids=["get", "post"])
+async def test_a_request_being_answered_is_not_cut_by_the_idle_or_body_timeout(
+    doors: Callable[..., Door], body: bool
 ) -> None:
-    door = doors(idle_timeout="5s")
+    door = doors(idle_timeout="5s", body_timeout="10s", body_min_rate=0)
     door.app.held = asyncio.Event()
     protocol, transport = door.connect()
-    protocol.data_received(PING)
+    protocol.data_received(_post(2) + b"{}" if body else PING)
     await turn()
     door.clock.advance(30.0)  # a long answer: the app has not finished it
     assert not transport.stopped
     door.app.held.set()
     await turn()
-    assert transport.take() == OK_PING
+    assert _status(transport.take()) == 200
     door.clock.advance(4.99)
     assert not transport.closed
     door.clock.advance(0.01)
@@ -803,8 +849,13 @@ async def test_without_a_verified_certificate_the_scope_says_so(
     assert filesend.EXTENSION in door.app.scopes[0]["extensions"]
 
 
-async def test_a_refusal_under_tls_closes_rather_than_half_closes(door: Door) -> None:
-    protocol, transport = door.connect(tls=True)
+@pytest.mark.parametrize("half_close", [False, True], ids=["asyncio", "claims-half-close"])
+async def test_a_refusal_under_tls_closes_rather_than_half_closes(
+    door: Door, half_close: bool
+) -> None:
+    # A TLS close_notify ends both directions: a half-close is not TLS's to give, whatever
+    # the transport says.
+    protocol, transport = door.connect(tls=True, half_close=half_close)
     protocol.data_received(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
     assert _status(transport.data) == 401
     assert transport.closed and not transport.eof
