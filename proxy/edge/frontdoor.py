@@ -286,6 +286,11 @@ class FrontDoorProtocol(HttpToolsProtocol):
         self.header_bytes = 0
         self.client_cert = False
         self.path_text = "/"
+        # Between a message's first byte and its headers' end, and from its end on.
+        self.in_head = False
+        self.message_complete = True
+        # A refusal waiting for the answer still owed to an earlier request on the connection.
+        self._owed_refusal: bytes | None = None
         self._timer: Any = None
         self._timer_due = 0.0
         self._linger: Any = None
@@ -369,7 +374,9 @@ class FrontDoorProtocol(HttpToolsProtocol):
         else:
             # (A head that starts resets it in `_start`.)
             self._last_active = self.door.clock.time()
-        if phase == "head" or phase == "idle":
+        if phase == "head" or phase == "idle" or self.in_head:
+            # Every byte is the head's while one is awaited; a head that begins behind a
+            # request still being answered is counted from its second read on.
             self.head_bytes += len(data)
         try:
             self.parser.feed_data(data)
@@ -382,16 +389,19 @@ class FrontDoorProtocol(HttpToolsProtocol):
         else:
             # httptools keeps a head it has not finished whole: the bytes of an unfinished one
             # are capped here, where a head arriving a byte at a time is caught too.
-            if self._phase == "head" and self.head_bytes > MAX_HEAD_BYTES + MAX_URL_BYTES:
+            if self.in_head and self.head_bytes > MAX_HEAD_BYTES + MAX_URL_BYTES:
                 self._head_too_large(bool(self.headers))
 
     def _upgrade(self) -> None:
         if self._should_upgrade():
             self.handle_websocket_upgrade()
-        else:
-            self._refuse(
-                Refusal(400, "unsupported upgrade request"), self.path_text, self._request_id()
-            )
+            return
+        # Another protocol (curl --http2 asks for h2c): the request is answered in HTTP/1.1,
+        # as RFC 9110 lets a server ignore the Upgrade. The parser reads nothing after such a
+        # request, so the connection ends with its answer.
+        cycle = self.cycle
+        if cycle is not None:
+            cycle.keep_alive = False
 
     def handle_websocket_upgrade(self) -> None:
         """Hand the connection to the WebSocket protocol, with its counts: the socket gives
@@ -428,6 +438,11 @@ class FrontDoorProtocol(HttpToolsProtocol):
         self.header_count = 0
         self.header_bytes = 0
         self.path_text = "/"
+        if not self.in_head and self._phase not in ("head", "idle"):
+            # A head behind a request still being answered: its bytes count from here.
+            self.head_bytes = 0
+        self.in_head = True
+        self.message_complete = False
 
     def on_url(self, url: bytes) -> None:
         super().on_url(url)
@@ -444,6 +459,7 @@ class FrontDoorProtocol(HttpToolsProtocol):
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
+        self.in_head = False
         refusal = self._judge()
         if refusal is not None:
             self._refuse(refusal, self.path_text, self._request_id())
@@ -573,19 +589,32 @@ class FrontDoorProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         if self.closing:
             raise _Stop
+        self.message_complete = True
+        cycle = self.cycle
         if self._phase == "body":
-            self._phase = "handling"
+            if cycle is not None and cycle.response_complete and not self.pipeline:
+                # Answered before its body ended (an early error): idle from here.
+                self._start("idle", self.door.idle_timeout)
+            else:
+                self._phase = "handling"
         super().on_message_complete()
 
     def on_response_complete(self) -> None:
         self.server_state.total_requests += 1
         if self.transport.is_closing():
             return
-        self.flow.resume_reading()
         if self.pipeline:
+            self.flow.resume_reading()
             cycle, app = self.pipeline.pop()
             self._start_asgi_task(cycle, app)
-        elif not self.closing:
+            return
+        owed, self._owed_refusal = self._owed_refusal, None
+        if owed is not None:
+            self._linger = _answer_and_close(self.door.clock, self.transport, owed)
+            return
+        self.flow.resume_reading()
+        if not self.closing and self.message_complete:
+            # (A body still arriving keeps its own deadline.)
             self._start("idle", self.door.idle_timeout)
 
     # -- refusals ---------------------------------------------------------------------------
@@ -599,31 +628,51 @@ class FrontDoorProtocol(HttpToolsProtocol):
         # The app's rule: an ID that is no plain token is replaced, never echoed.
         return request_ids.from_header(value).encode()
 
-    def _refuse(self, refusal: Refusal, path: str, request_id: bytes | None) -> None:
+    def _refuse(
+        self, refusal: Refusal, path: str, request_id: bytes | None, *, owed: bool | None = None
+    ) -> None:
+        """Answer `refusal` and close; after the answer still owed to an earlier request on
+        the connection, if there is one (`owed`: by default, whether the current cycle is
+        unanswered, as it is when the refused request is a pipelined one's successor)."""
         if self.closing:
             return
         self.closing = True
         self._cancel()
         self._phase = "closing"
-        self._linger = _answer_and_close(
-            self.door.clock, self.transport, _response(refusal, path, request_id)
-        )
+        answer = _response(refusal, path, request_id)
+        if owed is None:
+            cycle = self.cycle
+            owed = cycle is not None and not cycle.response_complete
+        if owed:
+            self._owed_refusal = answer
+            self.flow.pause_reading()
+            return
+        self._linger = _answer_and_close(self.door.clock, self.transport, answer)
 
     def _cut_app(self, refusal: Refusal, path: str, request_id: bytes | None) -> None:
         """Refuse a request whose app runs already (it starts at the head, and the body failed
         after): the app hears that its client went away, and the client gets the refusal
         unless an answer has begun, which a second one would only corrupt."""
         cycle = self.cycle
+        owed = False
         if self._phase == "body" and cycle is not None and not cycle.response_complete:
             cycle.disconnected = True
+            # No "100 Continue" for a body refused already.
+            cycle.waiting_for_100_continue = False
             cycle.message_event.set()
+            for queued in self.pipeline:
+                if queued[0] is cycle:
+                    # Its app never started, and the answer before it is still owed.
+                    self.pipeline.remove(queued)
+                    owed = True
+                    break
             if cycle.response_started:
                 self.closing = True
                 self._cancel()
                 self._phase = "closing"
                 self.transport.close()
                 return
-        self._refuse(refusal, path, request_id)
+        self._refuse(refusal, path, request_id, owed=owed)
 
     def _refuse_connection(self, status: int, message: str, kind: str) -> None:
         refusal = Refusal(

@@ -244,11 +244,6 @@ async def test_a_websocket_is_told_wss_and_handed_whether_a_certificate_came(
     assert door.app.scopes[0]["scheme"] == scheme
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the WebSocket protocol is a stand-in (proxy/edge/realtime.py): it holds the "
-    "front door's client_cert but does not put it in its scope yet",
-)
 async def test_a_websocket_scope_says_whether_a_certificate_came(
     doors: Callable[..., Door],
 ) -> None:
