@@ -1,217 +1,261 @@
-"""The `http.response.pathsend` ASGI extension for the router's Daphne server.
+"""The `http.response.pathsend` ASGI extension for the router's uvicorn server.
 
-Daphne writes every `http.response.body` into Twisted's transport at once, with no
-backpressure: a 1 GiB asset streamed in blocks would sit in the sender's memory until the
-peer had read it. With this extension a handler hands over a file (and a byte span), and the
-server sends it as the socket drains, so memory stays at one block per transfer at most.
-Advertised in `scope["extensions"]` only by servers that serve it (runrouter's).
+uvicorn writes every `http.response.body` into the transport at once: a 1 GiB asset handed over
+in one message would sit in memory until the peer had read it, and streamed in blocks it costs a
+read into Python and a copy per block. With this extension a handler hands over a file (and a
+byte span), and the server sends it as the socket drains, so memory stays at one block per
+transfer at most. Advertised in `scope["extensions"]` by the cycle that serves it (`PathCycle`).
 
-On a plain TCP connection the span goes out with os.sendfile, page cache to socket: no read
-into Python, no copy through Twisted's buffers, a fraction of the CPU per GiB. Any other
-transport (TLS, a test transport) gets Twisted's own `FileSender`.
+On a plain TCP (or Unix) connection of asyncio's or uvloop's loop the span goes out with
+os.sendfile, page cache to socket: no read into Python, no copy through the transport's buffer,
+a fraction of the CPU per GiB. Any other transport (TLS, a test transport) gets blocks read with
+pread, written through the transport under uvicorn's flow control.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
-from typing import Any, BinaryIO
+from typing import Any, Literal, NotRequired, TypedDict, cast
 
-from twisted.internet import defer
-from twisted.internet.error import ConnectionDone
-from twisted.internet.tcp import Connection
-from twisted.protocols.basic import FileSender
-from twisted.web.http import NO_BODY_CODES
+from uvicorn._types import ASGISendEvent
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 logger = logging.getLogger(__name__)
 
 EXTENSION = "http.response.pathsend"
-# Blocks read per producer turn: large enough that the per-block cost is noise next to the copy.
+# Bytes read per block when sendfile cannot be used: large enough that the per-block cost is
+# noise next to the copy, and the most a transfer holds in memory.
 BLOCK_BYTES = 1024 * 1024
-# At most this much leaves through sendfile per reactor turn, so that one fast reader cannot
-# keep the reactor from every other connection.
+# At most this much leaves per loop turn (by sendfile or in blocks), so that one fast reader
+# cannot keep the loop from every other connection.
 SENDFILE_TURN_BYTES = 4 * 1024 * 1024
+# RFC 9110: these responses have no body, whatever their content-length says.
+NO_BODY_CODES = frozenset({204, 304})
+# sendfile refuses this file or socket (a file system without splice support, say): the rest of
+# the span goes in blocks instead.
+_NO_SENDFILE = frozenset({errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP})
 
 
-class _Span:
-    """A file read from `offset` for `length` bytes, then empty: one byte range of it."""
-
-    def __init__(self, handle: BinaryIO, length: int) -> None:
-        self._handle = handle
-        self._left = length
-
-    def read(self, size: int) -> bytes:
-        if self._left <= 0:
-            return b""
-        data = self._handle.read(min(size, self._left))
-        self._left -= len(data)
-        return data
+class PathSendEvent(TypedDict):
+    type: Literal["http.response.pathsend"]
+    path: str
+    offset: NotRequired[int]
+    length: NotRequired[int]
 
 
-class _BlockSender(FileSender):
-    CHUNK_SIZE = BLOCK_BYTES
+def _plain_transport_types() -> tuple[type, ...]:
+    """The transports whose socket carries the bytes as written: sendfile may write to it."""
+    from asyncio import selector_events
+
+    # Private, and not in the stubs: the transport of a plain socket on asyncio's own loop.
+    kinds: list[type] = [getattr(selector_events, "_SelectorSocketTransport")]  # noqa: B009
+    try:
+        import uvloop.loop
+    except ImportError:  # the router runs on uvloop, but the module must not need it
+        return tuple(kinds)
+    # Not in uvloop's stubs; TLS transports are other classes, never subclasses of these.
+    kinds += [getattr(uvloop.loop, "TCPTransport"), getattr(uvloop.loop, "UnixTransport")]  # noqa: B009
+    return tuple(kinds)
 
 
-_BUFFER_STATE = ("dataBuffer", "offset", "_tempDataLen", "bufferSize")
+_PLAIN_TRANSPORTS = _plain_transport_types()
 
 
-def _transport_idle(transport: Any) -> bool:
-    """Nothing waits in the transport's own buffer (bytes sendfile must not overtake)."""
-    return len(transport.dataBuffer) <= transport.offset and not transport._tempDataLen
-
-
-class SpanSender:
-    """Sends bytes [offset, offset + length) of `fd` into a TCP transport's socket with
-    os.sendfile, as a push producer of the request.
-
-    The transport only calls a producer back after pausing it, and it pauses it only when its
-    own buffer overflows. So when the socket is full, one slice just past the transport's
-    buffer size goes through `request.write`: the transport pauses this producer, drains that
-    slice as the socket empties, and resumes it with its buffer empty, and sendfile goes on.
-    The same path carries anything written while the transport still holds bytes (the response
-    head), so the body never overtakes them.
-    """
-
-    def __init__(
-        self, request: Any, transport: Any, fd: int, offset: int, length: int, clock: Any
-    ) -> None:
-        self.deferred: defer.Deferred[None] = defer.Deferred()
-        self._request = request
-        self._transport = transport
-        self._fd = fd
-        self._offset = offset
-        self._left = length
-        self._clock = clock
-        self._paused = False
-        self._done = False
-        self._later: Any = None
-
-    def start(self) -> None:
-        self._request.registerProducer(self, True)
-        self._pump()
-
-    def pauseProducing(self) -> None:
-        self._paused = True
-
-    def resumeProducing(self) -> None:
-        self._paused = False
-        self._pump()
-
-    def stopProducing(self) -> None:
-        self._end(ConnectionDone("the peer stopped reading"))
-
-    def _pump(self) -> None:
-        if self._later is not None and self._later.active():
-            self._later.cancel()
-        self._later = None
-        turn = 0
-        while not self._done and not self._paused and self._left > 0:
-            if not _transport_idle(self._transport):
-                self._write_through()
-                continue
-            if turn >= SENDFILE_TURN_BYTES:
-                self._later = self._clock.callLater(0, self._pump)
-                return
-            try:
-                sent = os.sendfile(
-                    self._transport.fileno(),
-                    self._fd,
-                    self._offset,
-                    min(self._left, SENDFILE_TURN_BYTES),
-                )
-            except BlockingIOError:
-                self._write_through()
-                continue
-            except OSError as exc:
-                self._abort(exc)
-                return
-            if sent == 0:
-                self._abort(OSError("the file is shorter than the span to send"))
-                return
-            self._offset += sent
-            self._left -= sent
-            turn += sent
-        if not self._done and self._left == 0:
-            self._end(None)
-
-    def _write_through(self) -> None:
-        size = min(self._left, self._transport.bufferSize + 1)
-        try:
-            data = os.pread(self._fd, size, self._offset)
-        except OSError as exc:
-            self._abort(exc)
-            return
-        if not data:
-            self._abort(OSError("the file is shorter than the span to send"))
-            return
-        self._offset += len(data)
-        self._left -= len(data)
-        self._request.write(data)
-
-    def _abort(self, error: BaseException) -> None:
-        # A body cut short must not look finished: the peer sees the connection drop.
-        self._transport.abortConnection()
-        self._end(error)
-
-    def _end(self, error: BaseException | None) -> None:
-        if self._done:
-            return
-        self._done = True
-        if self._later is not None and self._later.active():
-            self._later.cancel()
-        self._request.unregisterProducer()
-        if error is None:
-            self.deferred.callback(None)
-        else:
-            self.deferred.errback(error)
-
-
-def _tcp_transport(request: Any) -> Any:
-    """The request's TCP transport when sendfile can write to its socket, else None."""
-    channel = getattr(request, "channel", None)
-    transport = getattr(channel, "transport", None)
-    if not isinstance(transport, Connection) or getattr(transport, "TLS", False):
+def _plain_socket(transport: asyncio.BaseTransport) -> int | None:
+    """The transport's socket descriptor when sendfile can write to it, else None."""
+    if not isinstance(transport, _PLAIN_TRANSPORTS):
         return None
-    # SpanSender reads the transport's buffer state: a Twisted without these falls back.
-    if not all(hasattr(transport, name) for name in _BUFFER_STATE):
+    # Belt and braces: an SSL transport of asyncio answers "socket" with the raw TCP socket, and
+    # bytes written there would bypass the encryption.
+    if transport.get_extra_info("sslcontext") is not None:
         return None
-    return transport
+    sock = transport.get_extra_info("socket")
+    fileno = sock.fileno() if sock is not None else -1
+    return fileno if fileno >= 0 else None
+
+
+def _settle(waiter: asyncio.Future[None]) -> None:
+    # Level-triggered: the writer can fire again before the waiting task removes it.
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def advertise(scope: dict[str, Any]) -> None:
     scope.setdefault("extensions", {})[EXTENSION] = {}
 
 
-async def send_path(request: Any, message: dict[str, Any]) -> None:
-    """Send `message["path"]` (from `offset`, `length` bytes) as the body and finish."""
-    offset = int(message.get("offset", 0))
-    fd = os.open(message["path"], os.O_RDONLY | os.O_NOFOLLOW)
-    with os.fdopen(fd, "rb", buffering=0) as handle:
-        length = int(message.get("length", os.fstat(handle.fileno()).st_size - offset))
-        # The response head goes first, into the transport's buffer (sendfile waits for it).
-        request.write(b"")
-        transport = _tcp_transport(request)
-        framed = not request.chunked and request.method != b"HEAD"
-        if transport is not None and framed and request.code not in NO_BODY_CODES:
-            from twisted.internet import reactor
+class PathCycle(RequestResponseCycle):
+    """uvicorn's request/response cycle, plus `http.response.pathsend`: the file's span goes out
+    as the socket drains, then the response finishes as after a last `http.response.body`.
 
-            sender = SpanSender(request, transport, handle.fileno(), offset, length, reactor)
-            sender.start()
-            deferred = sender.deferred
-        else:
-            handle.seek(offset)
-            deferred = _BlockSender().beginFileTransfer(_Span(handle, length), request)
-        try:
-            await deferred.asFuture(asyncio.get_running_loop())
-        except Exception as exc:
-            # The peer went away (the transport stopped the producer), or the file ended short
-            # (the connection was dropped): either way nothing more can be sent, and a body
-            # cut short must not be finished as if whole.
-            logger.warning(
-                "sending %s (%d bytes from %d) stopped: %s", message["path"], length, offset, exc
-            )
+    Construct it as uvicorn constructs RequestResponseCycle (the same keyword arguments); it
+    advertises the extension in the scope it is given.
+    """
+
+    # Class defaults rather than __init__ state, so a cycle re-classed after uvicorn built it
+    # still works (though only one constructed as a PathCycle advertises the extension).
+    _status = 200
+    _gone = False
+    _wake: asyncio.Future[None] | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        advertise(cast(dict[str, Any], self.scope))
+
+    @property
+    def disconnected(self) -> bool:
+        return self._gone
+
+    @disconnected.setter
+    def disconnected(self, value: bool) -> None:
+        # The protocol sets this from connection_lost. A transfer waiting for the socket to
+        # drain must wake then: it holds a duplicate of the socket's descriptor, which keeps the
+        # connection open after the transport has closed its own.
+        self._gone = value
+        if value and self._wake is not None:
+            _settle(self._wake)
+
+    async def send(self, message: ASGISendEvent | PathSendEvent) -> None:
+        if message["type"] == EXTENSION:
+            await self._send_path(cast(PathSendEvent, message))
             return
-    request.finish()
+        if message["type"] == "http.response.start":
+            # The base class does not keep the status; a 204 or 304 must not get a body.
+            self._status = message["status"]
+        await super().send(cast(ASGISendEvent, message))
 
-from uvicorn.protocols.http.httptools_impl import RequestResponseCycle as PathCycle  # noqa
+    async def _send_path(self, message: PathSendEvent) -> None:
+        if self.disconnected:
+            return  # as the base class does with any message: nobody to send it to
+        if not self.response_started:
+            raise RuntimeError(
+                f"Expected ASGI message 'http.response.start', but got '{EXTENSION}'."
+            )
+        if self.response_complete:
+            raise RuntimeError(
+                f"Unexpected ASGI message '{EXTENSION}' sent, after response already completed."
+            )
+        path = message["path"]
+        offset = int(message.get("offset", 0))
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            length = int(message.get("length", os.fstat(fd).st_size - offset))
+            if offset < 0 or length < 0:
+                raise ValueError(f"no span of {path} from {offset} for {length} bytes")
+            if self.scope["method"] == "HEAD" or self._status in NO_BODY_CODES:
+                self.expected_content_length = 0
+                whole = True
+            else:
+                whole = await self._send_body(fd, path, offset, length)
+        finally:
+            os.close(fd)
+        if whole:
+            await super().send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _send_body(self, fd: int, path: str, offset: int, length: int) -> bool:
+        """Send the span as the body; False if it stopped short (and the connection dropped)."""
+        if not self.chunked_encoding and length != self.expected_content_length:
+            # Checked before a byte goes out, where the base class finds out after.
+            raise RuntimeError(
+                f"Response content of {length} bytes, but Content-Length has "
+                f"{self.expected_content_length} left"
+            )
+        try:
+            await self._send_span(fd, offset, length)
+        except OSError as exc:
+            # The peer went away, or the file ended short: either way nothing more can be sent,
+            # and a body cut short must not be finished as if whole: the peer sees it dropped.
+            logger.warning("sending %s (%d bytes from %d) stopped: %s", path, length, offset, exc)
+            self.transport.abort()
+            self.disconnected = True
+            return False
+        return True
+
+    async def _send_span(self, fd: int, offset: int, length: int) -> None:
+        sent = 0
+        if not self.chunked_encoding:
+            # Chunked framing would need each chunk's head between sendfile calls: blocks.
+            sent = await self._sendfile(fd, offset, length)
+            self.expected_content_length -= sent
+        await self._send_blocks(fd, offset + sent, length - sent)
+
+    def _check_connected(self) -> None:
+        if self.disconnected or self.transport.is_closing():
+            raise ConnectionResetError("the connection is closed")
+
+    async def _sendfile(self, fd: int, offset: int, length: int) -> int:
+        """Send what sendfile can of the span straight to the socket; return the bytes sent
+        (0 on a transport sendfile cannot write to)."""
+        sock = _plain_socket(self.transport)
+        if sock is None:
+            return 0
+        # A descriptor of our own: the loop refuses to watch the transport's (uvloop as asyncio:
+        # "used by transport"), and its number stays ours should the transport close its own.
+        out = os.dup(sock)
+        sent = turn = 0
+        try:
+            while sent < length:
+                self._check_connected()
+                if self.flow.write_paused:
+                    await self.flow.drain()
+                elif self.transport.get_write_buffer_size():
+                    # Bytes written before (the response head) go first: sendfile waits.
+                    await self._writable(out)
+                elif turn >= SENDFILE_TURN_BYTES:
+                    turn = 0
+                    await asyncio.sleep(0)  # a turn of the loop for the other connections
+                else:
+                    step = min(length - sent, SENDFILE_TURN_BYTES - turn)
+                    try:
+                        done = os.sendfile(out, fd, offset + sent, step)
+                    except BlockingIOError:
+                        turn = 0  # waiting for the socket lets the others run
+                        await self._writable(out)
+                        continue
+                    except OSError as exc:
+                        if exc.errno in _NO_SENDFILE:
+                            return sent
+                        raise
+                    if done == 0:
+                        raise OSError("the file is shorter than the span to send")
+                    sent += done
+                    turn += done
+        finally:
+            os.close(out)
+        return sent
+
+    async def _writable(self, fd: int) -> None:
+        """Wait until the socket takes more bytes, or the connection is lost."""
+        loop = asyncio.get_running_loop()
+        self._wake = loop.create_future()
+        loop.add_writer(fd, _settle, self._wake)
+        try:
+            await self._wake
+        finally:
+            loop.remove_writer(fd)
+            self._wake = None
+
+    async def _send_blocks(self, fd: int, offset: int, length: int) -> None:
+        """Send the span in blocks through the transport, each once the last has drained."""
+        turn = 0
+        while length > 0:
+            if self.flow.write_paused and not self.disconnected:
+                # Read the next block only now: one block per transfer in memory, not two.
+                await self.flow.drain()
+                turn = 0
+            self._check_connected()
+            if turn >= SENDFILE_TURN_BYTES:
+                # A fast reader drains every write at once: the transport never pauses us.
+                turn = 0
+                await asyncio.sleep(0)
+                continue
+            block = os.pread(fd, min(BLOCK_BYTES, length), offset)
+            if not block:
+                raise OSError("the file is shorter than the span to send")
+            offset += len(block)
+            length -= len(block)
+            turn += len(block)
+            await super().send({"type": "http.response.body", "body": block, "more_body": True})
