@@ -7,9 +7,9 @@ byte span), and the server sends it as the socket drains, so memory stays at one
 transfer at most. Advertised in `scope["extensions"]` by the cycle that serves it (`PathCycle`).
 
 On a plain TCP (or Unix) connection of asyncio's or uvloop's loop the span goes out with
-os.sendfile, page cache to socket: no read into Python, no copy through the transport's buffer,
-a fraction of the CPU per GiB. Any other transport (TLS, a test transport) gets blocks read with
-pread, written through the transport under uvicorn's flow control.
+os.sendfile, page cache to socket: no read into Python, no block held in memory, no copy through
+the transport's buffer. Any other transport (TLS, a test transport), and a chunked response, gets
+blocks read with pread, written through the transport under uvicorn's flow control.
 """
 
 from __future__ import annotations

@@ -136,7 +136,8 @@ class App:
         query = {k: int(v[0]) for k, v in parse_qs(scope["query_string"].decode()).items()}
         offset = query.get("offset", 0)
         length = query.get("length", self.claimed or self.path.stat().st_size - offset)
-        headers = [(b"content-length", str(length).encode())]
+        # Without a content-length uvicorn frames the response in chunks.
+        headers = [] if query.get("chunked") else [(b"content-length", str(length).encode())]
         if self.padding:
             headers.append((b"x-padding", b"p" * self.padding))
         status = query.get("status", 200)
@@ -282,6 +283,21 @@ class Client:
         while await self.fill():
             pass
         return not self.buf
+
+    async def chunked(self) -> bytes:
+        """A chunked body, unframed."""
+        body = bytearray()
+        while True:
+            while b"\r\n" not in self.buf:
+                assert await self.fill()
+            size_line, _, rest = bytes(self.buf).partition(b"\r\n")
+            self.buf = bytearray(rest)
+            size = int(size_line, 16)
+            chunk = await self.body(size + 2)
+            assert chunk.endswith(b"\r\n")
+            body += chunk[:-2]
+            if size == 0:
+                return bytes(body)
 
     def close(self) -> None:
         self.sock.close()
@@ -436,6 +452,25 @@ def test_the_span_waits_for_a_head_still_in_the_transport_buffer(
     run(loop_factory, scenario)
     assert app.ended == ["returned"]
     assert by_sendfile == ([len(DATA)] if mode == "sendfile" else [0])
+
+
+def test_a_response_without_content_length_gets_the_span_in_chunks(
+    loop_factory: LoopFactory, by_sendfile: list[int], tmp_path: Path
+) -> None:
+    app = App(write(tmp_path / "asset.bin", DATA))
+
+    async def scenario() -> None:
+        async with serve(app) as served:
+            client = await Client.connect(served)
+            await client.send(get("/file?offset=3&chunked=1") + get("/text"))
+            status, headers = await client.head()
+            assert (status, headers[b"transfer-encoding"]) == (200, b"chunked")
+            assert await client.chunked() == DATA[3:]
+            assert await client.head() == (200, {b"content-length": b"2"})
+            client.close()
+
+    run(loop_factory, scenario)
+    assert app.ended == ["returned"] and by_sendfile == []
 
 
 def test_the_next_request_on_the_connection_is_answered_after_a_pathsend(
