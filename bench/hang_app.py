@@ -1,5 +1,5 @@
 """A do-nothing ASGI app that reads the request and never answers: the baseline cost of one
-held HTTP connection under Daphne, measured by bench/queue.py."""
+held HTTP connection under the node's HTTP server, measured by bench/queue.py."""
 
 from __future__ import annotations
 

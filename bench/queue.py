@@ -163,19 +163,25 @@ async def wait_log(path: Path, mark: str, *, limit_secs: float) -> None:
         await asyncio.sleep(0.05)
 
 
-async def daphne_baseline(n: int) -> float:
-    """RSS growth per held connection of Daphne serving an app that does nothing at all."""
+async def server_baseline(n: int) -> float:
+    """RSS growth per held connection of the node's HTTP server (uvicorn's httptools protocol
+    on uvloop) serving an app that does nothing at all."""
     port = free_port()
-    log = Path(tempfile.mkdtemp(prefix="bench-daphne-")) / "daphne.log"
+    log = Path(tempfile.mkdtemp(prefix="bench-server-")) / "server.log"
     proc = start(
         [
             sys.executable,
             "-m",
-            "daphne",
-            "-b",
+            "uvicorn",
+            "--host",
             "127.0.0.1",
-            "-p",
+            "--port",
             str(port),
+            "--loop",
+            "uvloop",
+            "--http",
+            "httptools",
+            "--no-access-log",
             "bench.hang_app:application",
         ],
         log,
@@ -183,7 +189,7 @@ async def daphne_baseline(n: int) -> float:
     url = f"http://127.0.0.1:{port}/v1/chat/completions"
     body = {"model": "x", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1}
     try:
-        await wait_log(log, "Listening", limit_secs=30)
+        await wait_log(log, "Uvicorn running", limit_secs=30)
         connector = aiohttp.TCPConnector(limit=0)
         timeout = aiohttp.ClientTimeout(total=None)
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
@@ -295,7 +301,7 @@ def main() -> None:
     work = np.column_stack([prompt, output])
     fit_ms = fits.median_ms(lambda: fit_durations(work, dur, min_samples=20), 20)
     memory = asyncio.run(held_memory(args.held))
-    baseline = asyncio.run(daphne_baseline(args.held))
+    baseline = asyncio.run(server_baseline(args.held))
     own = memory["bytes_per_held"] - baseline
     lag = decision_log_lag(10_000)
     ops_per_sec = 200_000 / (enqueue_secs + complete_secs)
@@ -304,7 +310,7 @@ def main() -> None:
         "queue_ops_per_sec": round(ops_per_sec),
         "queue_entry_bytes": round(entry_bytes, 1),
         "router_bytes_per_held_request": round(memory["bytes_per_held"]),
-        "daphne_connection_baseline_bytes": round(baseline),
+        "server_connection_baseline_bytes": round(baseline),
         "router_own_bytes_per_held_request": round(own),
         "held_requests": memory["held"],
         "fit_10k_ms": round(fit_ms, 3),
@@ -323,8 +329,8 @@ def main() -> None:
         f"{result['router_bytes_per_held_request']:>14}{'':>10}"
     )
     print(
-        f"{'  of which Daphne connection (baseline app)':<44}"
-        f"{result['daphne_connection_baseline_bytes']:>14}{'':>10}"
+        f"{'  of which server connection (baseline app)':<44}"
+        f"{result['server_connection_baseline_bytes']:>14}{'':>10}"
     )
     print(
         f"{'  the router own cost per held request':<44}"

@@ -1,7 +1,7 @@
 """The router process's node state: catalog, runtimes, cluster registry, analytics recorder.
 
-One instance per router process, created lazily from settings on first use (Daphne has no
-startup hook), and replaced by `set_node()`. The django-q2 workers never touch it.
+One instance per router process, created lazily from settings on first use (tests
+build apps without the runner), and replaced by `set_node()`. The django-q2 workers never touch it.
 """
 
 from __future__ import annotations

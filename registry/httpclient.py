@@ -3,8 +3,8 @@
 
 aiohttp's client is used directly on the hot path: measured here, httpx's own pool added
 several milliseconds per request, and the proxy forwards raw bytes anyway. The session is
-created lazily on the running loop (Daphne has no lifespan hook to create it in) and
-replaced if the loop changes, which is what happens between tests.
+created lazily on the running loop (the one it must belong to is not running when the
+node is built) and replaced if the loop changes, which is what happens between tests.
 """
 
 from __future__ import annotations

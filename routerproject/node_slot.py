@@ -6,8 +6,8 @@ node the router process runs: the proxy installs a provider here when Django sta
 (`proxy.apps`), and each layer reads it through its own `ports` module, typed with a Protocol
 of exactly what that layer uses.
 
-A provider rather than the node itself: the node is built lazily on first use (Daphne has no
-startup hook) and tests replace it, so the slot asks the proxy each time.
+A provider rather than the node itself: the node is built lazily on first use (tests build
+apps without a server to start it) and tests replace it, so the slot asks the proxy each time.
 """
 
 from __future__ import annotations

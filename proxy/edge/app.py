@@ -8,7 +8,7 @@ Each request runs linear phases: authorize, read the body (bounded), count it ag
 key's limits (`proxy.edge.limits`), handle (which may wait for a model load), stream the
 answer, release. A task watches for `http.disconnect` while the request is in flight and
 cancels it, so a client that goes away frees its backend slot (and its key's concurrency slot)
-at once instead of after Daphne's application-close timeout.
+at once (the server never cancels an app whose client left).
 """
 
 from __future__ import annotations

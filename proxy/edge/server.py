@@ -29,10 +29,8 @@ LISTEN_BACKLOG = 4096
 # is dropped when no pong follows within the timeout.
 WS_PING_INTERVAL_SECS = 20.0
 WS_PING_TIMEOUT_SECS = 30.0
-# A realtime frame carries at most a few seconds of audio.
-WS_MAX_FRAME_BYTES = 16 * 1024 * 1024
-# How long a WebSocket waits for the peer's answer to its close frame.
-WS_CLOSE_TIMEOUT_SECS = 5.0
+# A message past this closes the socket with 1009 (Daphne's limit, which clients were written to).
+WS_MAX_FRAME_BYTES = 1024 * 1024
 
 
 def server_config(app: Any) -> Config:

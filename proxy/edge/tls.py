@@ -159,8 +159,7 @@ def _reason(exc: BaseException) -> str:
 
 
 def _extra(transport: asyncio.BaseTransport | None, name: str) -> Any:
-    # None before a connection is made; a transport of another server (Twisted's, while the
-    # front door still runs there) carries no extra info and is not TLS to this module.
+    # None before a connection is made; a transport without extra info (a test's) is not TLS.
     get = getattr(transport, "get_extra_info", None)
     return None if get is None else get(name)
 

@@ -1,7 +1,7 @@
 """Consumer tests of the inference proxy (ProxyApp) over ASGI, against real simulated backends.
 
 A real Node is built from a temp config whose models dir holds simulated configs; requests go
-through asgiref's ApplicationCommunicator, so the app sees exactly what Daphne would give it.
+through asgiref's ApplicationCommunicator, so the app sees exactly what an ASGI server gives it.
 """
 
 from __future__ import annotations
