@@ -14,13 +14,14 @@ its workers) whose one model is `upstream` mode pointing at it, then:
    run to run than its wall time.
 
 `--against PATH` compares this checkout with another one (e.g. a worktree of an older commit):
-a second router starts from PATH's `manage.py` beside this one, on the same upstream, and the
-two are measured in alternating rounds (this, PATH, PATH, this, this, PATH ... `--rounds` of
-each: each goes first in every other round), so both see the same machine; each latency run
-starts once the other router is idle (its analytics backlog written). Latency is measured with
-the config key only (an older checkout may have no stored keys). It prints each checkout's
-figures (latencies pooled over its rounds, req/s and CPU per request averaged) and their
-ratios, this over PATH.
+a second router starts from PATH's `manage.py` (under PATH's `.venv` when it has one: another
+commit may need other packages) beside this one, on the same upstream, and the two are
+measured in alternating rounds (this, PATH, PATH, this, this, PATH ... `--rounds` of each:
+each goes first in every other round), so both see the same machine; each latency run starts
+once the other router is idle (its analytics backlog written). Latency is measured with the
+config key only (an older checkout may have no stored keys). It prints each checkout's figures
+(latencies pooled over its rounds, req/s and CPU per request averaged) and their ratios, this
+over PATH.
 
 Prints a table and, last, one JSON line. Run: `.venv/bin/python bench/overhead.py [--n 1000]
 [--against /path/to/checkout --rounds 2]`.
@@ -293,7 +294,13 @@ def launch(router: Router, root: Path, upstream_url: str) -> None:
     }
     (home / "config.yaml").write_text(yaml.safe_dump(config))
     router.proc = start(
-        [sys.executable, "manage.py", "runrouter", "--config", str(home / "config.yaml")],
+        [
+            python_of(router.checkout),
+            "manage.py",
+            "runrouter",
+            "--config",
+            str(home / "config.yaml"),
+        ],
         home / "router.log",
         router_env(),
         cwd=router.checkout,
@@ -420,6 +427,12 @@ def print_compare(result: dict[str, Any], clients: int) -> None:
     for key, name in names.items():
         shown = "-" if ratios[key] is None else ratios[key]
         print(f"{name:<30}{this[key]:>10}{against[key]:>10}{shown:>10}")
+
+
+def python_of(checkout: Path) -> str:
+    """The checkout's own interpreter when it has a venv, else this one."""
+    own = checkout / ".venv" / "bin" / "python"
+    return str(own) if own.exists() else sys.executable
 
 
 def main() -> None:
