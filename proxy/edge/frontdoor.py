@@ -39,6 +39,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from proxy.edge import filesend
+from proxy.edge.cycle import RouterCycle
 from proxy.edge.gate import Address, Gate, Refusal, parse_address
 from proxy.edge.nodeapi import NODE_PREFIX
 from proxy.edge.tls import CLIENT_CERT_SCOPE_KEY, client_cert_refusal, has_client_cert, is_tls
@@ -547,7 +548,7 @@ class FrontDoorProtocol(HttpToolsProtocol):
         scope[CLIENT_CERT_SCOPE_KEY] = self.client_cert  # type: ignore[literal-required]
         scope["extensions"] = {filesend.EXTENSION: {}}
         previous = self.cycle
-        self.cycle = cycle = filesend.PathCycle(
+        self.cycle = cycle = RouterCycle(
             scope=scope,
             transport=self.transport,
             flow=self.flow,

@@ -1,0 +1,124 @@
+"""One request's cycle on a front-door connection: uvicorn's, with pathsend, and each answer's
+head written together with its first body bytes.
+
+uvicorn writes an answer's head the moment the app starts it, and the body in a second write:
+two send() calls and two segments for the common answer whose body follows at once (a JSON
+answer, an error). Here the head is held until the first body message (or a pathsend, or the
+end of the loop turn, so a stream whose first chunk takes a while still shows its head at
+once) and goes out in the same write as that body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from uvicorn._types import ASGISendEvent
+
+from proxy.edge.filesend import PathCycle
+
+# Past this, a body is written after the held head rather than joined to it in a copy.
+JOIN_MAX_BYTES = 64 * 1024
+
+
+class _HeadHolder:
+    """Stands in for the transport while the base class writes a response's head."""
+
+    __slots__ = ("data",)
+
+    def __init__(self) -> None:
+        self.data = b""
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+
+class _Joined:
+    """Stands in for the transport while the base class writes the first body bytes: the held
+    head goes out in the same write, and before anything else the base class does with it."""
+
+    __slots__ = ("head", "transport")
+
+    def __init__(self, transport: asyncio.Transport, head: bytes) -> None:
+        self.transport = transport
+        self.head = head
+
+    def write(self, data: bytes) -> None:
+        head, self.head = self.head, b""
+        if not head:
+            self.transport.write(data)
+        elif len(data) <= JOIN_MAX_BYTES:
+            self.transport.write(head + data)
+        else:
+            self.transport.writelines((head, data))
+
+    def flush(self) -> None:
+        head, self.head = self.head, b""
+        if head:
+            self.transport.write(head)
+
+    def close(self) -> None:
+        self.flush()
+        self.transport.close()
+
+    def is_closing(self) -> bool:
+        return self.transport.is_closing()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.transport, name)
+
+
+class RouterCycle(PathCycle):
+    """uvicorn's cycle (with pathsend) holding each answer's head for its first body bytes."""
+
+    _head: bytes | None = None
+    _flush_later: asyncio.Handle | None = None
+
+    async def send(self, message: Any) -> None:
+        kind = message["type"]
+        if kind == "http.response.start" and not self.response_started:
+            await self._start(message)
+            return
+        head = self._head
+        if head is None:
+            await super().send(message)
+            return
+        self._head = None
+        later, self._flush_later = self._flush_later, None
+        if later is not None:
+            later.cancel()
+        transport = self.transport
+        if kind != "http.response.body" or self.disconnected:
+            if not self.disconnected and not transport.is_closing():
+                transport.write(head)
+            await super().send(message)
+            return
+        joined = _Joined(transport, head)
+        self.transport = joined  # type: ignore[assignment]
+        try:
+            await super().send(message)
+        finally:
+            self.transport = transport
+            if not transport.is_closing():
+                joined.flush()
+
+    async def _start(self, message: ASGISendEvent) -> None:
+        if self.flow.write_paused and not self.disconnected:
+            await self.flow.drain()
+        holder = _HeadHolder()
+        transport = self.transport
+        self.transport = holder  # type: ignore[assignment]
+        try:
+            await super().send(message)
+        finally:
+            self.transport = transport
+        if holder.data and not self.disconnected:
+            self._head = holder.data
+            # A stream's first chunk may be far off: the head goes at the end of this turn.
+            self._flush_later = asyncio.get_running_loop().call_soon(self._flush_head)
+
+    def _flush_head(self) -> None:
+        self._flush_later = None
+        head, self._head = self._head, None
+        if head is not None and not self.disconnected and not self.transport.is_closing():
+            self.transport.write(head)
