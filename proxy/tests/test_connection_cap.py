@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -25,7 +24,7 @@ from proxy.edge.frontdoor import (
     is_reserved_path,
     reserve_for,
 )
-from proxy.tests.test_frontdoor import KEYED, Door, _body, _status, turn
+from proxy.tests.doorharness import KEYED, Door, body_of, status_of, turn
 
 # With a cap of 4 the reserve is 1: three ordinary places, one for health checks.
 CAP = 4
@@ -37,20 +36,6 @@ UPGRADE = (
     + b"Upgrade: websocket\r\nConnection: Upgrade\r\n"
     b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
 )
-
-
-@pytest.fixture
-async def doors(tmp_path: Path) -> AsyncIterator[Callable[..., Door]]:
-    made: list[Door] = []
-
-    def make(**sections: Any) -> Door:
-        built = Door(tmp_path, **sections)
-        made.append(built)
-        return built
-
-    yield make
-    for built in made:
-        await built.close()
 
 
 @pytest.fixture
@@ -120,13 +105,13 @@ async def test_the_last_place_takes_only_health_checks_and_node_routes(capped: D
         ordinary, transport = capped.connect()
         ordinary.data_received(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + KEYED + b"\r\n")
         await turn()
-        assert _status(transport.take()) == 200
+        assert status_of(transport.take()) == 200
     capped.app.scopes.clear()
     reserved, transport = capped.connect()
     reserved.data_received(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + KEYED + b"\r\n")
     await turn()
-    assert _status(transport.data) == 503
-    assert _body(transport.data)["error"]["code"] == "too_many_connections"
+    assert status_of(transport.data) == 503
+    assert body_of(transport.data)["error"]["code"] == "too_many_connections"
     assert b"\r\nretry-after: 1\r\n" in transport.data
     assert capped.app.started == 0
     reserved.connection_lost(None)
@@ -134,13 +119,13 @@ async def test_the_last_place_takes_only_health_checks_and_node_routes(capped: D
     health, transport = capped.connect()
     health.data_received(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
     await turn()
-    assert _status(transport.data) == 200  # passed on to the app
+    assert status_of(transport.data) == 200  # passed on to the app
     health.connection_lost(None)
 
     node, transport = capped.connect()
     node.data_received(NODE_ROUTE + f"Authorization: Bearer {TOKEN}\r\n\r\n".encode())
     await turn()
-    assert _status(transport.data) == 200
+    assert status_of(transport.data) == 200
     assert [scope["path"] for scope in capped.app.scopes] == [
         "/healthz",
         "/router/v1/node/runtime-status",
@@ -159,8 +144,8 @@ async def test_past_the_cap_a_connection_is_refused_and_a_closed_one_frees_its_p
 ) -> None:
     held = [capped.connect()[0] for _ in range(CAP)]
     _, refused = capped.connect("127.0.0.9")
-    assert _status(refused.data) == 503
-    assert _body(refused.data)["error"]["code"] == "too_many_connections"
+    assert status_of(refused.data) == 503
+    assert body_of(refused.data)["error"]["code"] == "too_many_connections"
     assert capped.door.total == CAP
     held[0].connection_lost(None)
     assert capped.door.total == CAP - 1
@@ -204,7 +189,7 @@ async def test_a_websocket_keeps_its_places_until_its_socket_closes(
     socket = transport.protocol
     assert socket is not None and socket is not protocol
     assert (door.door.open, door.door.total) == ({"127.0.0.1": 1}, 1)
-    assert _status(door.connect()[1].data) == 429
+    assert status_of(door.connect()[1].data) == 429
     socket.connection_lost(None)
     assert (door.door.open, door.door.total) == ({}, 0)
     assert door.connect()[1].data == b""

@@ -9,16 +9,10 @@ The real-socket tests of the same behaviour are in tests/test_frontdoor.py.
 from __future__ import annotations
 
 import asyncio
-import heapq
-import itertools
-import textwrap
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
-import orjson
 import pytest
-from uvicorn.server import ServerState
 
 from proxy.edge import filesend, frontdoor
 from proxy.edge.frontdoor import (
@@ -27,315 +21,29 @@ from proxy.edge.frontdoor import (
     MAX_HEAD_BYTES,
     MAX_HEADERS,
     MAX_URL_BYTES,
-    FrontDoor,
-    FrontDoorProtocol,
 )
-from proxy.edge.server import server_config
 from proxy.edge.tls import CLIENT_CERT_SCOPE_KEY
-from routerproject.config import load_config
-
-LIMIT = 1000
-KEYED = b"Authorization: Bearer front-door-key-1\r\n"
-# What a verified client certificate looks like to `getpeercert()`: any non-empty dict.
-PEERCERT = {"subject": ((("commonName", "peer-node"),),)}
-
-
-class Handle:
-    """A call the fake clock holds until its time comes."""
-
-    def __init__(self, when: float, callback: Callable[[], object]) -> None:
-        self.when = when
-        self.callback = callback
-        self.cancelled = False
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-
-class FakeClock:
-    """The event loop's `time` and `call_later`, moved only by `advance`."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.armed: list[Handle] = []
-        self._due: list[tuple[float, int, Handle]] = []
-        self._order = itertools.count()
-
-    def time(self) -> float:
-        return self.now
-
-    def call_later(self, delay: float, callback: Callable[[], object]) -> Handle:
-        handle = Handle(self.now + delay, callback)
-        self.armed.append(handle)
-        heapq.heappush(self._due, (handle.when, next(self._order), handle))
-        return handle
-
-    def advance(self, seconds: float) -> None:
-        """Move time on, running each call at its own time (calls armed meanwhile included)."""
-        end = self.now + seconds
-        while self._due and self._due[0][0] <= end:
-            when, _, handle = heapq.heappop(self._due)
-            if handle.cancelled:
-                continue
-            self.now = when
-            handle.cancelled = True  # run: no longer pending
-            handle.callback()
-        self.now = end
-
-    def pending(self) -> list[Handle]:
-        return [handle for _, _, handle in self._due if not handle.cancelled]
-
-
-class FakeSocket:
-    """What a real transport's "socket" extra gives uvicorn: the addresses. uvicorn reads the
-    peer from it first; its "peername" fallback takes only 2-tuples, so an IPv6 4-tuple needs
-    the socket, as every real transport has one."""
-
-    def __init__(self, peer: tuple[Any, ...], local: tuple[Any, ...]) -> None:
-        self.peer = peer
-        self.local = local
-
-    def getpeername(self) -> tuple[Any, ...]:
-        return self.peer
-
-    def getsockname(self) -> tuple[Any, ...]:
-        return self.local
-
-
-class FakeTransport:
-    """An asyncio transport that keeps what is written and records how it was closed."""
-
-    def __init__(
-        self,
-        peer: tuple[Any, ...],
-        *,
-        tls: bool = False,
-        peercert: dict[str, Any] | None = None,
-        half_close: bool | None = None,
-    ) -> None:
-        """`half_close`: what `can_write_eof` says; by default what asyncio's transports
-        say (a TLS one cannot)."""
-        local = ("127.0.0.1", 18080)
-        self.half_close = not tls if half_close is None else half_close
-        self.data = bytearray()
-        self.eof = False
-        self.closed = False
-        self.aborted = False
-        self.reading = True
-        self.protocol: Any = None
-        self.looked_up: list[str] = []
-        self.extra: dict[str, Any] = {
-            "peername": peer,
-            "sockname": local,
-            "socket": FakeSocket(peer, local),
-        }
-        if tls:
-            self.extra["sslcontext"] = object()
-            self.extra["ssl_object"] = object()
-            self.extra["peercert"] = peercert
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        self.looked_up.append(name)
-        return self.extra.get(name, default)
-
-    def write(self, data: bytes) -> None:
-        if self.eof:
-            # asyncio's own rule: nothing may follow a half-close.
-            raise RuntimeError("Cannot call write() after write_eof()")
-        self.data += data
-
-    def write_eof(self) -> None:
-        self.eof = True
-
-    def can_write_eof(self) -> bool:
-        return self.half_close
-
-    def close(self) -> None:
-        self.closed = True
-
-    def abort(self) -> None:
-        self.closed = self.aborted = True
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def pause_reading(self) -> None:
-        self.reading = False
-
-    def resume_reading(self) -> None:
-        self.reading = True
-
-    def set_protocol(self, protocol: Any) -> None:
-        self.protocol = protocol
-
-    def get_protocol(self) -> Any:
-        return self.protocol
-
-    @property
-    def stopped(self) -> bool:
-        """The node stopped writing: a half-close after a refusal, or a close."""
-        return self.eof or self.closed
-
-    def take(self) -> bytes:
-        """What was written since the last call."""
-        data = bytes(self.data)
-        self.data.clear()
-        return data
-
-
-class App:
-    """The node's app as the front door sees it: it records each request it is started for,
-    reads the body, and answers 200 with the request's path (after `held` is set, if any).
-    With `streams`, it begins its answer (chunked) before it reads the body, as a stream
-    would."""
-
-    def __init__(self) -> None:
-        self.scopes: list[dict[str, Any]] = []
-        self.bodies: list[bytes] = []
-        self.disconnected = 0
-        self.held: asyncio.Event | None = None
-        self.streams = False
-
-    @property
-    def started(self) -> int:
-        return len(self.scopes)
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        self.scopes.append(scope)
-        if scope["type"] == "websocket":
-            await receive()
-            await send({"type": "websocket.close", "code": 1000})
-            return
-        if self.streams:
-            await send({"type": "http.response.start", "status": 200, "headers": []})
-        body = b""
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                self.disconnected += 1
-                return
-            body += message.get("body", b"")
-            if not message.get("more_body", False):
-                break
-        self.bodies.append(body)
-        if self.held is not None:
-            await self.held.wait()
-        answer = scope["path"].encode()
-        if not self.streams:
-            headers = [(b"content-length", b"%d" % len(answer))]
-            await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": answer})
-
-
-async def turn() -> None:
-    """Yield to the loop a few times, so the app tasks the protocol started run as far as they
-    can (an answer, and the pipelined request it lets start) before the test looks."""
-    for _ in range(3):
-        await asyncio.sleep(0)
-
-
-class Door:
-    """A front door on a config of its own, with its clock, app and server state."""
-
-    def __init__(
-        self, tmp_path: Path, *, cluster: dict[str, Any] | None = None, **server: Any
-    ) -> None:
-        """`server` and `cluster`: the config's sections (a standalone node by default)."""
-        (tmp_path / "kcpps").mkdir(exist_ok=True)
-        settings = {
-            "max_body_bytes": LIMIT,
-            "header_timeout": "10s",
-            "body_timeout": "30s",
-            "body_min_rate": 100,
-            "max_connections_per_client": 2,
-            **server,
-        }
-        path = tmp_path / "config.yaml"
-        path.write_text(
-            textwrap.dedent(
-                f"""
-                server: {orjson.dumps(settings).decode()}
-                auth: {{inference_keys: [front-door-key-1]}}
-                """
-            )
-            + (f"cluster: {orjson.dumps(cluster).decode()}\n" if cluster else "")
-        )
-        self.clock = FakeClock()
-        self.app = App()
-        self.config = server_config(self.app)
-        self.state = ServerState()
-        self.door = FrontDoor(load_config(path, environ={}), clock=self.clock)
-
-    def connect(
-        self,
-        host: str = "127.0.0.1",
-        *,
-        tls: bool = False,
-        peercert: dict[str, Any] | None = None,
-        half_close: bool | None = None,
-    ) -> tuple[FrontDoorProtocol, FakeTransport]:
-        peer: tuple[Any, ...] = (host, 40000, 0, 0) if ":" in host else (host, 40000)
-        protocol = FrontDoorProtocol(self.config, self.state, {}, self.door)
-        transport = FakeTransport(peer, tls=tls, peercert=peercert, half_close=half_close)
-        protocol.connection_made(transport)  # type: ignore[arg-type]
-        return protocol, transport
-
-    async def close(self) -> None:
-        """Stop the app tasks still waiting (a body that never came, a held answer)."""
-        tasks = list(self.state.tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
-@pytest.fixture
-async def doors(tmp_path: Path) -> AsyncIterator[Callable[..., Door]]:
-    made: list[Door] = []
-
-    def make(**sections: Any) -> Door:
-        built = Door(tmp_path, **sections)
-        made.append(built)
-        return built
-
-    yield make
-    for built in made:
-        await built.close()
-
-
-@pytest.fixture
-async def door(doors: Callable[..., Door]) -> Door:
-    return doors()
-
-
-def _status(data: bytes | bytearray) -> int:
-    return int(data[9:12]) if data.startswith(b"HTTP/1.1 ") else 0
-
-
-def _body(data: bytes | bytearray) -> Any:
-    return orjson.loads(bytes(data).partition(b"\r\n\r\n")[2])
-
-
-def _post(length: int, *extra: bytes) -> bytes:
-    return (
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-        + KEYED
-        + b"".join(extra)
-        + b"Content-Length: %d\r\n\r\n" % length
-    )
-
-
-PING = b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n"
-OK_PING = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n/ping"
-
+from proxy.tests.doorharness import (
+    KEYED,
+    LIMIT,
+    OK_PING,
+    PEERCERT,
+    PING,
+    Door,
+    body_of,
+    post_head,
+    status_of,
+    turn,
+)
 
 # -- bodies -----------------------------------------------------------------------------------
 
 
 async def test_a_declared_body_over_the_limit_is_answered_before_it_arrives(door: Door) -> None:
     protocol, transport = door.connect()
-    protocol.data_received(_post(LIMIT + 1))
-    assert _status(transport.data) == 413
-    assert _body(transport.data)["error"]["code"] == "body_too_large"
+    protocol.data_received(post_head(LIMIT + 1))
+    assert status_of(transport.data) == 413
+    assert body_of(transport.data)["error"]["code"] == "body_too_large"
     assert transport.eof  # the answer is whole: the node stops writing
     protocol.data_received(b"x" * (LIMIT + 1))
     await turn()
@@ -345,7 +53,7 @@ async def test_a_declared_body_over_the_limit_is_answered_before_it_arrives(door
 
 async def test_a_body_at_the_limit_reaches_the_app(door: Door) -> None:
     protocol, transport = door.connect()
-    protocol.data_received(_post(LIMIT) + b"x" * LIMIT)
+    protocol.data_received(post_head(LIMIT) + b"x" * LIMIT)
     await turn()
     assert door.app.bodies == [b"x" * LIMIT]
     assert transport.take() == b"HTTP/1.1 200 OK\r\ncontent-length: 20\r\n\r\n/v1/chat/completions"
@@ -364,12 +72,12 @@ async def test_a_chunked_body_is_refused_once_past_the_limit(door: Door) -> None
     await turn()
     assert transport.data == b""
     protocol.data_received(b"1\r\nx\r\n")
-    assert _status(transport.data) == 413
-    assert _body(transport.data)["error"]["code"] == "body_too_large"
+    assert status_of(transport.data) == 413
+    assert body_of(transport.data)["error"]["code"] == "body_too_large"
     await turn()
     # The app hears that its client went away; it never gets the body whole.
     assert (door.app.started, door.app.disconnected, door.app.bodies) == (1, 1, [])
-    assert _status(transport.data) == 413  # ...and nothing it might send follows the refusal
+    assert status_of(transport.data) == 413  # ...and nothing it might send follows the refusal
 
 
 # -- refusals and the linger ------------------------------------------------------------------
@@ -378,7 +86,7 @@ async def test_a_chunked_body_is_refused_once_past_the_limit(door: Door) -> None
 async def test_a_refused_connection_is_dropped_after_the_linger(door: Door) -> None:
     protocol, transport = door.connect()
     protocol.data_received(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n\r\n")
-    assert _status(transport.data) == 401
+    assert status_of(transport.data) == 401
     assert transport.eof and not transport.closed
     door.clock.advance(LINGER_SECS - 0.01)
     assert not transport.aborted
@@ -420,7 +128,7 @@ async def test_a_request_refused_at_the_head_never_starts_the_app(door: Door) ->
     protocol, transport = door.connect()
     protocol.data_received(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
     await turn()
-    assert _status(transport.data) == 401
+    assert status_of(transport.data) == 401
     assert door.app.started == 0
     assert door.state.tasks == set()
 
@@ -435,8 +143,8 @@ async def test_a_rule_that_fails_answers_500_and_lets_nothing_through(
     protocol, transport = door.connect()
     protocol.data_received(PING)
     await turn()
-    assert _status(transport.data) == 500
-    assert _body(transport.data)["error"]["type"] == "server_error"
+    assert status_of(transport.data) == 500
+    assert body_of(transport.data)["error"]["type"] == "server_error"
     assert door.app.started == 0
 
 
@@ -447,11 +155,11 @@ async def test_expect_100_continue_is_not_sent_after_a_refusal(door: Door) -> No
         b"Content-Length: 10\r\n\r\n"
     )
     await turn()
-    assert _status(transport.data) == 401
+    assert status_of(transport.data) == 401
     assert b"100 Continue" not in transport.data
     # The same request with its key is told to go on, once the app asks for the body.
     protocol, transport = door.connect("127.0.0.9")
-    protocol.data_received(_post(10, b"Expect: 100-continue\r\n"))
+    protocol.data_received(post_head(10, b"Expect: 100-continue\r\n"))
     await turn()
     assert transport.data == b"HTTP/1.1 100 Continue\r\n\r\n"
 
@@ -467,8 +175,8 @@ async def test_a_junk_hop_in_x_forwarded_for_is_answered_403_at_the_head(
         + b"X-Forwarded-For: 10.9.9.9, junk, 127.0.0.2\r\n\r\n"
     )
     await turn()
-    assert _status(transport.data) == 403
-    assert _body(transport.data) == {
+    assert status_of(transport.data) == 403
+    assert body_of(transport.data) == {
         "error": {
             "message": "client address unknown is not in server.allowed_cidrs",
             "type": "forbidden",
@@ -483,9 +191,9 @@ async def test_an_invalid_request_line_is_answered_400_in_the_json_envelope(door
     # A TLS hello on the plain port, say: no HTTP request line.
     protocol.data_received(b"\x16\x03\x01\x02\x00 not http\r\n\r\n")
     await turn()
-    assert _status(transport.data) == 400
+    assert status_of(transport.data) == 400
     assert b"\r\ncontent-type: application/json\r\n" in transport.data
-    assert _body(transport.data) == {
+    assert body_of(transport.data) == {
         "error": {"message": "invalid HTTP request", "type": "invalid_request_error"}
     }
     assert transport.eof
@@ -504,12 +212,12 @@ async def test_a_request_line_at_the_url_limit_passes_and_one_past_it_is_414(doo
     protocol, transport = door.connect()
     protocol.data_received(_get(longest))
     await turn()
-    assert _status(transport.data) == 200
+    assert status_of(transport.data) == 200
     protocol, transport = door.connect("127.0.0.9")
     protocol.data_received(_get(longest + b"q"))
     await turn()
-    assert _status(transport.data) == 414
-    assert _body(transport.data)["error"]["code"] == "uri_too_long"
+    assert status_of(transport.data) == 414
+    assert body_of(transport.data)["error"]["code"] == "uri_too_long"
     assert door.app.started == 1
 
 
@@ -523,7 +231,7 @@ async def test_a_url_arriving_a_few_bytes_at_a_time_is_414_once_past_the_limit(
         protocol.data_received(url[start : start + 7])
     assert transport.data == b""
     protocol.data_received(b"q")
-    assert _status(transport.data) == 414
+    assert status_of(transport.data) == 414
 
 
 def _line(name: bytes, size: int) -> bytes:
@@ -550,13 +258,13 @@ async def test_a_head_at_the_header_limits_passes_and_one_past_either_is_431(
         protocol, answers[what] = door.connect()
         protocol.data_received(b"GET /ping HTTP/1.1\r\n" + b"".join(lines) + b"\r\n")
     await turn()
-    assert {what: _status(transport.data) for what, transport in answers.items()} == {
+    assert {what: status_of(transport.data) for what, transport in answers.items()} == {
         "at the count": 200,
         "past the count": 431,
         "at the bytes": 200,
         "past the bytes": 431,
     }
-    assert _body(answers["past the count"].data)["error"]["code"] == "headers_too_large"
+    assert body_of(answers["past the count"].data)["error"]["code"] == "headers_too_large"
     assert door.app.started == 2
 
 
@@ -585,7 +293,7 @@ async def test_a_head_that_never_ends_is_431_once_past_what_a_head_may_hold(
     send(b"v" * (MAX_HEAD_BYTES + MAX_URL_BYTES - sent))
     assert transport.data == b""
     send(b"v")
-    assert _status(transport.data) == 431
+    assert status_of(transport.data) == 431
     assert transport.eof
     await turn()
     assert door.app.started == int(kept_alive)
@@ -620,15 +328,15 @@ async def test_a_head_must_arrive_within_the_header_timeout(door: Door) -> None:
     door.clock.advance(0.99)
     assert transport.data == b""
     door.clock.advance(0.01)
-    assert _status(transport.data) == 408
-    assert _body(transport.data)["error"]["message"] == "request head not received within 10s"
+    assert status_of(transport.data) == 408
+    assert body_of(transport.data)["error"]["message"] == "request head not received within 10s"
     await turn()
     assert door.app.started == 0
 
 
 async def test_a_body_gets_its_timeout_plus_a_second_per_min_rate_bytes(door: Door) -> None:
     protocol, transport = door.connect()
-    protocol.data_received(_post(900))
+    protocol.data_received(post_head(900))
     await turn()
     # 200 bytes at 100 B/s: two more seconds, counted from the head (not the last byte).
     protocol.data_received(b"x" * 100)
@@ -637,8 +345,8 @@ async def test_a_body_gets_its_timeout_plus_a_second_per_min_rate_bytes(door: Do
     door.clock.advance(11.99)
     assert transport.data == b""
     door.clock.advance(0.01)
-    assert _status(transport.data) == 408
-    message = _body(transport.data)["error"]["message"]
+    assert status_of(transport.data) == 408
+    message = body_of(transport.data)["error"]["message"]
     assert message == "request body not received within 32s"
     await turn()
     assert (door.app.disconnected, door.app.bodies) == (1, [])
@@ -649,11 +357,11 @@ async def test_a_body_timeout_shorter_than_the_head_timeout_still_holds(
 ) -> None:
     door = doors(header_timeout="60s", body_timeout="5s", body_min_rate=0)
     protocol, transport = door.connect()
-    protocol.data_received(_post(9))
+    protocol.data_received(post_head(9))
     door.clock.advance(4.99)
     assert transport.data == b""
     door.clock.advance(0.01)
-    assert _status(transport.data) == 408
+    assert status_of(transport.data) == 408
     assert b"request body not received within 5s" in transport.data
 
 
@@ -662,7 +370,7 @@ async def test_a_body_timeout_after_the_answer_began_closes_without_a_second_ans
 ) -> None:
     door.app.streams = True
     protocol, transport = door.connect()
-    protocol.data_received(_post(900))
+    protocol.data_received(post_head(900))
     await turn()
     assert transport.take() == b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
     door.clock.advance(30.0)
@@ -684,7 +392,7 @@ async def test_a_kept_alive_connection_times_each_head_from_its_first_byte(door:
     door.clock.advance(9.99)
     assert transport.data == b""
     door.clock.advance(0.01)
-    assert _status(transport.data) == 408
+    assert status_of(transport.data) == 408
 
 
 async def test_a_kept_alive_connection_closes_after_the_idle_timeout(
@@ -737,13 +445,13 @@ async def test_a_request_being_answered_is_not_cut_by_the_idle_or_body_timeout(
     door = doors(idle_timeout="5s", body_timeout="10s", body_min_rate=0)
     door.app.held = asyncio.Event()
     protocol, transport = door.connect()
-    protocol.data_received(_post(2) + b"{}" if body else PING)
+    protocol.data_received(post_head(2) + b"{}" if body else PING)
     await turn()
     door.clock.advance(30.0)  # a long answer: the app has not finished it
     assert not transport.stopped
     door.app.held.set()
     await turn()
-    assert _status(transport.take()) == 200
+    assert status_of(transport.take()) == 200
     door.clock.advance(4.99)
     assert not transport.closed
     door.clock.advance(0.01)
@@ -774,7 +482,7 @@ async def test_kept_alive_requests_arm_no_deadline_call_of_their_own(
     protocol, transport = door.connect()
     armed = count_call_later(monkeypatch, door.clock)
     for _ in range(5):
-        protocol.data_received(_post(2) + b"{}")
+        protocol.data_received(post_head(2) + b"{}")
         await turn()
         door.clock.advance(0.1)
     assert door.app.bodies == [b"{}"] * 5
@@ -786,7 +494,7 @@ async def test_kept_alive_requests_arm_no_deadline_call_of_their_own(
     door.clock.advance(9.95)
     assert transport.data == b""
     door.clock.advance(0.1)
-    assert _status(transport.data) == 408
+    assert status_of(transport.data) == 408
 
 
 async def test_kept_alive_requests_arm_no_idle_call_either(
@@ -857,7 +565,7 @@ async def test_a_refusal_under_tls_closes_rather_than_half_closes(
     # the transport says.
     protocol, transport = door.connect(tls=True, half_close=half_close)
     protocol.data_received(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
-    assert _status(transport.data) == 401
+    assert status_of(transport.data) == 401
     assert transport.closed and not transport.eof
 
 
@@ -868,8 +576,8 @@ async def test_the_connection_cap_answers_429_and_frees_places(door: Door) -> No
     first, _ = door.connect()
     door.connect()
     _, transport = door.connect()
-    assert _status(transport.data) == 429
-    assert _body(transport.data)["error"]["code"] == "too_many_connections"
+    assert status_of(transport.data) == 429
+    assert body_of(transport.data)["error"]["code"] == "too_many_connections"
     assert b"\r\nretry-after: 1\r\n" in transport.data
     assert door.connect("127.0.0.9")[1].data == b""
     first.connection_lost(None)
@@ -901,13 +609,13 @@ async def test_a_pipelined_request_refused_at_its_head_is_answered_after_the_fir
     await turn()
     await turn()
     assert transport.data.startswith(OK_PING)
-    assert _status(transport.data[len(OK_PING) :]) == 401
+    assert status_of(transport.data[len(OK_PING) :]) == 401
 
 
 async def test_a_pipelined_body_timeout_waits_for_the_answer_before_it(door: Door) -> None:
     door.app.held = asyncio.Event()
     protocol, transport = door.connect()
-    protocol.data_received(PING + _post(10) + b"{}")
+    protocol.data_received(PING + post_head(10) + b"{}")
     await turn()
     door.clock.advance(31.0)
     door.app.held.set()
@@ -936,13 +644,13 @@ async def test_the_rest_of_a_body_after_an_early_answer_is_not_taken_for_a_head(
     protocol, transport = door.connect()
     size = 40000
     if chunked:
-        head = _post(0).replace(b"Content-Length: 0", b"Transfer-Encoding: chunked")
+        head = post_head(0).replace(b"Content-Length: 0", b"Transfer-Encoding: chunked")
         rest = b"%x\r\n" % size + b"x" * size + b"\r\n0\r\n\r\n"
     else:
-        head, rest = _post(size), b"x" * size
+        head, rest = post_head(size), b"x" * size
     protocol.data_received(head)
     await turn()
-    assert _status(transport.take()) == 404
+    assert status_of(transport.take()) == 404
     protocol.data_received(rest)
     door.clock.advance(10.0)
     assert transport.data == b""
@@ -958,7 +666,7 @@ async def test_an_upgrade_other_than_websocket_gets_one_answer(door: Door) -> No
     # Served as HTTP/1.1 (the Upgrade ignored, as RFC 9110 allows), once; the parser reads no
     # further request after an Upgrade, so the connection ends with the answer.
     assert transport.data.count(b"HTTP/1.1 ") == 1
-    assert _status(transport.data) == 200
+    assert status_of(transport.data) == 200
     assert b"connection: close\r\n" in transport.data
     assert transport.closed
 
@@ -968,14 +676,14 @@ async def test_a_cut_body_sends_no_100_continue_and_the_app_hears_a_disconnect(
 ) -> None:
     protocol, transport = door.connect()
     protocol.data_received(
-        _post(0, b"Expect: 100-continue\r\n").replace(
+        post_head(0, b"Expect: 100-continue\r\n").replace(
             b"Content-Length: 0", b"Transfer-Encoding: chunked"
         )
         + b"%x\r\n" % (LIMIT + 1)
         + b"x" * (LIMIT + 1)
         + b"\r\n"
     )
-    assert _status(transport.data) == 413
+    assert status_of(transport.data) == 413
     await turn()
     assert b"100 Continue" not in transport.data
     assert door.app.disconnected == 1

@@ -19,7 +19,7 @@ from proxy.edge.app import ProxyApp
 from proxy.edge.gate import Gate
 from proxy.edge.tls import CLIENT_CERT_SCOPE_KEY
 from proxy.node import Node, build_node
-from proxy.tests.test_frontdoor import KEYED, PEERCERT, Door, _body, _status, turn
+from proxy.tests.doorharness import KEYED, PEERCERT, Door, body_of, status_of, turn
 from registry.httpclient import close_session
 from routerproject.config import RouterConfig, load_config
 
@@ -142,20 +142,6 @@ async def test_with_a_client_ca_the_app_refuses_node_routes_without_a_verified_c
     assert (await _get(node, NEW, cert=True))[0] == 200
 
 
-@pytest.fixture
-async def doors(tmp_path: Path) -> AsyncIterator[Callable[..., Door]]:
-    made: list[Door] = []
-
-    def make(**sections: Any) -> Door:
-        built = Door(tmp_path, max_connections_per_client=0, **sections)
-        made.append(built)
-        return built
-
-    yield make
-    for built in made:
-        await built.close()
-
-
 def _tls_door(doors: Callable[..., Door], tmp_path: Path) -> Door:
     _tls_keys(tmp_path)
     cluster = {
@@ -167,6 +153,7 @@ def _tls_door(doors: Callable[..., Door], tmp_path: Path) -> Door:
     }
     return doors(
         cluster=cluster,
+        max_connections_per_client=0,
         tls_cert_file=str(tmp_path / "cert.pem"),
         tls_key_file=str(tmp_path / "key.pem"),
         tls_client_ca_file=str(tmp_path / "ca.pem"),
@@ -187,8 +174,8 @@ async def test_with_a_client_ca_the_front_door_refuses_node_routes_without_a_cer
     protocol.data_received(_node_get(token))
     await turn()
     # Refused before the token is judged: a wrong token gets the same answer.
-    assert _status(transport.data) == 403
-    assert _body(transport.data)["error"]["code"] == "client_certificate_required"
+    assert status_of(transport.data) == 403
+    assert body_of(transport.data)["error"]["code"] == "client_certificate_required"
     assert door.app.started == 0
 
 
@@ -199,12 +186,12 @@ async def test_with_a_client_ca_a_verified_certificate_reaches_the_app_and_is_to
     protocol, transport = door.connect(tls=True, peercert=PEERCERT)
     protocol.data_received(_node_get(OLD))
     await turn()
-    assert _status(transport.take()) == 200
+    assert status_of(transport.take()) == 200
     assert door.app.scopes[0][CLIENT_CERT_SCOPE_KEY] is True
     # The certificate opens the door to the token's verdict, not past it.
     protocol.data_received(_node_get("z" * 28))
     await turn()
-    assert _status(transport.data) == 401
+    assert status_of(transport.data) == 401
     assert door.app.started == 1
 
 
@@ -237,7 +224,7 @@ async def test_a_websocket_is_told_wss_and_handed_whether_a_certificate_came(
     scheme: str,
     cert: bool,
 ) -> None:
-    door = doors()
+    door = doors(max_connections_per_client=0)
     socket = await _websocket(door, tls=tls, peercert=peercert)
     assert socket.client_cert is cert
     assert [s["type"] for s in door.app.scopes] == ["websocket"]
@@ -247,6 +234,6 @@ async def test_a_websocket_is_told_wss_and_handed_whether_a_certificate_came(
 async def test_a_websocket_scope_says_whether_a_certificate_came(
     doors: Callable[..., Door],
 ) -> None:
-    door = doors()
+    door = doors(max_connections_per_client=0)
     await _websocket(door, tls=True, peercert=PEERCERT)
     assert door.app.scopes[0].get(CLIENT_CERT_SCOPE_KEY) is True

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import weakref
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -24,6 +23,7 @@ from websockets.asyncio.client import connect
 
 from proxy.edge import realtime
 from proxy.edge.realtime import COLLECT_EVERY, COLLECT_SETTLE_SECS, Collector
+from proxy.tests.doorharness import FakeClock
 from proxy.tests.test_realtime_relay import Client, backend, pinned, relay_to
 from proxy.tests.test_ws_protocol import WAIT_SECS, echo, serve
 
@@ -46,40 +46,6 @@ async def test_a_closed_backend_socket_is_not_kept_by_its_heartbeat(backend: str
     assert refs[0]() is None
 
 
-class FakeTimer:
-    def __init__(self, when: float, callback: Callable[[], object]) -> None:
-        self.when = when
-        self.callback = callback
-        self.cancelled = False
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-
-class FakeClock:
-    """A clock that moves only when told to, running the timers that fall due."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.timers: list[FakeTimer] = []
-
-    def call_later(self, delay: float, callback: Callable[[], object], /) -> FakeTimer:
-        timer = FakeTimer(self.now + delay, callback)
-        self.timers.append(timer)
-        return timer
-
-    def advance(self, secs: float) -> None:
-        self.now += secs
-        due = [t for t in self.timers if t.when <= self.now]
-        self.timers = [t for t in self.timers if t.when > self.now]
-        for timer in due:
-            if not timer.cancelled:
-                timer.callback()
-
-    def pending(self) -> list[float]:
-        return [t.when for t in self.timers if not t.cancelled]
-
-
 def test_a_full_collection_runs_every_so_many_closes_and_after_the_last_socket_closes() -> None:
     clock = FakeClock()
     collector = Collector(every=3, settle=4.0, clock=clock)
@@ -92,11 +58,11 @@ def test_a_full_collection_runs_every_so_many_closes_and_after_the_last_socket_c
     assert collector.collections == 1
     collector.closed()
     collector.closed()  # the last open socket: collected once its relay had time to end
-    assert (collector.collections, clock.pending()) == (1, [4.0])
+    assert (collector.collections, [h.when for h in clock.pending()]) == (1, [4.0])
     clock.advance(3.75)
     assert collector.collections == 1
     clock.advance(0.25)
-    assert (collector.collections, clock.pending()) == (2, [])
+    assert (collector.collections, [h.when for h in clock.pending()]) == (2, [])
     assert (COLLECT_EVERY, COLLECT_SETTLE_SECS) == (256, 4.0)
 
 
@@ -105,10 +71,10 @@ def test_a_collection_by_count_cancels_the_settle_one() -> None:
     collector = Collector(every=2, settle=4.0, clock=clock)
     collector.opened()
     collector.closed()  # the last one open: a settle is timed
-    assert clock.pending() == [4.0]
+    assert [h.when for h in clock.pending()] == [4.0]
     collector.opened()
     collector.closed()  # the second close collects now
-    assert (collector.collections, clock.pending()) == (1, [])
+    assert (collector.collections, [h.when for h in clock.pending()]) == (1, [])
     clock.advance(4.0)
     assert collector.collections == 1
 

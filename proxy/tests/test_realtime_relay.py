@@ -8,10 +8,11 @@ a closed port, or a small aiohttp WebSocket server on loopback.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -93,6 +94,15 @@ async def backend() -> AsyncIterator[str]:
             pass
         return ws
 
+    async with ws_backend(handler) as url:
+        yield url
+
+
+@contextlib.asynccontextmanager
+async def ws_backend(
+    handler: Callable[[web.Request], Awaitable[web.WebSocketResponse]],
+) -> AsyncIterator[str]:
+    """A backend on a loopback port whose `/ws` is `handler`; yields its URL."""
     app = web.Application()
     app.router.add_get("/ws", handler)
     runner = web.AppRunner(app, shutdown_timeout=0.1)

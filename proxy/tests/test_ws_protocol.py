@@ -31,8 +31,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from proxy.edge.realtime import CLOSE_HANDSHAKE_SECS, MAX_REASON_BYTES, RouterWebSocketProtocol
 from proxy.edge.tls import CLIENT_CERT_SCOPE_KEY
-from proxy.tests.test_realtime_relay import pinned, relay_to
-from registry.httpclient import close_session
+from proxy.tests.test_realtime_relay import pinned, relay_to, ws_backend
 
 __all__ = ["pinned"]  # the relay's replica, for the relay's tests at the end
 
@@ -441,19 +440,9 @@ async def talker() -> AsyncIterator[Backend]:
         backend.closed.set()
         return ws
 
-    app = web.Application()
-    app.router.add_get("/ws", handler)
-    runner = web.AppRunner(app, shutdown_timeout=0.1)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    backend.url = f"http://127.0.0.1:{port}/ws"
-    try:
+    async with ws_backend(handler) as url:
+        backend.url = url
         yield backend
-    finally:
-        await close_session()
-        await runner.cleanup()
 
 
 def relayed(backend: Backend) -> App:
