@@ -384,9 +384,27 @@ class FrontDoorProtocol(HttpToolsProtocol):
         except httptools.HttpParserUpgrade:
             if not self.closing:
                 self._upgrade()
-        except httptools.HttpParserError:
-            if not self.closing:
-                self._refuse(Refusal(400, "invalid HTTP request"), "/", None)
+        except httptools.HttpParserError as exc:
+            if self.closing:
+                return  # refused from a callback, which stopped the parser (`_Stop`)
+            if isinstance(exc, httptools.HttpParserCallbackError):
+                # A rule of ours failed, not the client: it is logged, and the client still
+                # gets an answer.
+                logger.error("front door failed on a request", exc_info=exc.__context__)
+                cycle = self.cycle
+                if cycle is not None and not cycle.response_complete:
+                    # Which request's answer a refusal would be is not known: the connection
+                    # ends, and the app hears that its client went away.
+                    cycle.disconnected = True
+                    cycle.message_event.set()
+                    self.closing = True
+                    self._cancel()
+                    self.transport.close()
+                    return
+                refusal = Refusal(500, "internal router error", type="server_error")
+                self._refuse(refusal, "/", None, owed=False)
+                return
+            self._refuse(Refusal(400, "invalid HTTP request"), "/", None)
         else:
             # httptools keeps a head it has not finished whole: the bytes of an unfinished one
             # are capped here, where a head arriving a byte at a time is caught too.

@@ -9,6 +9,7 @@ The real-socket tests of the same behaviour are in tests/test_frontdoor.py.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -146,6 +147,39 @@ async def test_a_rule_that_fails_answers_500_and_lets_nothing_through(
     assert status_of(transport.data) == 500
     assert body_of(transport.data)["error"]["type"] == "server_error"
     assert door.app.started == 0
+
+
+async def test_a_failure_of_the_door_itself_answers_500_logged_not_400(
+    door: Door, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(self: Any) -> Any:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(frontdoor.FrontDoorProtocol, "_judge", broken)
+    protocol, transport = door.connect()
+    with caplog.at_level(logging.ERROR, logger="router.frontdoor"):
+        protocol.data_received(PING)
+    await turn()
+    assert status_of(transport.data) == 500
+    assert door.app.started == 0
+    (record,) = [r for r in caplog.records if r.name == "router.frontdoor"]
+    assert record.exc_info is not None and "boom" in str(record.exc_info[1])
+
+
+async def test_a_failure_of_the_door_once_the_app_runs_ends_the_connection(
+    door: Door, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(self: Any) -> bool:
+        raise RuntimeError("boom")
+
+    door.app.held = asyncio.Event()
+    monkeypatch.setattr(frontdoor.FrontDoorProtocol, "_has_body", broken)
+    protocol, transport = door.connect()
+    protocol.data_received(PING)
+    await turn()
+    # Started already, its request cut: no answer the client could pin on the wrong request.
+    assert transport.closed and transport.data == b""
+    assert door.app.disconnected == 1
 
 
 async def test_expect_100_continue_is_not_sent_after_a_refusal(door: Door) -> None:
