@@ -32,7 +32,7 @@ pytestmark = pytest.mark.integration
 
 # Room for a browser's parallel connections from 127.0.0.1.
 PER_CLIENT = 8
-# Reserve: 1 place (proxy.edge.frontdoor.reserve_for), so 19 ordinary ones.
+# Reserve: 1 place (proxy.edge.caps.reserve_for), so 19 ordinary ones.
 TOTAL = 20
 ORDINARY = TOTAL - 1
 PROBE = "127.0.0.9"

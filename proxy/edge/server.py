@@ -18,7 +18,8 @@ from typing import Any
 from uvicorn.config import Config
 from uvicorn.server import ServerState
 
-from proxy.edge.frontdoor import FrontDoor, FrontDoorProtocol
+from proxy.edge.caps import FrontDoor
+from proxy.edge.frontdoor import FrontDoorProtocol
 
 logger = logging.getLogger("router")
 

@@ -18,7 +18,8 @@ from typing import Any
 import orjson
 from uvicorn.server import ServerState
 
-from proxy.edge.frontdoor import FrontDoor, FrontDoorProtocol
+from proxy.edge.caps import FrontDoor
+from proxy.edge.frontdoor import FrontDoorProtocol
 from proxy.edge.server import server_config
 from routerproject.config import load_config
 

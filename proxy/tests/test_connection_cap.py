@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.edge.frontdoor import (
+from proxy.edge.caps import (
     FD_HEADROOM,
     MIN_MAX_CONNECTIONS,
     REFUSAL_LOG_INTERVAL_SECS,
@@ -58,7 +58,7 @@ def test_the_default_cap_leaves_a_descriptor_per_connection_for_its_backend() ->
 
 
 def test_the_default_cap_follows_the_open_file_limit(tmp_path: Path) -> None:
-    from proxy.edge.frontdoor import FrontDoor
+    from proxy.edge.caps import FrontDoor
     from routerproject.config import load_config
 
     (tmp_path / "kcpps").mkdir()

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from proxy.edge import filesend, frontdoor
+from proxy.edge import caps, filesend, frontdoor
 from proxy.edge.frontdoor import (
     LINGER_MAX_BYTES,
     LINGER_SECS,
@@ -122,7 +122,7 @@ def test_the_linger_constants() -> None:
 def test_the_head_limits_are_the_common_servers() -> None:
     # The tests of the limits read them from the module: their values are pinned here.
     assert (MAX_URL_BYTES, MAX_HEAD_BYTES, MAX_HEADERS) == (16384, 16384, 500)
-    assert frontdoor.REFUSAL_LOG_INTERVAL_SECS == 10.0
+    assert caps.REFUSAL_LOG_INTERVAL_SECS == 10.0
 
 
 async def test_a_request_refused_at_the_head_never_starts_the_app(door: Door) -> None:

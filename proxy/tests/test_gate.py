@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from proxy.edge import gate as gate_module
-from proxy.edge.frontdoor import FrontDoor, RefusalLog
+from proxy.edge.caps import FrontDoor, RefusalLog
 from proxy.edge.gate import Gate, host_name, parse_address
 from routerproject.config import RouterConfig, load_config
 

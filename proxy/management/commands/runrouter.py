@@ -104,7 +104,7 @@ class NodeRunner:
         self.tls: Any = None
 
     def run(self) -> int:
-        from proxy.edge.frontdoor import FrontDoor, raise_fd_limit
+        from proxy.edge.caps import FrontDoor, raise_fd_limit
         from proxy.edge.tls import ServerTLS
         from routerproject.gctune import tune_gc
 
