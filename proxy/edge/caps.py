@@ -33,12 +33,17 @@ RESERVE_MAX = 64
 RESERVED_PATHS = frozenset({"/healthz", "/readyz"})
 
 
+class Cancellable(Protocol):
+    def cancel(self) -> None: ...
+
+
 class Clock(Protocol):
-    """What the deadlines need of the event loop: its monotonic time and a timer."""
+    """What the deadlines (and the realtime collector) need of the event loop: its monotonic
+    time and a timer; a test's fake clock stands in."""
 
     def time(self) -> float: ...
 
-    def call_later(self, delay: float, callback: Callable[[], object]) -> Any: ...
+    def call_later(self, delay: float, callback: Callable[[], object], /) -> Cancellable: ...
 
 
 def derived_max_connections(fd_limit: int) -> int:

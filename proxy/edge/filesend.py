@@ -23,6 +23,8 @@ from typing import Any, Literal, NotRequired, TypedDict, cast
 from uvicorn._types import ASGISendEvent
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
+from proxy.edge.tls import is_tls
+
 logger = logging.getLogger(__name__)
 
 EXTENSION = "http.response.pathsend"
@@ -70,7 +72,7 @@ def _plain_socket(transport: asyncio.BaseTransport) -> int | None:
         return None
     # Belt and braces: an SSL transport of asyncio answers "socket" with the raw TCP socket, and
     # bytes written there would bypass the encryption.
-    if transport.get_extra_info("sslcontext") is not None:
+    if is_tls(transport):
         return None
     sock = transport.get_extra_info("socket")
     fileno = sock.fileno() if sock is not None else -1

@@ -34,7 +34,6 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from proxy.edge import filesend
 from proxy.edge.caps import Clock, FrontDoor, is_reserved_path
 from proxy.edge.cycle import RouterCycle
 from proxy.edge.gate import Address, Refusal, parse_address
@@ -317,13 +316,13 @@ class FrontDoorProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self.in_head = False
-        refusal = self._judge()
+        # llhttp takes only the registered methods, in capitals.
+        method = self.scope["method"] = self.parser.get_method().decode("ascii")
+        refusal = self._judge(method)
         if refusal is not None:
             self._refuse(refusal, self.path_text, self._request_id())
             raise _Stop
-        parser = self.parser
-        if parser.should_upgrade() and self._should_upgrade():
-            self.scope["method"] = parser.get_method().decode("ascii")
+        if self.parser.should_upgrade() and self._should_upgrade():
             return
         self._begin_cycle()
         if self._has_body():
@@ -333,7 +332,7 @@ class FrontDoorProtocol(HttpToolsProtocol):
             # Untimed while the app answers: a pending call finds this phase and stops.
             self._phase = "handling"
 
-    def _judge(self) -> Refusal | None:
+    def _judge(self, method: str) -> Refusal | None:
         door = self.door
         headers = self.headers
 
@@ -343,7 +342,6 @@ class FrontDoorProtocol(HttpToolsProtocol):
                     return value
             return None
 
-        method = self.parser.get_method().decode("latin-1").upper()
         try:
             self.path_text, refusal = door.gate.head_refusal(method, self.url, header, self.peer)
         except Exception:
@@ -370,13 +368,16 @@ class FrontDoorProtocol(HttpToolsProtocol):
                 headers=((b"retry-after", b"1"),),
             )
         if refusal is not None:
-            door.refused(
-                refusal.status,
-                refusal.code or refusal.type,
-                f"status-{refusal.status}",
-                f"{refusal.status} to {self.peer} on {self.path_text}: {refusal.message}",
-            )
+            self._note_refusal(refusal)
         return refusal
+
+    def _note_refusal(self, refusal: Refusal) -> None:
+        self.door.refused(
+            refusal.status,
+            refusal.code or refusal.type,
+            f"status-{refusal.status}",
+            f"{refusal.status} to {self.peer} on {self.path_text}: {refusal.message}",
+        )
 
     def _has_body(self) -> bool:
         for name, value in self.headers:
@@ -391,7 +392,6 @@ class FrontDoorProtocol(HttpToolsProtocol):
         being answered on this connection)."""
         parser = self.parser
         scope = self.scope
-        scope["method"] = parser.get_method().decode("ascii")
         version = parser.get_http_version()
         if version != "1.1":
             scope["http_version"] = version
@@ -402,7 +402,7 @@ class FrontDoorProtocol(HttpToolsProtocol):
         scope["raw_path"] = raw_path
         scope["query_string"] = target.query or b""
         scope[CLIENT_CERT_SCOPE_KEY] = self.client_cert  # type: ignore[literal-required]
-        scope["extensions"] = {filesend.EXTENSION: {}}
+        # (The cycle advertises `http.response.pathsend` in the scope itself.)
         previous = self.cycle
         self.cycle = cycle = RouterCycle(
             scope=scope,
@@ -433,12 +433,7 @@ class FrontDoorProtocol(HttpToolsProtocol):
         if self.body_bytes > self.door.gate.limit:
             # A chunked body: no length was declared to judge it on at the head.
             refusal = self.door.gate.too_large()
-            self.door.refused(
-                refusal.status,
-                refusal.code or refusal.type,
-                f"status-{refusal.status}",
-                f"{refusal.status} to {self.peer} on {self.path_text}: {refusal.message}",
-            )
+            self._note_refusal(refusal)
             self._cut_app(refusal, self.path_text, self._request_id())
             raise _Stop
         super().on_body(body)

@@ -31,7 +31,7 @@ import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import Any, cast
 from urllib.parse import parse_qsl, urlencode
 
 import aiohttp
@@ -43,6 +43,7 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 from uvicorn.server import ServerState
 
 from access.identity import CALLER_SCOPE_KEY, caller_of
+from proxy.edge.caps import Cancellable, Clock
 from proxy.edge.gate import KEY_SUBPROTOCOL_PREFIX, MASTER_CALLER, Gate, parse_address
 from proxy.edge.nodeapi import INFERENCE_PREFIX
 from proxy.edge.tls import CLIENT_CERT_SCOPE_KEY
@@ -508,16 +509,6 @@ KEY_PREFIX_TEXT = KEY_SUBPROTOCOL_PREFIX.decode("ascii")
 # Closed WebSockets between two full collections (see `Collector`).
 COLLECT_EVERY = 256
 COLLECT_SETTLE_SECS = 4.0
-
-
-class Cancellable(Protocol):
-    def cancel(self) -> None: ...
-
-
-class Clock(Protocol):
-    """What times the settle: an asyncio loop, or a test's fake."""
-
-    def call_later(self, delay: float, callback: Callable[[], object], /) -> Cancellable: ...
 
 
 class Collector:

@@ -152,7 +152,7 @@ async def test_a_rule_that_fails_answers_500_and_lets_nothing_through(
 async def test_a_failure_of_the_door_itself_answers_500_logged_not_400(
     door: Door, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    def broken(self: Any) -> Any:
+    def broken(self: Any, *args: Any) -> Any:
         raise RuntimeError("boom")
 
     monkeypatch.setattr(frontdoor.FrontDoorProtocol, "_judge", broken)
