@@ -6,9 +6,10 @@ a management request only once its admin key is checked, before Django reads its
 
 Each request runs linear phases: authorize, read the body (bounded), count it against its
 key's limits (`proxy.edge.limits`), handle (which may wait for a model load), stream the
-answer, release. A task watches for `http.disconnect` while the request is in flight and
-cancels it, so a client that goes away frees its backend slot (and its key's concurrency slot)
-at once (the server never cancels an app whose client left).
+answer, release. While the request is in flight, a client that goes away cancels it, so it
+frees its backend slot (and its key's concurrency slot) at once (the server never cancels an
+app whose client left): the node's own server says so through its disconnect watch
+(`proxy.edge.hooks`), any other server through `http.disconnect`, which a task then waits for.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import asyncio
 import hmac
 import logging
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import orjson
@@ -27,6 +29,7 @@ from access.keys import admin_caller
 from access.limits import Ticket
 from proxy.edge import limits
 from proxy.edge.gate import MASTER_CALLER, Gate, Refusal, bearer_token, parse_address
+from proxy.edge.hooks import DISCONNECT_WATCH, DisconnectWatch
 from proxy.edge.nodeapi import NODE_PREFIX, node_route
 from proxy.edge.routes import route_for
 from proxy.edge.tls import CLIENT_CERT_SCOPE_KEY, client_cert_refusal
@@ -61,6 +64,12 @@ def _with_request_id(send: Send, request_id: str) -> Send:
         await send(message)
 
     return sending
+
+
+def _client_gone(ctx: Ctx, task: asyncio.Task[Any]) -> None:
+    if not ctx.finished:
+        ctx.disconnected = True
+        task.cancel()
 
 
 def _resolve(path: str) -> tuple[Route, bool] | None:
@@ -202,23 +211,31 @@ class ProxyApp:
     async def _run(self, ctx: Ctx, node: Node, handler: Handler) -> None:
         task = asyncio.current_task()
         assert task is not None
-        watcher = asyncio.ensure_future(self._watch_disconnect(ctx, task))
+        watch: DisconnectWatch | None = None
+        watcher: asyncio.Future[None] | None = None
+        if DISCONNECT_WATCH in ctx.scope.get("extensions", ()):
+            # The node's own server tells us when the client leaves: no task needed.
+            watch = DisconnectWatch(partial(_client_gone, ctx, task))
+            await ctx.send({"type": DISCONNECT_WATCH, "watch": watch})
+        else:
+            watcher = asyncio.ensure_future(self._watch_disconnect(ctx, task))
         # Counted for shutdown: forwarded and relayed requests hold no runtime of this node.
         node.requests.begin()
         try:
             await handler(ctx, node)
         finally:
             node.requests.end()
-            watcher.cancel()
+            if watch is not None:
+                watch.cancel()
+            if watcher is not None:
+                watcher.cancel()
 
     @staticmethod
     async def _watch_disconnect(ctx: Ctx, task: asyncio.Task[Any]) -> None:
         while True:
             message = await ctx.receive()
             if message["type"] == "http.disconnect":
-                if not ctx.finished:
-                    ctx.disconnected = True
-                    task.cancel()
+                _client_gone(ctx, task)
                 return
 
     @staticmethod

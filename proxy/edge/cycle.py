@@ -1,5 +1,6 @@
-"""One request's cycle on a front-door connection: uvicorn's, with pathsend, and each answer's
-head written together with its first body bytes.
+"""One request's cycle on a front-door connection: uvicorn's, with pathsend, each answer's
+head written together with its first body bytes, and the app's disconnect watch fired when the
+client goes away (`proxy.edge.hooks`).
 
 uvicorn writes an answer's head the moment the app starts it, and the body in a second write:
 two send() calls and two segments for the common answer whose body follows at once (a JSON
@@ -16,6 +17,7 @@ from typing import Any
 from uvicorn._types import ASGISendEvent
 
 from proxy.edge.filesend import PathCycle
+from proxy.edge.hooks import DISCONNECT_WATCH, DisconnectWatch
 
 # Past this, a body is written after the held head rather than joined to it in a copy.
 JOIN_MAX_BYTES = 64 * 1024
@@ -69,13 +71,30 @@ class _Joined:
 
 
 class RouterCycle(PathCycle):
-    """uvicorn's cycle (with pathsend) holding each answer's head for its first body bytes."""
+    """uvicorn's cycle (with pathsend) holding each answer's head for its first body bytes, and
+    firing the app's disconnect watch (`proxy.edge.hooks`)."""
 
     _head: bytes | None = None
     _flush_later: asyncio.Handle | None = None
+    _watch: DisconnectWatch | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.scope["extensions"][DISCONNECT_WATCH] = {}
+
+    def _went_away(self) -> None:
+        # Every place that finds the client gone (the protocol's connection_lost, the front
+        # door cutting a body) gets here, and only while the answer is incomplete.
+        super()._went_away()
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            watch.fire()
 
     async def send(self, message: Any) -> None:
         kind = message["type"]
+        if kind == DISCONNECT_WATCH:
+            self._set_watch(message["watch"])
+            return
         if kind == "http.response.start" and not self.response_started:
             await self._start(message)
             return
@@ -101,6 +120,12 @@ class RouterCycle(PathCycle):
             self.transport = transport
             if not transport.is_closing():
                 joined.flush()
+
+    def _set_watch(self, watch: DisconnectWatch) -> None:
+        if self.disconnected and not self.response_complete:
+            watch.fire()
+        elif not self.response_complete:
+            self._watch = watch
 
     async def _start(self, message: ASGISendEvent) -> None:
         if self.flow.write_paused and not self.disconnected:

@@ -113,11 +113,16 @@ class PathCycle(RequestResponseCycle):
 
     @disconnected.setter
     def disconnected(self, value: bool) -> None:
-        # The protocol sets this from connection_lost. A transfer waiting for the socket to
-        # drain must wake then: it holds a duplicate of the socket's descriptor, which keeps the
-        # connection open after the transport has closed its own.
+        # The protocol sets this from connection_lost, the front door when it cuts a body.
         self._gone = value
-        if value and self._wake is not None:
+        if value:
+            self._went_away()
+
+    def _went_away(self) -> None:
+        # A transfer waiting for the socket to drain must wake: it holds a duplicate of the
+        # socket's descriptor, which keeps the connection open after the transport has closed
+        # its own.
+        if self._wake is not None:
             _settle(self._wake)
 
     async def send(self, message: ASGISendEvent | PathSendEvent) -> None:

@@ -21,6 +21,7 @@ from asgiref.testing import ApplicationCommunicator
 
 from analytics.recorder import RequestSample
 from proxy.edge.app import ProxyApp
+from proxy.edge.hooks import DISCONNECT_WATCH, DisconnectWatch
 from proxy.node import Node, build_node
 from registry.httpclient import close_session, get_session
 from routerproject.config import load_config
@@ -304,6 +305,64 @@ async def test_a_client_that_hangs_up_mid_stream_cancels_the_backend_request(
     await _wait_for(backend_cancelled, "the backend counts the request as cancelled")
     [sample] = samples
     assert (sample.status, sample.success) == (499, False)
+
+
+async def test_under_the_nodes_server_a_fired_disconnect_watch_cancels_the_backend_request(
+    make_node: NodeFactory, fallback: Fallback, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The node's own server advertises the watch: the app hands it one instead of keeping a
+    # task waiting on `http.disconnect`, and the server firing it does what that message did.
+    node = make_node()
+    samples = _capture_samples(monkeypatch, node)
+    app = ProxyApp(fallback, node_getter=lambda: node)
+    scope = _scope("POST", "/v1/chat/completions", [])
+    scope["extensions"] = {DISCONNECT_WATCH: {}}
+    comm = ApplicationCommunicator(app, scope)
+    body = orjson.dumps(_chat("slow", max_tokens=400, stream=True))
+    await comm.send_input({"type": "http.request", "body": body, "more_body": False})
+
+    handed = await comm.receive_output(MESSAGE_TIMEOUT_SECS)
+    assert handed["type"] == DISCONNECT_WATCH
+    watch = handed["watch"]
+    assert isinstance(watch, DisconnectWatch)
+    start = await comm.receive_output(MESSAGE_TIMEOUT_SECS)
+    assert (start["type"], start["status"]) == ("http.response.start", 200)
+    first = await comm.receive_output(MESSAGE_TIMEOUT_SECS)
+    assert first["more_body"] is True
+    runtime = node.runtimes.runtimes["text"]
+    assert runtime.active == 1 and runtime.launch is not None
+    stats_url = runtime.launch.base_url + "/sim/stats"
+
+    watch.fire()
+    await comm.wait(MESSAGE_TIMEOUT_SECS)
+    assert comm.future.done() and not comm.future.cancelled()
+    assert runtime.active == 0
+
+    async def backend_cancelled() -> bool:
+        async with get_session().get(stats_url) as resp:
+            stats = await resp.json()
+        return bool(stats["cancelled"] == 1 and stats["active"] == 0)
+
+    await _wait_for(backend_cancelled, "the backend counts the request as cancelled")
+    [sample] = samples
+    assert (sample.status, sample.success) == (499, False)
+
+
+async def test_a_finished_request_cancels_its_disconnect_watch(
+    make_node: NodeFactory, fallback: Fallback
+) -> None:
+    node = make_node()
+    app = ProxyApp(fallback, node_getter=lambda: node)
+    scope = _scope("POST", "/v1/chat/completions", [])
+    scope["extensions"] = {DISCONNECT_WATCH: {}}
+    comm = ApplicationCommunicator(app, scope)
+    body = orjson.dumps(_chat("chat", max_tokens=1))
+    await comm.send_input({"type": "http.request", "body": body, "more_body": False})
+    handed = await comm.receive_output(MESSAGE_TIMEOUT_SECS)
+    answer = await _read_answer(comm)
+    assert answer.status == 200
+    # Cancelled, so the cycle that holds it no longer holds the request through its callback.
+    assert handed["watch"].callback is None
 
 
 # -- errors -----------------------------------------------------------------------------

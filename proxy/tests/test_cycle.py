@@ -1,5 +1,6 @@
 """RouterCycle (proxy/edge/cycle.py): an answer's head leaves in the same write as its first
-body bytes, or at the end of the loop turn when the body is not there yet."""
+body bytes, or at the end of the loop turn when the body is not there yet; the app's disconnect
+watch fires once when the client goes away before its answer is complete."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from uvicorn.protocols.http.flow_control import FlowControl
 
 from proxy.edge.cycle import JOIN_MAX_BYTES, RouterCycle
+from proxy.edge.hooks import DISCONNECT_WATCH, DisconnectWatch
 
 
 class Recorder:
@@ -151,3 +153,68 @@ async def test_a_client_gone_before_the_flush_gets_nothing() -> None:
     await asyncio.sleep(0)
     await cycle.send(_body(b"late", more=True))
     assert transport.writes == []
+
+
+# -- the disconnect watch -------------------------------------------------------------------
+
+
+def _watch(fired: list[str]) -> DisconnectWatch:
+    return DisconnectWatch(lambda: fired.append("gone"))
+
+
+async def test_the_cycle_advertises_the_disconnect_watch() -> None:
+    cycle, _ = _cycle(Recorder())
+    assert DISCONNECT_WATCH in cycle.scope["extensions"]
+
+
+async def test_a_watch_fires_once_when_the_client_goes_away_mid_answer() -> None:
+    fired: list[str] = []
+    cycle, _ = _cycle(Recorder())
+    await cycle.send({"type": DISCONNECT_WATCH, "watch": _watch(fired)})
+    await cycle.send(_start(None))
+    cycle.disconnected = True
+    cycle.disconnected = True
+    assert fired == ["gone"]
+
+
+async def test_a_watch_sent_after_the_client_left_fires_at_once() -> None:
+    fired: list[str] = []
+    cycle, _ = _cycle(Recorder())
+    cycle.disconnected = True
+    await cycle.send({"type": DISCONNECT_WATCH, "watch": _watch(fired)})
+    assert fired == ["gone"]
+
+
+async def test_a_cancelled_watch_never_fires() -> None:
+    fired: list[str] = []
+    cycle, _ = _cycle(Recorder())
+    watch = _watch(fired)
+    await cycle.send({"type": DISCONNECT_WATCH, "watch": watch})
+    watch.cancel()
+    cycle.disconnected = True
+    assert fired == []
+
+
+async def test_a_complete_answer_drops_the_watch() -> None:
+    fired: list[str] = []
+    cycle, done = _cycle(Recorder())
+    await cycle.send(_start(2))
+    await cycle.send(_body(b"ok"))
+    assert done == [1]
+    await cycle.send({"type": DISCONNECT_WATCH, "watch": _watch(fired)})
+    cycle.disconnected = True
+    assert fired == []
+
+
+async def test_a_failing_watch_is_logged_and_the_cycle_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def boom() -> None:
+        raise RuntimeError("watch failed")
+
+    cycle, _ = _cycle(Recorder())
+    await cycle.send({"type": DISCONNECT_WATCH, "watch": DisconnectWatch(boom)})
+    with caplog.at_level(logging.ERROR, logger="proxy.edge.hooks"):
+        cycle.disconnected = True
+    assert cycle.disconnected
+    assert "a disconnect watch failed" in caplog.text
