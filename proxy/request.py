@@ -24,6 +24,12 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
+# A whole answer (status, headers, body) in one message, for a server that advertises it in
+# `scope["extensions"]` (the node's own: proxy.edge.cycle). It is `http.response.start` plus
+# one last `http.response.body`, less their two passes through the server and its held head:
+# about 4% of a proxied request's instructions (callgrind). The server adds content-length.
+WHOLE_ANSWER = "router.response"
+
 JSON = b"application/json"
 NDJSON = b"application/x-ndjson"
 SSE = b"text/event-stream"
@@ -79,6 +85,10 @@ class Ctx:
     """The replica the routing choice picked for the prompt prefix it holds in cache."""
     relayed_key_name: str | None = None
     """The key name the node that let the request in sent with it (node protocol only)."""
+    whole_send: Send | None = field(default=None, repr=False)
+    """The server's own `send` when it takes `WHOLE_ANSWER`: `respond` uses it while `send` is
+    still that one (a wrapper put in its place, which would not know the message, sees the
+    answer as start and body)."""
 
     @property
     def key_name(self) -> str | None:
@@ -113,13 +123,19 @@ class Ctx:
         return None
 
     async def start(self, status: int, headers: Iterable[tuple[bytes, bytes]]) -> None:
+        out = self._started(status, headers)
+        await self.send({"type": "http.response.start", "status": status, "headers": out})
+
+    def _started(
+        self, status: int, headers: Iterable[tuple[bytes, bytes]]
+    ) -> list[tuple[bytes, bytes]]:
         self.started = True
         self.status = status
         self.first_byte = time.monotonic()
         out = list(headers)
         if self.request_id:
             out.append((request_ids.HEADER, self.request_id.encode("ascii")))
-        await self.send({"type": "http.response.start", "status": status, "headers": out})
+        return out
 
     async def chunk(self, data: bytes) -> None:
         if data:
@@ -138,6 +154,13 @@ class Ctx:
         content_type: bytes = JSON,
         extra: Iterable[tuple[bytes, bytes]] = (),
     ) -> None:
+        send = self.whole_send
+        if send is not None and send is self.send:
+            out = self._started(status, [(b"content-type", content_type), *extra])
+            self.finished = True
+            self.sent_bytes += len(body)
+            await send({"type": WHOLE_ANSWER, "status": status, "headers": out, "body": body})
+            return
         # A length lets the client (or a master relaying this answer) skip chunked decoding.
         length = str(len(body)).encode()
         headers = [(b"content-type", content_type), (b"content-length", length), *extra]

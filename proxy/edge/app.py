@@ -35,7 +35,7 @@ from proxy.edge.routes import route_for
 from proxy.edge.tls import CLIENT_CERT_SCOPE_KEY, client_cert_refusal
 from proxy.node import Node, get_node
 from proxy.observe import health
-from proxy.request import JSON, ASGIApp, Ctx, Receive, Scope, Send
+from proxy.request import JSON, WHOLE_ANSWER, ASGIApp, Ctx, Receive, Scope, Send
 from proxy.serving.core import Handler, Route
 from routerproject import request_ids
 from routerproject.api import admin_key_required
@@ -116,6 +116,8 @@ class ProxyApp:
             return
         (methods, handler, needs_key), cluster_call = resolved
         ctx = Ctx(scope, receive, send, path, scope["method"], request_id=request_id)
+        if WHOLE_ANSWER in scope.get("extensions", ()):
+            ctx.whole_send = send
         node = self.node_getter()
         ticket: Ticket | None = None
         try:

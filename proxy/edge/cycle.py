@@ -15,9 +15,11 @@ import asyncio
 from typing import Any
 
 from uvicorn._types import ASGISendEvent
+from uvicorn.protocols.http.httptools_impl import HEADER_RE, HEADER_VALUE_RE, STATUS_LINE
 
 from proxy.edge.filesend import PathCycle
 from proxy.edge.hooks import DISCONNECT_WATCH, DisconnectWatch
+from proxy.request import WHOLE_ANSWER
 
 # Past this, a body is written after the held head rather than joined to it in a copy.
 JOIN_MAX_BYTES = 64 * 1024
@@ -80,7 +82,9 @@ class RouterCycle(PathCycle):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.scope["extensions"][DISCONNECT_WATCH] = {}
+        extensions = self.scope["extensions"]
+        extensions[DISCONNECT_WATCH] = {}
+        extensions[WHOLE_ANSWER] = {}
 
     def _went_away(self) -> None:
         # Every place that finds the client gone (the protocol's connection_lost, the front
@@ -92,6 +96,9 @@ class RouterCycle(PathCycle):
 
     async def send(self, message: Any) -> None:
         kind = message["type"]
+        if kind == WHOLE_ANSWER:
+            await self._whole(message)
+            return
         if kind == DISCONNECT_WATCH:
             self._set_watch(message["watch"])
             return
@@ -120,6 +127,56 @@ class RouterCycle(PathCycle):
             self.transport = transport
             if not transport.is_closing():
                 joined.flush()
+
+    async def _whole(self, message: Any) -> None:
+        """`WHOLE_ANSWER`: what `http.response.start` and one last `http.response.body` of the
+        same status, headers and body would write, with a content-length, in one write."""
+        if self.response_started:
+            raise RuntimeError(f"Unexpected ASGI message '{WHOLE_ANSWER}' after the answer began.")
+        if self.flow.write_paused and not self.disconnected:
+            await self.flow.drain()
+        if self.disconnected:
+            return
+        status: int = message["status"]
+        body: bytes = message["body"]
+        self.response_started = True
+        self.waiting_for_100_continue = False
+        self._status = status
+        names = [name.lower() for name, _ in message["headers"]]
+        values = [value for _, value in message["headers"]]
+        # One search over all names (and one over all values) finds what one per header would:
+        # joining adds no character.
+        if HEADER_RE.search(b"".join(names)):
+            raise RuntimeError("Invalid HTTP header name.")
+        if HEADER_VALUE_RE.search(b"".join(values)):
+            raise RuntimeError("Invalid HTTP header value.")
+        content = [STATUS_LINE[status]]
+        for name, value in self.default_headers:
+            content += (name, b": ", value, b"\r\n")
+        closes = False
+        for name, value in zip(names, values, strict=True):
+            if name == b"connection" and b"close" in [
+                token.lower().strip() for token in value.split(b",")
+            ]:
+                self.keep_alive = False
+                closes = True
+            content += (name, b": ", value, b"\r\n")
+        content += (b"content-length: ", b"%d\r\n" % len(body))
+        if not self.keep_alive and not closes:
+            content.append(b"connection: close\r\n")
+        content.append(b"\r\n")
+        head = b"".join(content)
+        if self.scope["method"] == "HEAD" or not body:
+            self.transport.write(head)
+        elif len(body) <= JOIN_MAX_BYTES:
+            self.transport.write(head + body)
+        else:
+            self.transport.writelines((head, body))
+        self.response_complete = True
+        self.message_event.set()
+        if not self.keep_alive:
+            self.transport.close()
+        self.on_response()
 
     def _set_watch(self, watch: DisconnectWatch) -> None:
         if self.disconnected and not self.response_complete:

@@ -8,6 +8,9 @@ request (callgrind). The node's server (`proxy.edge.cycle.RouterCycle`) advertis
 `DISCONNECT_WATCH` in `scope["extensions"]`; the app then sends it a `DisconnectWatch` in a
 message of that type, and the server fires it once if the connection is lost before the
 answer is complete. Under any other server the app keeps its watching task.
+
+The server's other offer, a whole answer in one message, is `proxy.request.WHOLE_ANSWER`: the
+request context that sends it lives below the edge.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from analytics.recorder import RequestSample
 from proxy.edge.app import ProxyApp
 from proxy.edge.hooks import DISCONNECT_WATCH, DisconnectWatch
 from proxy.node import Node, build_node
+from proxy.request import WHOLE_ANSWER
 from registry.httpclient import close_session, get_session
 from routerproject.config import load_config
 
@@ -363,6 +364,22 @@ async def test_a_finished_request_cancels_its_disconnect_watch(
     assert answer.status == 200
     # Cancelled, so the cycle that holds it no longer holds the request through its callback.
     assert handed["watch"].callback is None
+
+
+async def test_under_the_nodes_server_an_answer_goes_out_whole(
+    make_node: NodeFactory, fallback: Fallback
+) -> None:
+    node = make_node()
+    app = ProxyApp(fallback, node_getter=lambda: node)
+    scope = _scope("POST", "/v1/chat/completions", [])
+    scope["extensions"] = {WHOLE_ANSWER: {}}
+    comm = ApplicationCommunicator(app, scope)
+    body = orjson.dumps(_chat("nope", max_tokens=1))
+    await comm.send_input({"type": "http.request", "body": body, "more_body": False})
+    answer = await comm.receive_output(MESSAGE_TIMEOUT_SECS)
+    assert (answer["type"], answer["status"]) == (WHOLE_ANSWER, 404)
+    assert orjson.loads(answer["body"])["error"]["param"] == "model"
+    await comm.wait(MESSAGE_TIMEOUT_SECS)
 
 
 # -- errors -----------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """RouterCycle (proxy/edge/cycle.py): an answer's head leaves in the same write as its first
 body bytes, or at the end of the loop turn when the body is not there yet; the app's disconnect
-watch fires once when the client goes away before its answer is complete."""
+watch fires once when the client goes away before its answer is complete; a whole answer in
+one message writes what its start and last body would, in one write."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from uvicorn.protocols.http.flow_control import FlowControl
 
 from proxy.edge.cycle import JOIN_MAX_BYTES, RouterCycle
 from proxy.edge.hooks import DISCONNECT_WATCH, DisconnectWatch
+from proxy.request import WHOLE_ANSWER
 
 
 class Recorder:
@@ -218,3 +220,128 @@ async def test_a_failing_watch_is_logged_and_the_cycle_goes_on(
         cycle.disconnected = True
     assert cycle.disconnected
     assert "a disconnect watch failed" in caplog.text
+
+
+# -- a whole answer in one message ----------------------------------------------------------
+
+
+def _whole(status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> dict[str, Any]:
+    return {"type": WHOLE_ANSWER, "status": status, "headers": headers, "body": body}
+
+
+def _parsed(wire: bytes) -> tuple[bytes, list[bytes], bytes]:
+    """Status line, sorted header lines, body."""
+    head, _, body = wire.partition(b"\r\n\r\n")
+    status, *lines = head.split(b"\r\n")
+    return status, sorted(lines), body
+
+
+async def _two_messages(
+    status: int, headers: list[tuple[bytes, bytes]], body: bytes, *, method: str = "GET"
+) -> tuple[Recorder, list[int], RouterCycle]:
+    transport = Recorder()
+    cycle, done = _cycle(transport, method=method)
+    cycle.default_headers = [(b"date", b"Sun, 06 Dec 2026 00:00:00 GMT")]
+    length = (b"content-length", b"%d" % len(body))
+    await cycle.send(
+        {"type": "http.response.start", "status": status, "headers": [*headers, length]}
+    )
+    await cycle.send(_body(b"" if method == "HEAD" else body))
+    await asyncio.sleep(0)
+    return transport, done, cycle
+
+
+async def _one_message(
+    status: int, headers: list[tuple[bytes, bytes]], body: bytes, *, method: str = "GET"
+) -> tuple[Recorder, list[int], RouterCycle]:
+    transport = Recorder()
+    cycle, done = _cycle(transport, method=method)
+    cycle.default_headers = [(b"date", b"Sun, 06 Dec 2026 00:00:00 GMT")]
+    await cycle.send(_whole(status, headers, body))
+    return transport, done, cycle
+
+
+async def test_the_cycle_advertises_whole_answers() -> None:
+    cycle, _ = _cycle(Recorder())
+    assert WHOLE_ANSWER in cycle.scope["extensions"]
+
+
+@pytest.mark.parametrize(
+    ("status", "headers", "body", "method"),
+    [
+        (200, [(b"content-type", b"application/json")], b'{"ok": true}', "GET"),
+        (404, [(b"Content-Type", b"application/json"), (b"x-request-id", b"r-1")], b"{}", "POST"),
+        (204, [(b"content-type", b"application/json")], b"", "POST"),
+        (429, [(b"content-type", b"text/plain"), (b"retry-after", b"3")], b"slow down", "POST"),
+        (200, [(b"content-type", b"application/json")], b'{"ok": true}', "HEAD"),
+    ],
+)
+async def test_a_whole_answer_writes_what_start_and_body_would(
+    status: int, headers: list[tuple[bytes, bytes]], body: bytes, method: str
+) -> None:
+    two, two_done, two_cycle = await _two_messages(status, headers, body, method=method)
+    one, one_done, one_cycle = await _one_message(status, headers, body, method=method)
+    assert len(one.writes) == 1
+    assert _parsed(one.writes[0]) == _parsed(b"".join(two.writes))
+    assert one_done == two_done == [1]
+    assert one_cycle.response_complete and two_cycle.response_complete
+    assert one_cycle.message_event.is_set()
+
+
+async def test_a_whole_answer_that_closes_the_connection_writes_before_the_close() -> None:
+    for headers, keep_alive in (([(b"connection", b"Close")], True), ([], False)):
+        transport = Recorder()
+        cycle, done = _cycle(transport, keep_alive=keep_alive)
+        await cycle.send(_whole(200, headers, b"ok"))
+        assert transport.events == ["write", "close"]
+        assert transport.writes[0].lower().count(b"connection: close\r\n") == 1
+        assert transport.writes[0].endswith(b"\r\n\r\nok")
+        assert not cycle.keep_alive and done == [1]
+
+
+@pytest.mark.parametrize(("size", "joined"), [(JOIN_MAX_BYTES, True), (JOIN_MAX_BYTES + 1, False)])
+async def test_a_large_whole_answer_is_not_copied_to_join_its_head(size: int, joined: bool) -> None:
+    transport = Recorder()
+    cycle, _ = _cycle(transport)
+    body = b"x" * size
+    await cycle.send(_whole(200, [], body))
+    if joined:
+        assert transport.events == ["write"]
+        assert transport.writes[0].endswith(b"\r\n\r\n" + body)
+    else:
+        assert transport.events == ["writelines"]
+        head, sent = transport.lines[0]
+        assert head.endswith(b"content-length: %d\r\n\r\n" % size) and sent is body
+
+
+@pytest.mark.parametrize(
+    ("headers", "error"),
+    [
+        ([(b"content-type", b"a"), (b"bad name", b"x")], "Invalid HTTP header name."),
+        ([(b"content-type", b"a"), (b"x-ok", b"line\r\nbreak")], "Invalid HTTP header value."),
+    ],
+)
+async def test_a_whole_answer_with_a_bad_header_is_refused_unwritten(
+    headers: list[tuple[bytes, bytes]], error: str
+) -> None:
+    transport = Recorder()
+    cycle, _ = _cycle(transport)
+    with pytest.raises(RuntimeError, match=error):
+        await cycle.send(_whole(200, headers, b"ok"))
+    assert transport.writes == []
+
+
+async def test_a_whole_answer_after_the_answer_began_is_refused() -> None:
+    transport = Recorder()
+    cycle, _ = _cycle(transport)
+    await cycle.send(_start(None))
+    with pytest.raises(RuntimeError, match="after the answer began"):
+        await cycle.send(_whole(200, [], b"ok"))
+
+
+async def test_a_whole_answer_for_a_client_gone_writes_nothing() -> None:
+    transport = Recorder()
+    cycle, done = _cycle(transport)
+    cycle.disconnected = True
+    await cycle.send(_whole(200, [], b"ok"))
+    assert transport.writes == [] and done == []
