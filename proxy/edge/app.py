@@ -66,6 +66,12 @@ def _with_request_id(send: Send, request_id: str) -> Send:
     return sending
 
 
+def _too_big(limit: int) -> RouterError:
+    return RouterError(
+        413, f"request body is larger than the limit of {limit} bytes", code="body_too_large"
+    )
+
+
 def _client_gone(ctx: Ctx, task: asyncio.Task[Any]) -> None:
     if not ctx.finished:
         ctx.disconnected = True
@@ -289,11 +295,8 @@ class ProxyApp:
     @staticmethod
     async def _read_body(ctx: Ctx, limit: int) -> None:
         length = ctx.header(b"content-length")
-        too_big = RouterError(
-            413, f"request body is larger than the limit of {limit} bytes", code="body_too_large"
-        )
         if length is not None and length.isdigit() and int(length) > limit:
-            raise too_big
+            raise _too_big(limit)
         parts: list[bytes] = []
         size = 0
         while True:
@@ -304,7 +307,7 @@ class ProxyApp:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
-                raise too_big
+                raise _too_big(limit)
             parts.append(chunk)
             if not message.get("more_body", False):
                 break
