@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
+import threading
 import uuid
 
 import pytest
@@ -96,3 +98,54 @@ async def test_each_task_sees_its_own_request() -> None:
     await asyncio.gather(*tasks)
     assert seen == {"a": "a", "b": "b"}
     assert request_ids.current() is None
+
+
+def test_new_ids_keep_differing_across_random_blocks() -> None:
+    # Several blocks' worth, so IDs from a refilled block are among them.
+    count = 3 * request_ids.RANDOM_BLOCK_BYTES // 10 + 7
+    assert len({request_ids.new()[12:] for _ in range(count)}) == count
+
+
+def test_each_block_of_random_bits_is_used_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    blocks: list[int] = []
+
+    def urandom(size: int) -> bytes:
+        blocks.append(size)
+        return bytes([len(blocks)]) * size
+
+    monkeypatch.setattr(request_ids.os, "urandom", urandom)
+    monkeypatch.setattr(request_ids, "_pool", request_ids._Pool())
+    per_block = request_ids.RANDOM_BLOCK_BYTES // 10
+    first = {request_ids._random_80() for _ in range(per_block)}
+    assert blocks == [request_ids.RANDOM_BLOCK_BYTES]
+    assert first == {int.from_bytes(b"\x01" * 10, "big")}
+    assert request_ids._random_80() == int.from_bytes(b"\x02" * 10, "big")
+    assert len(blocks) == 2
+
+
+def test_a_forked_child_draws_bits_its_parent_does_not() -> None:
+    request_ids.new()  # the parent holds a block with bits left
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report its next ID and leave at once
+        os.write(write, request_ids.new().encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    child = os.read(read, 64).decode()
+    os.close(read)
+    assert child[12:] != request_ids.new()[12:]
+
+
+def test_each_thread_draws_from_its_own_block() -> None:
+    seen: list[str] = []
+
+    def draw() -> None:
+        seen.extend(request_ids.new() for _ in range(500))
+
+    threads = [threading.Thread(target=draw) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(set(seen)) == len(seen) == 2000
