@@ -23,6 +23,7 @@ from proxy.node import Node
 from proxy.observe import metrics
 from proxy.request import Ctx
 from routerproject.errors import RouterError
+from routerproject.logfast import RecordMaker
 
 access = logging.getLogger("router.access")
 
@@ -83,24 +84,17 @@ def _line(ctx: Ctx, node: Node, level: int, status: int, now: float) -> None:
         ms,
     )
     # The record `access.log` would make, less its walk up the stack for the caller's file and
-    # line (no log format shows them; it cost more than any field of the line): one line per
-    # request, so it counts. The request ID leads every line already (the format's `[id]`).
-    # The caller is this function, named from its code object: a frame object held in a local
-    # here would be a reference cycle (the frame holds its locals) keeping the record, the
-    # request's context and its callers' frames alive until a collection, every request.
-    code = _line.__code__
-    record = access.makeRecord(
-        access.name,
-        level,
-        code.co_filename,
-        code.co_firstlineno,
-        ACCESS_FORMAT,
-        args,
-        None,
-        code.co_name,
-        fields,
-    )
+    # line (no log format shows them; it cost more than any field of the line) and less
+    # makeRecord's generic work (routerproject/logfast.py): one line per request, so it counts.
+    # The request ID leads every line already (the format's `[id]`).
+    record = _records.make(level, ACCESS_FORMAT, args, fields)
     access.handle(record)
+
+
+# The caller is `_line`, named from its code object: a frame object held in a local there would
+# be a reference cycle (the frame holds its locals) keeping the record, the request's context and
+# its callers' frames alive until a collection, every request.
+_records = RecordMaker(access, _line.__code__)
 
 
 def request_id(ctx: Ctx) -> str:
