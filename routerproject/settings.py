@@ -246,8 +246,9 @@ LOGGING = {
         },
     },
     "handlers": {
+        # stderr, a loop turn's lines in one write: see logstream.py.
         "console": {
-            "class": "logging.StreamHandler",
+            "class": "routerproject.logstream.LoopTurnStreamHandler",
             "formatter": ROUTER.logging.format,
             "filters": ["request_id"],
         }
