@@ -19,6 +19,7 @@ Stdlib only (and python-json-logger): the logging configuration loads this befor
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import re
 import time
@@ -43,6 +44,11 @@ def _visible(match: re.Match[str]) -> str:
 
 def escape(text: str) -> str:
     """`text` with every character that could forge, rewrite or hide a log line made visible."""
+    # Every character the pattern matches is one `str.isprintable` refuses (a test goes through
+    # every code point), and that C loop costs under half the search on nearly every text;
+    # the search decides about what isprintable refuses for other reasons (a no-break space).
+    if text.isprintable():
+        return text
     return _UNSAFE_RE.sub(_visible, text)
 
 
@@ -76,10 +82,27 @@ class _SecondStamp(logging.Formatter):
 class TextFormatter(_SecondStamp):
     """The text log's formatter: the message and the request ID escaped, the rest as usual."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Whether the format shows the time: the stdlib asks its format string every line.
+        self._uses_time = self.usesTime()
+
+    def format(self, record: logging.LogRecord) -> str:
+        if record.exc_info or record.exc_text or record.stack_info:
+            return super().format(record)
+        # logging.Formatter.format for a line without traceback or stack, less its question.
+        record.message = record.getMessage()
+        if self._uses_time:
+            record.asctime = self.formatTime(record, self.datefmt)
+        return self.formatMessage(record)
+
     def formatMessage(self, record: logging.LogRecord) -> str:
         request_id = getattr(record, "request_id", None)
-        if _UNSAFE_RE.search(record.message) is None and (
-            not isinstance(request_id, str) or _UNSAFE_RE.search(request_id) is None
+        message = record.message
+        if (message.isprintable() or _UNSAFE_RE.search(message) is None) and (
+            not isinstance(request_id, str)
+            or request_id.isprintable()
+            or _UNSAFE_RE.search(request_id) is None
         ):
             # Nothing to escape (nearly every line): format the record itself, uncopied.
             return super().formatMessage(record)
@@ -100,10 +123,31 @@ class SafeJsonFormatter(_SecondStamp, JsonFormatter):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("json_ensure_ascii", False)
         super().__init__(*args, **kwargs)
+        # json.dumps, given an encoder class, makes an encoder of it for every line: this is
+        # the one it would make, made once (an encoder keeps no state between calls).
+        self._encoder: json.JSONEncoder | None = None
+        if self.json_serializer is json.dumps:
+            self._encoder = (self.json_encoder or json.JSONEncoder)(
+                skipkeys=False,
+                ensure_ascii=self.json_ensure_ascii,
+                check_circular=True,
+                allow_nan=True,
+                indent=self.json_indent,
+                separators=None,
+                default=self.json_default,
+                sort_keys=False,
+            )
 
     def process_log_record(self, log_data: dict[str, Any]) -> dict[str, Any]:
         for key, value in log_data.items():
-            if isinstance(value, str):
+            # A printable string holds nothing to escape (see `escape`), nor does each of its
+            # lines: most fields of most lines are left here, without a call.
+            if isinstance(value, str) and not value.isprintable():
                 unescaped = key in _UNESCAPED_FIELDS
                 log_data[key] = _escape_trace(value) if unescaped else escape(value)
         return dict(super().process_log_record(log_data))
+
+    def jsonify_log_record(self, log_data: dict[str, Any]) -> str:
+        if self._encoder is None:
+            return str(super().jsonify_log_record(log_data))
+        return self._encoder.encode(log_data)
