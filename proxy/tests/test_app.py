@@ -275,57 +275,32 @@ async def test_a_streamed_answer_arrives_as_several_body_messages(
     assert (sample.stream, sample.status, sample.output_tokens) == (True, 200, 6)
 
 
+@pytest.mark.parametrize("nodes_server", [False, True], ids=["plain-asgi", "nodes-server"])
 async def test_a_client_that_hangs_up_mid_stream_cancels_the_backend_request(
-    make_node: NodeFactory, fallback: Fallback, monkeypatch: pytest.MonkeyPatch
+    make_node: NodeFactory,
+    fallback: Fallback,
+    monkeypatch: pytest.MonkeyPatch,
+    nodes_server: bool,
 ) -> None:
-    node = make_node()
-    samples = _capture_samples(monkeypatch, node)
-    app = ProxyApp(fallback, node_getter=lambda: node)
-    comm = _communicator(app, "POST", "/v1/chat/completions")
-    body = orjson.dumps(_chat("slow", max_tokens=400, stream=True))
-    await comm.send_input({"type": "http.request", "body": body, "more_body": False})
-
-    start = await comm.receive_output(MESSAGE_TIMEOUT_SECS)
-    assert (start["type"], start["status"]) == ("http.response.start", 200)
-    first = await comm.receive_output(MESSAGE_TIMEOUT_SECS)
-    assert first["more_body"] is True
-    runtime = node.runtimes.runtimes["text"]
-    assert runtime.active == 1 and runtime.launch is not None
-    stats_url = runtime.launch.base_url + "/sim/stats"
-
-    await comm.send_input({"type": "http.disconnect"})
-    await comm.wait(MESSAGE_TIMEOUT_SECS)
-    assert comm.future.done() and not comm.future.cancelled()
-    assert runtime.active == 0
-
-    async def backend_cancelled() -> bool:
-        async with get_session().get(stats_url) as resp:
-            stats = await resp.json()
-        return bool(stats["cancelled"] == 1 and stats["active"] == 0)
-
-    await _wait_for(backend_cancelled, "the backend counts the request as cancelled")
-    [sample] = samples
-    assert (sample.status, sample.success) == (499, False)
-
-
-async def test_under_the_nodes_server_a_fired_disconnect_watch_cancels_the_backend_request(
-    make_node: NodeFactory, fallback: Fallback, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The node's own server advertises the watch: the app hands it one instead of keeping a
-    # task waiting on `http.disconnect`, and the server firing it does what that message did.
+    # Under plain ASGI the app hears `http.disconnect`. The node's own server advertises the
+    # disconnect watch: the app hands it one instead of keeping a task waiting on that
+    # message, and the server firing it must do what the message did.
     node = make_node()
     samples = _capture_samples(monkeypatch, node)
     app = ProxyApp(fallback, node_getter=lambda: node)
     scope = _scope("POST", "/v1/chat/completions", [])
-    scope["extensions"] = {DISCONNECT_WATCH: {}}
+    if nodes_server:
+        scope["extensions"] = {DISCONNECT_WATCH: {}}
     comm = ApplicationCommunicator(app, scope)
     body = orjson.dumps(_chat("slow", max_tokens=400, stream=True))
     await comm.send_input({"type": "http.request", "body": body, "more_body": False})
 
-    handed = await comm.receive_output(MESSAGE_TIMEOUT_SECS)
-    assert handed["type"] == DISCONNECT_WATCH
-    watch = handed["watch"]
-    assert isinstance(watch, DisconnectWatch)
+    watch: DisconnectWatch | None = None
+    if nodes_server:
+        handed = await comm.receive_output(MESSAGE_TIMEOUT_SECS)
+        assert handed["type"] == DISCONNECT_WATCH
+        watch = handed["watch"]
+        assert isinstance(watch, DisconnectWatch)
     start = await comm.receive_output(MESSAGE_TIMEOUT_SECS)
     assert (start["type"], start["status"]) == ("http.response.start", 200)
     first = await comm.receive_output(MESSAGE_TIMEOUT_SECS)
@@ -334,7 +309,10 @@ async def test_under_the_nodes_server_a_fired_disconnect_watch_cancels_the_backe
     assert runtime.active == 1 and runtime.launch is not None
     stats_url = runtime.launch.base_url + "/sim/stats"
 
-    watch.fire()
+    if watch is not None:
+        watch.fire()
+    else:
+        await comm.send_input({"type": "http.disconnect"})
     await comm.wait(MESSAGE_TIMEOUT_SECS)
     assert comm.future.done() and not comm.future.cancelled()
     assert runtime.active == 0

@@ -236,12 +236,17 @@ def _parsed(wire: bytes) -> tuple[bytes, list[bytes], bytes]:
     return status, sorted(lines), body
 
 
-async def _two_messages(
-    status: int, headers: list[tuple[bytes, bytes]], body: bytes, *, method: str = "GET"
-) -> tuple[Recorder, list[int], RouterCycle]:
+def _dated_cycle(method: str) -> tuple[Recorder, RouterCycle, list[int]]:
     transport = Recorder()
     cycle, done = _cycle(transport, method=method)
     cycle.default_headers = [(b"date", b"Sun, 06 Dec 2026 00:00:00 GMT")]
+    return transport, cycle, done
+
+
+async def _two_messages(
+    status: int, headers: list[tuple[bytes, bytes]], body: bytes, *, method: str = "GET"
+) -> tuple[Recorder, list[int], RouterCycle]:
+    transport, cycle, done = _dated_cycle(method)
     length = (b"content-length", b"%d" % len(body))
     await cycle.send(
         {"type": "http.response.start", "status": status, "headers": [*headers, length]}
@@ -254,9 +259,7 @@ async def _two_messages(
 async def _one_message(
     status: int, headers: list[tuple[bytes, bytes]], body: bytes, *, method: str = "GET"
 ) -> tuple[Recorder, list[int], RouterCycle]:
-    transport = Recorder()
-    cycle, done = _cycle(transport, method=method)
-    cycle.default_headers = [(b"date", b"Sun, 06 Dec 2026 00:00:00 GMT")]
+    transport, cycle, done = _dated_cycle(method)
     await cycle.send(_whole(status, headers, body))
     return transport, done, cycle
 
