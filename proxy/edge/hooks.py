@@ -3,7 +3,7 @@ client went away.
 
 Plain ASGI tells an app that its client left only through `receive()`, so an app that wants to
 stop work for a departed client must keep a task waiting on it for every request: a task, a
-future and a cancellation per request, about 4% of the router's instructions per proxied
+future and a cancellation per request, about 3% of the router's instructions per proxied
 request (callgrind). The node's server (`proxy.edge.cycle.RouterCycle`) advertises
 `DISCONNECT_WATCH` in `scope["extensions"]`; the app then sends it a `DisconnectWatch` in a
 message of that type, and the server fires it once if the connection is lost before the
