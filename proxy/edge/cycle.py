@@ -37,6 +37,18 @@ class _HeadHolder:
         self.data += data
 
 
+def _write_after(transport: asyncio.Transport, head: bytes, body: bytes) -> None:
+    """`head`, then `body`, in one write: joined in a copy when the body is small."""
+    if not head:
+        transport.write(body)
+    elif not body:
+        transport.write(head)
+    elif len(body) <= JOIN_MAX_BYTES:
+        transport.write(head + body)
+    else:
+        transport.writelines((head, body))
+
+
 class _Joined:
     """Stands in for the transport while the base class writes the first body bytes: the held
     head goes out in the same write, and before anything else the base class does with it."""
@@ -49,12 +61,7 @@ class _Joined:
 
     def write(self, data: bytes) -> None:
         head, self.head = self.head, b""
-        if not head:
-            self.transport.write(data)
-        elif len(data) <= JOIN_MAX_BYTES:
-            self.transport.write(head + data)
-        else:
-            self.transport.writelines((head, data))
+        _write_after(self.transport, head, data)
 
     def flush(self) -> None:
         head, self.head = self.head, b""
@@ -166,12 +173,7 @@ class RouterCycle(PathCycle):
             content.append(b"connection: close\r\n")
         content.append(b"\r\n")
         head = b"".join(content)
-        if self.scope["method"] == "HEAD" or not body:
-            self.transport.write(head)
-        elif len(body) <= JOIN_MAX_BYTES:
-            self.transport.write(head + body)
-        else:
-            self.transport.writelines((head, body))
+        _write_after(self.transport, head, b"" if self.scope["method"] == "HEAD" else body)
         self.response_complete = True
         self.message_event.set()
         if not self.keep_alive:

@@ -147,6 +147,19 @@ def _communicator(
     return ApplicationCommunicator(app, _scope(method, path, headers or []))
 
 
+async def _posted_chat(
+    app: ProxyApp, extension: str | None, doc: dict[str, Any]
+) -> ApplicationCommunicator:
+    """A chat completion posted whole, under a server that advertises `extension` (None: a
+    plain ASGI server)."""
+    scope = _scope("POST", "/v1/chat/completions", [])
+    if extension is not None:
+        scope["extensions"] = {extension: {}}
+    comm = ApplicationCommunicator(app, scope)
+    await comm.send_input({"type": "http.request", "body": orjson.dumps(doc), "more_body": False})
+    return comm
+
+
 async def _read_answer(comm: ApplicationCommunicator) -> Answer:
     start = await comm.receive_output(MESSAGE_TIMEOUT_SECS)
     assert start["type"] == "http.response.start"
@@ -288,12 +301,8 @@ async def test_a_client_that_hangs_up_mid_stream_cancels_the_backend_request(
     node = make_node()
     samples = _capture_samples(monkeypatch, node)
     app = ProxyApp(fallback, node_getter=lambda: node)
-    scope = _scope("POST", "/v1/chat/completions", [])
-    if nodes_server:
-        scope["extensions"] = {DISCONNECT_WATCH: {}}
-    comm = ApplicationCommunicator(app, scope)
-    body = orjson.dumps(_chat("slow", max_tokens=400, stream=True))
-    await comm.send_input({"type": "http.request", "body": body, "more_body": False})
+    extension = DISCONNECT_WATCH if nodes_server else None
+    comm = await _posted_chat(app, extension, _chat("slow", max_tokens=400, stream=True))
 
     watch: DisconnectWatch | None = None
     if nodes_server:
@@ -332,11 +341,7 @@ async def test_a_finished_request_cancels_its_disconnect_watch(
 ) -> None:
     node = make_node()
     app = ProxyApp(fallback, node_getter=lambda: node)
-    scope = _scope("POST", "/v1/chat/completions", [])
-    scope["extensions"] = {DISCONNECT_WATCH: {}}
-    comm = ApplicationCommunicator(app, scope)
-    body = orjson.dumps(_chat("chat", max_tokens=1))
-    await comm.send_input({"type": "http.request", "body": body, "more_body": False})
+    comm = await _posted_chat(app, DISCONNECT_WATCH, _chat("chat", max_tokens=1))
     handed = await comm.receive_output(MESSAGE_TIMEOUT_SECS)
     answer = await _read_answer(comm)
     assert answer.status == 200
@@ -349,11 +354,7 @@ async def test_under_the_nodes_server_an_answer_goes_out_whole(
 ) -> None:
     node = make_node()
     app = ProxyApp(fallback, node_getter=lambda: node)
-    scope = _scope("POST", "/v1/chat/completions", [])
-    scope["extensions"] = {WHOLE_ANSWER: {}}
-    comm = ApplicationCommunicator(app, scope)
-    body = orjson.dumps(_chat("nope", max_tokens=1))
-    await comm.send_input({"type": "http.request", "body": body, "more_body": False})
+    comm = await _posted_chat(app, WHOLE_ANSWER, _chat("nope", max_tokens=1))
     answer = await comm.receive_output(MESSAGE_TIMEOUT_SECS)
     assert (answer["type"], answer["status"]) == (WHOLE_ANSWER, 404)
     assert orjson.loads(answer["body"])["error"]["param"] == "model"

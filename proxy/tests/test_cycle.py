@@ -66,6 +66,10 @@ def _cycle(
     return cycle, done
 
 
+def _whole(status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> dict[str, Any]:
+    return {"type": WHOLE_ANSWER, "status": status, "headers": headers, "body": body}
+
+
 def _start(length: int | None) -> dict[str, Any]:
     headers = [] if length is None else [(b"content-length", b"%d" % length)]
     return {"type": "http.response.start", "status": 200, "headers": headers}
@@ -130,20 +134,26 @@ async def test_a_head_request_still_gets_its_head() -> None:
     assert done == [1]
 
 
+@pytest.mark.parametrize("whole", [False, True], ids=["start-and-body", "whole-answer"])
 @pytest.mark.parametrize(("size", "joined"), [(JOIN_MAX_BYTES, True), (JOIN_MAX_BYTES + 1, False)])
-async def test_a_large_body_is_not_copied_to_join_its_head(size: int, joined: bool) -> None:
+async def test_a_large_body_is_not_copied_to_join_its_head(
+    size: int, joined: bool, whole: bool
+) -> None:
     transport = Recorder()
     cycle, _ = _cycle(transport)
     body = b"x" * size
-    await cycle.send(_start(size))
-    await cycle.send(_body(body))
+    if whole:
+        await cycle.send(_whole(200, [], body))
+    else:
+        await cycle.send(_start(size))
+        await cycle.send(_body(body))
     if joined:
         assert transport.events == ["write"]
         assert transport.writes[0].endswith(b"\r\n\r\n" + body)
     else:
         assert transport.events == ["writelines"]
         head, sent = transport.lines[0]
-        assert head.endswith(b"\r\n\r\n")
+        assert head.endswith(b"content-length: %d\r\n\r\n" % size if whole else b"\r\n\r\n")
         assert sent is body
 
 
@@ -225,10 +235,6 @@ async def test_a_failing_watch_is_logged_and_the_cycle_goes_on(
 # -- a whole answer in one message ----------------------------------------------------------
 
 
-def _whole(status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> dict[str, Any]:
-    return {"type": WHOLE_ANSWER, "status": status, "headers": headers, "body": body}
-
-
 def _parsed(wire: bytes) -> tuple[bytes, list[bytes], bytes]:
     """Status line, sorted header lines, body."""
     head, _, body = wire.partition(b"\r\n\r\n")
@@ -300,21 +306,6 @@ async def test_a_whole_answer_that_closes_the_connection_writes_before_the_close
         assert transport.writes[0].lower().count(b"connection: close\r\n") == 1
         assert transport.writes[0].endswith(b"\r\n\r\nok")
         assert not cycle.keep_alive and done == [1]
-
-
-@pytest.mark.parametrize(("size", "joined"), [(JOIN_MAX_BYTES, True), (JOIN_MAX_BYTES + 1, False)])
-async def test_a_large_whole_answer_is_not_copied_to_join_its_head(size: int, joined: bool) -> None:
-    transport = Recorder()
-    cycle, _ = _cycle(transport)
-    body = b"x" * size
-    await cycle.send(_whole(200, [], body))
-    if joined:
-        assert transport.events == ["write"]
-        assert transport.writes[0].endswith(b"\r\n\r\n" + body)
-    else:
-        assert transport.events == ["writelines"]
-        head, sent = transport.lines[0]
-        assert head.endswith(b"content-length: %d\r\n\r\n" % size) and sent is body
 
 
 @pytest.mark.parametrize(
