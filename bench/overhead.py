@@ -18,7 +18,7 @@ a second router starts from PATH's `manage.py` (under PATH's `.venv` when it has
 commit may need other packages) beside this one, on the same upstream, and the two are
 measured in alternating rounds (this, PATH, PATH, this, this, PATH ... `--rounds` of each:
 each goes first in every other round), so both see the same machine; each latency run starts
-once the other router is idle (its analytics backlog written). Latency is measured with the
+once both routers are idle (their analytics backlogs written). Latency is measured with the
 config key only (an older checkout may have no stored keys). It prints each checkout's figures
 (latencies pooled over its rounds, req/s and CPU per request averaged) and their ratios, this
 over PATH.
@@ -326,14 +326,16 @@ def wait_idle(
 
 
 def measure_round(
-    router: Router, direct: str, args: argparse.Namespace, others: list[int] | None = None
+    router: Router, direct: str, args: argparse.Namespace, pids: list[int] | None = None
 ) -> None:
     """One round: the interleaved latency run, then the throughput run with its CPU. The
-    latency run starts once the routers `others` (process IDs) are idle."""
+    latency run starts once the routers `pids` are idle: the router measured among them, since
+    the one that goes first in a round has just finished its own throughput run, and its own
+    backlog written during its latency run weighed on its p99 as another's would."""
     assert router.proc is not None
     routed = f"{router.base}/v1/chat/completions"
-    if others:
-        wait_idle(others)
+    if pids:
+        wait_idle(pids)
     d, r, s = asyncio.run(latency(direct, routed, args.n, router.stored_key))
     router.direct += d
     router.routed += r
@@ -468,11 +470,11 @@ def main() -> None:
         if args.against is None:
             routers[0].stored_key = asyncio.run(create_stored_key(routers[0].base))
         for round_index in range(rounds):
-            # Each checkout goes first in every other round: the first latency run of a round
-            # measured worse p99s whichever checkout it was (2.3-2.4 ms against 1.5-2.0).
+            # Each checkout goes first in every other round, so neither always meets the
+            # machine as the other left it.
+            pids = [r.proc.pid for r in routers if r.proc is not None]
             for router in routers if round_index % 2 == 0 else routers[::-1]:
-                others = [r.proc.pid for r in routers if r is not router and r.proc is not None]
-                measure_round(router, direct, args, others)
+                measure_round(router, direct, args, pids)
         rps_direct, _ = asyncio.run(throughput(direct, args.clients, args.total))
     finally:
         for router in routers:
