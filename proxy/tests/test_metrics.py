@@ -172,18 +172,40 @@ def test_the_request_paths_counting_adds_what_prometheus_client_would() -> None:
     # Below, at, between and past the bounds: each must land in the bucket `observe` picks.
     amounts = [0.0, bounds[0] / 2, *bounds, *(b * 1.5 for b in bounds), 7.0, 0.0005]
     plain, fast = CollectorRegistry(), CollectorRegistry()
+    fast.register(metrics.CellSync())
     histograms = [
         Histogram("h_seconds", "h", ("family",), buckets=bounds, registry=registry)
         for registry in (plain, fast)
     ]
     counters = [Counter("c", "c", ("model",), registry=registry) for registry in (plain, fast)]
     plain_h, plain_c = histograms[0].labels("openai"), counters[0].labels("m")
-    observe = metrics.observer(histograms[1].labels("openai"))
-    add = metrics.adder(counters[1].labels("m"))
+    plain_c.inc(2)
+    # A cell starts from what its child already holds.
+    counters[1].labels("m").inc(2)
+    cells = metrics.histogram_cells(histograms[1].labels("openai"))
+    cell = metrics.counter_cell(counters[1].labels("m"))
     for amount in amounts:
         plain_h.observe(amount)
-        observe(amount)
+        metrics.observe(cells, (*bounds, float("inf")), amount)
     for tokens in (1, 0, 250, 3):
         plain_c.inc(tokens)
-        add(tokens)
+        cell[0] += tokens
     assert _samples(fast) == _samples(plain)
+    # Collected again with nothing new: the same.
+    assert _samples(fast) == _samples(plain)
+
+
+def test_each_exposition_shows_what_was_counted_up_to_it() -> None:
+    node: Any = SimpleNamespace(node_id="n1")
+    ctx = _ctx("/v1/chat/completions", model="m-cells", served_node="n1")
+    labels = {"model": "m-cells", "family": "openai", "status": "200", "node": "n1"}
+    line = 'router_requests_total{{family="openai",model="m-cells",node="n1",status="200"}} {}'
+    before = _count(**labels)
+    metrics.request_finished(ctx, node, 200, ctx.t0 + 0.002)
+    assert line.format(before + 1) in generate_latest(metrics.REGISTRY).decode()
+    metrics.request_finished(ctx, node, 200, ctx.t0 + 0.002)
+    metrics.request_finished(ctx, node, 200, ctx.t0 + 0.002)
+    assert line.format(before + 3) in generate_latest(metrics.REGISTRY).decode()
+    fast = {"model": "m-cells", "family": "openai", "le": "0.005"}
+    bucket = metrics.REGISTRY.get_sample_value("router_request_duration_seconds_bucket", fast)
+    assert bucket == before + 3
