@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp
 
 from access.limits import charge_usage
+from analytics.recorder import RequestSample
 from guardians.routing import REFUSAL_STATUSES, ImageRefused, is_image_refusal
 from lending.flow import Turn
 from proxy import work
@@ -147,8 +148,6 @@ def handed_back(ctx: Ctx, failure: RouterError | None) -> bool:
 
 
 def _record(ctx: Ctx, node: Node, job: Job, failure: RouterError | None = None) -> None:
-    from analytics.recorder import RequestSample
-
     if job.lent or job.not_sent or handed_back(ctx, failure):
         return
     usage = job.usage or {}

@@ -42,7 +42,9 @@ def rewrite_json_model(body: bytes, public_id: str) -> bytes:
     validated either). A key spelled with JSON escapes is not recognised; no
     backend writes its own keys that way.
     """
-    if _MODEL_KEY not in body:
+    # `find`, not `in`: CPython's `in` on bytes first tries the needle as an integer, and
+    # raises and clears a formatted TypeError before it searches (a third of the test's cost).
+    if body.find(_MODEL_KEY) < 0:
         return body
     try:
         obj = orjson.loads(body)
