@@ -30,6 +30,7 @@ from typing import Any
 from urllib.parse import unquote
 
 import httptools
+from channels.routing import ProtocolTypeRouter
 from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
@@ -84,6 +85,14 @@ def _answer_and_close(clock: Clock, transport: asyncio.Transport, data: bytes) -
     return clock.call_later(LINGER_SECS, transport.abort)
 
 
+def http_app(app: Any) -> Any:
+    """The app an HTTP request goes to: `app` itself, or, when `app` is Channels' protocol
+    router, the app it routes HTTP to (it routes by the scope's type and nothing else)."""
+    if isinstance(app, ProtocolTypeRouter):
+        return app.application_mapping.get("http", app)
+    return app
+
+
 class _Stop(Exception):
     """Raised from a parser callback once the request is refused: the parser stops there and
     the rest of the bytes in hand are dropped."""
@@ -110,6 +119,9 @@ class FrontDoorProtocol(HttpToolsProtocol):
         door: FrontDoor,
     ) -> None:
         super().__init__(config, server_state, app_state)
+        # An HTTP request goes straight to the app Channels' protocol router would hand it to:
+        # the router adds a coroutine and a lookup to every request, and chooses nothing here.
+        self.app = http_app(self.app)
         self.door = door
         self.peer: Address | None = None
         self.counted: str | None = None
@@ -312,7 +324,14 @@ class FrontDoorProtocol(HttpToolsProtocol):
         if self.header_count > MAX_HEADERS or self.header_bytes > MAX_HEAD_BYTES:
             self._head_too_large(True)
             raise _Stop
-        super().on_header(name, value)
+        # uvicorn's own `on_header`, here rather than called (a call per header, seven a
+        # request): the name in lower case, the value without the trailing blanks llhttp keeps
+        # (RFC 9110 5.5), and `Expect: 100-continue` noted.
+        name = name.lower()
+        value = value.rstrip(b" \t")
+        if name == b"expect" and value.lower() == b"100-continue":
+            self.expect_100_continue = True
+        self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         self.in_head = False

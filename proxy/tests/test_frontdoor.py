@@ -721,3 +721,58 @@ async def test_a_cut_body_sends_no_100_continue_and_the_app_hears_a_disconnect(
     await turn()
     assert b"100 Continue" not in transport.data
     assert door.app.disconnected == 1
+
+
+async def test_header_names_reach_the_app_in_lower_case_and_values_without_trailing_blanks(
+    door: Door,
+) -> None:
+    protocol, _ = door.connect()
+    protocol.data_received(post_head(0, b"X-Trace-Tag:  Mixed Case \t \r\n"))
+    await turn()
+    headers = door.app.scopes[0]["headers"]
+    assert (b"x-trace-tag", b"Mixed Case") in headers
+    assert (b"host", b"x") in headers
+    assert not protocol.expect_100_continue
+
+
+async def test_expect_100_continue_is_noted_whatever_its_case_and_blanks(door: Door) -> None:
+    protocol, _ = door.connect()
+    protocol.data_received(post_head(10, b"EXPECT: 100-Continue \r\n"))
+    assert protocol.expect_100_continue
+
+
+def test_an_http_request_goes_to_the_app_channels_would_route_it_to() -> None:
+    from channels.routing import ProtocolTypeRouter
+
+    async def http(scope: Any, receive: Any, send: Any) -> None: ...
+
+    async def websocket(scope: Any, receive: Any, send: Any) -> None: ...
+
+    routed = ProtocolTypeRouter({"http": http, "websocket": websocket})
+    assert frontdoor.http_app(routed) is http
+    assert frontdoor.http_app(http) is http
+    only_ws = ProtocolTypeRouter({"websocket": websocket})
+    assert frontdoor.http_app(only_ws) is only_ws
+
+
+def test_the_nodes_own_app_is_routed_to_the_proxy_app() -> None:
+    from proxy.edge.app import ProxyApp
+    from routerproject.asgi import application
+
+    assert isinstance(frontdoor.http_app(application), ProxyApp)
+
+
+async def test_under_channels_router_the_protocol_starts_the_http_app_itself(
+    door: Door,
+) -> None:
+    from channels.routing import ProtocolTypeRouter
+
+    from proxy.edge.server import server_config
+
+    door.config = server_config(ProtocolTypeRouter({"http": door.app}))
+    protocol, transport = door.connect()
+    assert protocol.app is door.app
+    protocol.data_received(post_head(0))
+    await turn()
+    assert status_of(transport.data) == 200
+    assert [scope["path"] for scope in door.app.scopes] == ["/v1/chat/completions"]
