@@ -29,6 +29,7 @@ from lending.master import MasterLending
 from lending.owner import OwnerLending
 from lending.restore import Restorer
 from lending.runtime import Lending
+from proxy.forwarding.deadlines import Deadlines, tick_for
 from proxy.forwarding.generations import Generations
 from proxy.forwarding.inflight import Forwards, Requests
 from proxy.observe import metrics
@@ -77,7 +78,9 @@ class Node:
     client: NodeClient | None = None
     started_at: float = field(default_factory=time.time)
     request_timeout: aiohttp.ClientTimeout = field(default_factory=aiohttp.ClientTimeout)
-    """Bounds one whole backend request (`backend.request_timeout`); built once, not per call."""
+    """Bounds one whole request to another node (`backend.request_timeout`); built once."""
+    deadlines: Deadlines = field(default_factory=Deadlines)
+    """The deadlines of the requests this node's backends hold (`backend.request_timeout`)."""
     recipes: dict[str, Recipe] = field(default_factory=dict)
     """Split recipes by public ID (master only)."""
     busy: Counter[tuple[str, str, str]] = field(default_factory=Counter)
@@ -303,14 +306,14 @@ def build_node(
         log_dir=Path(config.cluster.store_dir) / "logs",
         on_load=partial(_load_finished, recorder, load_listeners),
     )
+    timeout = config.backend.request_timeout
     node = Node(
         config=config,
         catalog=_scan(config),
         runtimes=runtimes,
         recorder=recorder,
-        request_timeout=aiohttp.ClientTimeout(
-            total=config.backend.request_timeout, sock_connect=CONNECT_TIMEOUT_SECS
-        ),
+        request_timeout=aiohttp.ClientTimeout(total=timeout, sock_connect=CONNECT_TIMEOUT_SECS),
+        deadlines=Deadlines(tick_secs=tick_for(timeout)),
         disabled=frozenset(disabled),
     )
     node.assets = AssetService(node)

@@ -7,6 +7,7 @@ analytics. Analytics rows go to an in-memory buffer (analytics/recorder.py).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -279,17 +280,23 @@ async def _send(
         session = get_session()
         body = SentBody(_backend_body(job, launch))
         sent = time.monotonic()
-        async with session.request(
-            job.method,
-            url,
-            data=body,
-            headers=_backend_headers(job),
-            timeout=node.request_timeout,
-            ssl=launch.tls,
-        ) as resp:
-            if job.guardian_fallback and resp.status in REFUSAL_STATUSES:
-                await _check_refusal(ctx, resp)
-            await shape(ctx, job, resp)
+        # `backend.request_timeout` bounds the whole exchange, the answer's last byte included
+        # (proxy/forwarding/deadlines.py: one timer for every request held, not one each).
+        timeout = node.config.backend.request_timeout
+        deadline = node.deadlines.hold(timeout)
+        try:
+            async with session.request(
+                job.method, url, data=body, headers=_backend_headers(job), ssl=launch.tls
+            ) as resp:
+                if job.guardian_fallback and resp.status in REFUSAL_STATUSES:
+                    await _check_refusal(ctx, resp)
+                await shape(ctx, job, resp)
+        except asyncio.CancelledError:
+            if not deadline.expired_now():
+                raise
+            raise TimeoutError(f"no answer within backend.request_timeout ({timeout:g}s)") from None
+        finally:
+            node.deadlines.release(deadline)
         job.service_ms = _service_ms(runtime, launch, sent)
     except (TimeoutError, aiohttp.ClientError, ConnectionError) as exc:
         raise await _send_failure(ctx, job, runtime, launch, exc, body) from exc

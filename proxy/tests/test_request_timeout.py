@@ -1,0 +1,125 @@
+"""`backend.request_timeout` bounds a request to a backend of this node, against a real simulated
+backend process that takes far longer to answer than the timeout allows."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import yaml
+
+from proxy.forwarding.deadlines import Deadline
+from proxy.forwarding.local import Job, forward, shape_openai
+from proxy.node import Node, build_node
+from proxy.request import Ctx
+from registry.httpclient import close_session
+from routerproject.config import load_config
+from routerproject.errors import RouterError
+
+TIMEOUT_SECS = 0.4
+# The backend answers after a minute: only the timeout (or the client leaving) ends a request.
+SLOW_SIM = {"load_ms": 5, "base_ms": 60_000, "output_ms_per_token": 0}
+WAIT_SECS = 20.0
+
+
+@pytest.fixture
+async def node(tmp_path: Path) -> AsyncIterator[Node]:
+    kcpps, weights = tmp_path / "kcpps", tmp_path / "weights"
+    kcpps.mkdir()
+    weights.mkdir()
+    (weights / "slow.sim.json").write_text(json.dumps(SLOW_SIM))
+    raw = {"backend_mode": "sim", "model_param": "../weights/slow.sim.json", "contextsize": 512}
+    (kcpps / "slow.kcpps").write_text(json.dumps(raw))
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(
+        yaml.safe_dump(
+            {
+                "cluster": {"node_id": "n1", "store_dir": str(tmp_path / "store")},
+                "models": {"config_dir": str(kcpps)},
+                "backend": {
+                    "mode": "sim",
+                    "load_timeout": "20s",
+                    "request_timeout": f"{int(TIMEOUT_SECS * 1000)}ms",
+                },
+            }
+        )
+    )
+    built = build_node(load_config(config_path, environ={}))
+    try:
+        yield built
+    finally:
+        built.restore.close()
+        await built.runtimes.close()
+        await close_session()
+
+
+class Client:
+    def __init__(self) -> None:
+        self.messages: list[dict[str, Any]] = []
+
+    async def send(self, message: dict[str, Any]) -> None:
+        self.messages.append(message)
+
+    async def receive(self) -> dict[str, Any]:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+def request(node: Node, client: Client) -> tuple[Ctx, Job]:
+    body = {"model": "slow", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    scope = {"type": "http", "headers": [], "query_string": b""}
+    ctx = Ctx(scope, client.receive, client.send, "/v1/chat/completions", "POST")
+    job = Job(
+        cfg=node.catalog.configs["slow"],
+        lane="text",
+        model_id="slow",
+        public_id="slow",
+        backend_path="/v1/chat/completions",
+        body=orjson.dumps(body),
+    )
+    return ctx, job
+
+
+async def test_a_backend_slower_than_the_request_timeout_is_a_502_and_frees_its_slot(
+    node: Node,
+) -> None:
+    client = Client()
+    ctx, job = request(node, client)
+    runtime = node.runtimes.runtime_for(job.cfg, "text")
+    with pytest.raises(RouterError) as failed:
+        await asyncio.wait_for(forward(ctx, node, job, shape_openai), WAIT_SECS)
+    assert failed.value.status == 502
+    assert "TimeoutError" in failed.value.message
+    assert client.messages == []
+    # At least the timeout went by: the answer did not come early, nor from elsewhere.
+    assert ctx.upstream_secs >= TIMEOUT_SECS
+    assert runtime.active == 0
+    assert len(node.deadlines) == 0
+
+
+async def test_a_client_that_leaves_before_the_timeout_is_not_told_it_timed_out(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = Client()
+    ctx, job = request(node, client)
+    runtime = node.runtimes.runtime_for(job.cfg, "text")
+    held = asyncio.Event()
+    hold = node.deadlines.hold
+
+    def noted(secs: float) -> Deadline:
+        held.set()
+        return hold(secs)
+
+    monkeypatch.setattr(node.deadlines, "hold", noted)
+    task = asyncio.ensure_future(forward(ctx, node, job, shape_openai))
+    # The client leaves once the request is on its way to the backend.
+    await asyncio.wait_for(held.wait(), WAIT_SECS)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, WAIT_SECS)
+    assert runtime.active == 0
