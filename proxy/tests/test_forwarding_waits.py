@@ -18,10 +18,9 @@ import yaml
 from lending.flow import Takeback, borrowed_acquire
 from lending.runtime import Lending
 from proxy.forwarding.local import Job, _backend_headers, forward, shape_openai
-from proxy.node import Node, build_node
+from proxy.node import Node
 from proxy.request import Ctx
-from registry.httpclient import close_session
-from routerproject.config import load_config
+from proxy.tests.direct import Client, built_node
 from routerproject.errors import RouterError
 
 WAIT_SECS = 20.0
@@ -61,14 +60,9 @@ async def node(tmp_path: Path, clock: Clock) -> AsyncIterator[Node]:
             }
         )
     )
-    built = build_node(load_config(config_path, environ={}))
-    built.lending = Lending(node_id="helper", file_values={}, clock=clock)
-    try:
+    async with built_node(config_path) as built:
+        built.lending = Lending(node_id="helper", file_values={}, clock=clock)
         yield built
-    finally:
-        built.restore.close()
-        await built.runtimes.close()
-        await close_session()
 
 
 @pytest.fixture
@@ -88,18 +82,6 @@ def job(node: Node, model: str) -> Job:
         backend_path="/v1/chat/completions",
         body=orjson.dumps(body),
     )
-
-
-class Client:
-    def __init__(self) -> None:
-        self.messages: list[dict[str, Any]] = []
-
-    async def send(self, message: dict[str, Any]) -> None:
-        self.messages.append(message)
-
-    async def receive(self) -> dict[str, Any]:
-        await asyncio.Event().wait()
-        raise AssertionError("unreachable")
 
 
 def own_request(client: Client) -> Ctx:

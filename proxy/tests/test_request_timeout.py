@@ -7,7 +7,6 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pytest
@@ -15,10 +14,9 @@ import yaml
 
 from proxy.forwarding.deadlines import Deadline
 from proxy.forwarding.local import Job, forward, shape_openai
-from proxy.node import Node, build_node
+from proxy.node import Node
 from proxy.request import Ctx
-from registry.httpclient import close_session
-from routerproject.config import load_config
+from proxy.tests.direct import Client, built_node
 from routerproject.errors import RouterError
 
 TIMEOUT_SECS = 0.4
@@ -49,25 +47,8 @@ async def node(tmp_path: Path) -> AsyncIterator[Node]:
             }
         )
     )
-    built = build_node(load_config(config_path, environ={}))
-    try:
+    async with built_node(config_path) as built:
         yield built
-    finally:
-        built.restore.close()
-        await built.runtimes.close()
-        await close_session()
-
-
-class Client:
-    def __init__(self) -> None:
-        self.messages: list[dict[str, Any]] = []
-
-    async def send(self, message: dict[str, Any]) -> None:
-        self.messages.append(message)
-
-    async def receive(self) -> dict[str, Any]:
-        await asyncio.Event().wait()
-        raise AssertionError("unreachable")
 
 
 def request(node: Node, client: Client) -> tuple[Ctx, Job]:
