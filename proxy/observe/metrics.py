@@ -4,8 +4,9 @@ Two kinds of numbers:
 
 - what happens on the request path (requests, latencies, tokens, loads) is counted as it
   happens, in prometheus-client objects of this module's registry. The children of each
-  labelled metric are cached by label tuple, so a request pays a dict lookup and a few
-  additions, not prometheus-client's label validation;
+  labelled metric are cached by label tuple, and the request path adds to plain cells that a
+  collection copies into them (see `counter_cell`), so a request pays a dict lookup and a few
+  additions, not prometheus-client's label validation nor a lock per addition;
 - everything that is state (queues, loaded models, node health, fits, the decision log's
   backlog and its per-outcome counts) is read from the node when a scrape asks
   (`NodeCollector`), so keeping it costs the request path nothing.
