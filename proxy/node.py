@@ -16,7 +16,6 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
 from django.conf import settings
 
 from access.keys import current_table
@@ -39,7 +38,6 @@ from registry.affinity import AffinityTable
 from registry.assets.service import AssetService
 from registry.catalog import LocalCatalog
 from registry.cluster import MINIMUM_PROTOCOL_VERSION, PROTOCOL_VERSION, ClusterState
-from registry.httpclient import CONNECT_TIMEOUT_SECS
 from registry.identity import Assignment, IdentityKey
 from registry.kcpps import Lane, ModelConfig
 from registry.nodeclient import AllowList, NodeClient
@@ -77,10 +75,9 @@ class Node:
     """What the request path asks lending, once per request (lending/flow.py)."""
     client: NodeClient | None = None
     started_at: float = field(default_factory=time.time)
-    request_timeout: aiohttp.ClientTimeout = field(default_factory=aiohttp.ClientTimeout)
-    """Bounds one whole request to another node (`backend.request_timeout`); built once."""
     deadlines: Deadlines = field(default_factory=Deadlines)
-    """The deadlines of the requests this node's backends hold (`backend.request_timeout`)."""
+    """The deadlines of the requests this node's backends and other nodes hold
+    (`backend.request_timeout`)."""
     recipes: dict[str, Recipe] = field(default_factory=dict)
     """Split recipes by public ID (master only)."""
     busy: Counter[tuple[str, str, str]] = field(default_factory=Counter)
@@ -306,14 +303,12 @@ def build_node(
         log_dir=Path(config.cluster.store_dir) / "logs",
         on_load=partial(_load_finished, recorder, load_listeners),
     )
-    timeout = config.backend.request_timeout
     node = Node(
         config=config,
         catalog=_scan(config),
         runtimes=runtimes,
         recorder=recorder,
-        request_timeout=aiohttp.ClientTimeout(total=timeout, sock_connect=CONNECT_TIMEOUT_SECS),
-        deadlines=Deadlines(tick_secs=tick_for(timeout)),
+        deadlines=Deadlines(tick_secs=tick_for(config.backend.request_timeout)),
         disabled=frozenset(disabled),
     )
     node.assets = AssetService(node)

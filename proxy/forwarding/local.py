@@ -282,8 +282,7 @@ async def _send(
         sent = time.monotonic()
         # `backend.request_timeout` bounds the whole exchange, the answer's last byte included
         # (proxy/forwarding/deadlines.py: one timer for every request held, not one each).
-        timeout = node.config.backend.request_timeout
-        deadline = node.deadlines.hold(timeout)
+        deadline = node.deadlines.hold(node.config.backend.request_timeout)
         try:
             async with session.request(
                 job.method, url, data=body, headers=_backend_headers(job), ssl=launch.tls
@@ -294,7 +293,7 @@ async def _send(
         except asyncio.CancelledError:
             if not deadline.expired_now():
                 raise
-            raise TimeoutError(f"no answer within backend.request_timeout ({timeout:g}s)") from None
+            raise deadline.error() from None
         finally:
             node.deadlines.release(deadline)
         job.service_ms = _service_ms(runtime, launch, sent)

@@ -131,6 +131,8 @@ async def forward_remote(
     waited = time.monotonic()
     fwd = node.forwards.begin(replica.node_id)
     sent = SentBody(body)
+    # `backend.request_timeout` bounds the call, as it bounds a backend's (deadlines.py).
+    deadline = node.deadlines.hold(node.config.backend.request_timeout)
     try:
         # The node client's allow-list decides where the cluster token may go.
         url = client.checked_url(replica.node_url, url_path)
@@ -139,12 +141,15 @@ async def forward_remote(
                 raise _redirected(replica, public_id, resp)
             await _relay_answer(ctx, resp, rewrite_to, guardian_fallback, fwd, relay)
     except asyncio.CancelledError:
+        if deadline.expired_now():
+            raise _call_failure(ctx, replica, public_id, deadline.error(), sent) from None
         if not fwd.cut or ctx.disconnected:
             raise
         raise _cut_failure(replica, public_id, fwd) from None
     except (NodeCallError, TimeoutError, aiohttp.ClientError, OSError, InvalidBackendJSON) as exc:
         raise _call_failure(ctx, replica, public_id, exc, sent) from exc
     finally:
+        node.deadlines.release(deadline)
         ctx.upstream_secs += time.monotonic() - waited
         node.forwards.end(fwd)
         node.busy[busy_key] -= 1
@@ -165,7 +170,6 @@ def _node_call(
         data=sent,
         headers=headers,
         allow_redirects=False,
-        timeout=node.request_timeout,
         ssl=node.client.ssl if node.client is not None else True,
     )
 
