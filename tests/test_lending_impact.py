@@ -191,8 +191,9 @@ def test_the_replay_without_links_matches_a_run_without_links(cluster: Cluster, 
         makespan_alone,
     )
     # What was measured is the linked run itself, at the nodes: a little under what the clients
-    # saw (the hops back through the master and the owner are not in it).
-    hops_ms = 50 * BURSTS * PER_BURST
+    # saw (the hops back through the master and the owner are not in it). Those hops take a few
+    # ms on a quiet machine; with the whole suite on two cores they took up to 112 ms a request.
+    hops_ms = 150 * BURSTS * PER_BURST
     assert waited_linked - hops_ms <= owner["waited_ms"] <= waited_linked
     assert owner["makespan_ms"] <= makespan_linked + 50
     # Lending paid, and the page's sentence says by how much.
