@@ -18,10 +18,11 @@ a second router starts from PATH's `manage.py` (under PATH's `.venv` when it has
 commit may need other packages) beside this one, on the same upstream, and the two are
 measured in alternating rounds (this, PATH, PATH, this, this, PATH ... `--rounds` of each:
 each goes first in every other round), so both see the same machine; each latency run starts
-once both routers are idle (their analytics backlogs written). Latency is measured with the
-config key only (an older checkout may have no stored keys). It prints each checkout's figures
-(latencies pooled over its rounds, req/s and CPU per request averaged; beside the pooled p99,
-the median of the rounds' own) and their ratios, this over PATH.
+once both routers and their task workers are idle (analytics backlogs written, workers
+started). Latency is measured with the config key only (an older checkout may have no stored
+keys). It prints each checkout's figures (latencies pooled over its rounds, req/s and CPU per
+request averaged; beside the pooled p99, the median of the rounds' own) and their ratios, this
+over PATH.
 
 Prints a table and, last, one JSON line. Run: `.venv/bin/python bench/overhead.py [--n 1000]
 [--against /path/to/checkout --rounds 2]`.
