@@ -31,7 +31,7 @@ async def held_request(book: Deadlines, secs: float, started: asyncio.Event) -> 
     except asyncio.CancelledError:
         if not deadline.expired_now():
             raise
-        raise TimeoutError("request timeout") from None
+        raise deadline.error() from None
     finally:
         book.release(deadline)
     return "answered"
@@ -60,7 +60,7 @@ async def test_a_request_is_ended_once_its_deadline_has_passed_and_not_before() 
     assert not task.done() and len(book) == 1
     clock.now = 130.0
     book.sweep()
-    with pytest.raises(TimeoutError):
+    with pytest.raises(TimeoutError, match=r"within backend.request_timeout \(30s\)"):
         await task
     assert len(book) == 0
     # Cancelled by its deadline and taken back: the task is not left "being cancelled".
