@@ -65,29 +65,18 @@ class LoopTurnStreamHandler(logging.StreamHandler):
     def flush(self) -> None:
         self.acquire()
         try:
-            text = self._take_kept()
-            if text:
-                self.stream.write(text)
-            if self.stream and hasattr(self.stream, "flush"):
-                self.stream.flush()
+            self._write(self._take_kept())
         finally:
             self.release()
 
     def _write_turn(self) -> None:
-        # Once a turn, on the loop: inlined, and the lock taken as a context manager (no
-        # acquire()/release() calls), since it is the cost a batch of lines has to beat.
+        # Once a turn, on the loop.
         with self.lock:  # type: ignore[union-attr]
-            kept = self._kept
-            if not kept:
+            if not self._kept:
                 return
-            text = "".join(kept)
-            kept.clear()
-            self._writer = None
+            text = self._take_kept()
             try:
-                stream = self.stream
-                stream.write(text)
-                if hasattr(stream, "flush"):
-                    stream.flush()
+                self._write(text)
             except RecursionError:
                 raise
             except Exception:
@@ -103,9 +92,11 @@ class LoopTurnStreamHandler(logging.StreamHandler):
         return text
 
     def _write(self, text: str) -> None:
+        # With the lock held: `text` (if any), then the stream flushed, as StreamHandler does.
         stream = self.stream
-        stream.write(text)
-        if hasattr(stream, "flush"):
+        if text:
+            stream.write(text)
+        if stream and hasattr(stream, "flush"):
             stream.flush()
 
     def _forget_kept(self) -> None:
