@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 from aiohttp import web
+from playwright.sync_api import expect
 
 from bench import slaves
 from bench.slaves import EmulatedSlave, SlaveFarm
@@ -286,10 +287,13 @@ def test_the_timeline_charts_the_nodes_that_lent_or_borrowed_and_folds_the_rest(
         return keys
 
     assert charted() == LENDING
-    # The down nodes are not in the timeline (its note names them).
+    # The down nodes are not in the timeline (its note names them). Waited for: with the whole
+    # suite on two cores, a poll round of the 300 emulated nodes can miss its deadline for some
+    # of them (191 of 286 quiet ones shown once), until the page's next refresh after it.
     charts = NODES + 1 - len(DOWN)
-    assert tab.inner_text("#tl-more .muted") == (
-        f"{charts - len(LENDING)} nodes neither lent nor borrowed in this window —"
+    expect(tab.locator("#tl-more .muted")).to_have_text(
+        f"{charts - len(LENDING)} nodes neither lent nor borrowed in this window —",
+        timeout=60_000,
     )
     assert all(n in tab.inner_text("#tl-note") for n in DOWN)
     tab.fill("#tl-search", "emu0123")
